@@ -1,0 +1,67 @@
+/**
+ * @file config.hpp
+ * @brief The launcher's configuration: YAML file, `--set key=value` overrides, defaults.
+ *
+ * Every key of DESIGN.md's config section; `configs/default.yaml` documents each one.
+ * Sizes accept a plain byte count or a unit (`16MiB`, `1 GiB`, `64KiB`, `16MB` = 16e6),
+ * durations a plain number of seconds or a unit (`300s`, `5m`, `250ms`, `1h`).
+ */
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcast {
+
+enum class DeviceKind { automatic, host, cuda };
+enum class TransportKind { automatic, local, mpi, nccl };
+enum class DirectIo { automatic, on, off };
+enum class LogLevel { error, warn, info, debug };
+
+std::string_view to_string(DeviceKind) noexcept;
+std::string_view to_string(TransportKind) noexcept;
+std::string_view to_string(DirectIo) noexcept;
+std::string_view to_string(LogLevel) noexcept;
+
+/// Effective configuration of one rank. Defaults are the built-in defaults.
+struct Config {
+  std::string checkpoint;                           ///< File, directory or index path.
+  DeviceKind device = DeviceKind::automatic;        ///< `auto|host|cuda`.
+  TransportKind transport = TransportKind::automatic;  ///< `auto|local|mpi|nccl`.
+  std::uint64_t chunk_bytes = 16ull << 20;          ///< `chunk_size`: bytes per chunk (> 0).
+  std::uint32_t buffer_depth = 4;                   ///< Staging ring slots (≥ 1).
+  std::uint32_t io_depth = 4;                       ///< io_uring reads in flight (≥ 1).
+  DirectIo direct_io = DirectIo::automatic;         ///< O_DIRECT policy.
+  std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
+  LogLevel log_level = LogLevel::info;
+
+  /// @return the config as YAML, one `key: value` line per key (the "effective config").
+  [[nodiscard]] std::string to_yaml() const;
+};
+
+/**
+ * @brief Builds a `Config` from defaults, then @p yaml_path (if not empty), then @p overrides.
+ *
+ * @param yaml_path YAML mapping of config keys; empty for defaults only.
+ * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
+ * @throws Error `config` (78) for an unknown key or a bad value, naming the key, the value
+ *         and the file and line (or `--set`); `missing_input` (66) if @p yaml_path does not
+ *         exist.
+ */
+Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
+
+/// @return bytes for "16MiB", "1 GiB", "4096", "16MB"; nullopt-like failure throws.
+/// @throws Error `config` naming @p key and @p text when the text is not a size.
+std::uint64_t parse_size(std::string_view text, std::string_view key);
+
+/// @return the duration for "300s", "5m", "250ms", "1h" or a plain number of seconds.
+/// @throws Error `config` naming @p key and @p text when the text is not a duration.
+std::chrono::milliseconds parse_duration(std::string_view text, std::string_view key);
+
+/// @return "16 MiB", "1.5 GiB", "512 B": a size for people.
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace weightcast

@@ -1,0 +1,73 @@
+/**
+ * @file error.hpp
+ * @brief weightcast's one exception type and its mapping onto process exit statuses.
+ *
+ * Every failure weightcast reports is a `weightcast::Error` carrying an `Errc`. The launcher
+ * turns the `Errc` into an exit status from `<sysexits.h>` (DESIGN.md, layer 1), so a job
+ * scheduler or a shell script can tell a bad checkpoint (65) from a dead peer (69) from a
+ * stalled job (75) without parsing the message.
+ */
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace weightcast {
+
+/// What went wrong, in the coarse classes a caller acts on. Values are the exit statuses.
+enum class Errc : int {
+  usage = 64,               ///< EX_USAGE: wrong command line.
+  invalid_checkpoint = 65,  ///< EX_DATAERR: a checkpoint, shard or index breaks the format.
+  missing_input = 66,       ///< EX_NOINPUT: a checkpoint path or shard does not exist.
+  unavailable = 69,         ///< EX_UNAVAILABLE: a peer or transport cannot be reached or died.
+  internal = 70,            ///< EX_SOFTWARE: a bug in weightcast; please report it.
+  io = 74,                  ///< EX_IOERR: a read failed, a file changed under the reader.
+  timeout = 75,             ///< EX_TEMPFAIL: a wait exceeded the configured `timeout`.
+  config = 78,              ///< EX_CONFIG: an unknown config key or a bad value.
+};
+
+/// @return the `<sysexits.h>` process exit status for @p code (the enum's value).
+constexpr int exit_status(Errc code) noexcept { return static_cast<int>(code); }
+
+/// @return a short lowercase name for @p code, e.g. "invalid checkpoint".
+std::string_view to_string(Errc code) noexcept;
+
+/**
+ * @brief The exception every weightcast API throws.
+ *
+ * `what()` is one line that says what failed, where (file, offset, tensor, config key) and,
+ * where there is one, what to do. It never ends in a newline.
+ */
+class Error : public std::runtime_error {
+ public:
+  /// @param code the class of failure (decides the exit status).
+  /// @param message the full one-line message.
+  Error(Errc code, std::string message) : std::runtime_error(std::move(message)), _code(code) {}
+
+  /// @return the class of failure.
+  [[nodiscard]] Errc code() const noexcept { return _code; }
+
+ private:
+  Errc _code;
+};
+
+/// @return an `Error` of class `io` for a failed system call: "<what>: <strerror(err)>".
+/// @param err the positive `errno` value (io_uring's `-res`).
+[[nodiscard]] Error system_error(Errc code, int err, std::string_view what);
+
+namespace detail {
+[[noreturn]] void throw_error(Errc code, std::string message);
+}  // namespace detail
+
+}  // namespace weightcast
+
+/// Throws `weightcast::Error(code, message)` when @p cond is false. The message expression is
+/// evaluated only on failure, so it may format freely.
+#define WEIGHTCAST_EXPECT(cond, code, message)                  \
+  do {                                                          \
+    if (!(cond)) [[unlikely]] {                                 \
+      ::weightcast::detail::throw_error((code), (message));     \
+    }                                                           \
+  } while (0)

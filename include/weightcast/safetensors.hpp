@@ -1,0 +1,72 @@
+/**
+ * @file safetensors.hpp
+ * @brief The safetensors header parser.
+ *
+ * A safetensors file is: 8 bytes little-endian `N`; `N` bytes of UTF-8 JSON; the data
+ * section. The JSON is an object mapping tensor name to
+ * `{"dtype": STR, "shape": [UINT...], "data_offsets": [BEGIN, END]}` with offsets relative
+ * to the data section, plus an optional `"__metadata__"` object of string values.
+ *
+ * The checks run in the reference implementation's order (safetensors crate,
+ * `SafeTensors::read_metadata` then `Metadata::validate`), so that a file with several faults
+ * reports the one the reference reports:
+ *  1. file ≥ 8 bytes;  2. N ≤ 100,000,000;  3. 8 + N ≤ file size;  4. header is UTF-8;
+ *  5. header is JSON;  6. a JSON object;  7. no duplicate name;  8. `__metadata__` is null or
+ *  an object of strings;  9. each entry is exactly {dtype, shape, data_offsets} with a known
+ *  dtype and non-negative integer shape and offsets;  then, tensors sorted by offsets:
+ *  10. begin equals the previous end (no hole, no overlap);  11. end ≥ begin;
+ *  12. element count fits 64 bits;  13. whole bytes (sub-byte dtypes);  14. size equals
+ *  end − begin;  and finally 15. the data section ends exactly at the end of the file.
+ * Whitespace padding after the JSON, zero-size and scalar tensors are valid.
+ */
+#pragma once
+
+#include "weightcast/checkpoint.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcast {
+
+/// Largest header the format allows, bytes (the safetensors crate's `MAX_HEADER_SIZE`).
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+/// A parsed, validated shard header.
+struct SafetensorsHeader {
+  std::uint64_t header_bytes = 0;  ///< N: length of the JSON header, bytes.
+  std::uint64_t data_bytes = 0;    ///< Size of the data section, bytes.
+  /// Tensors sorted by data offset; `file_offset` is absolute (8 + N + begin), `shard` is 0.
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;  ///< `__metadata__`, empty when absent/null.
+};
+
+/**
+ * @brief Validates a header's JSON text (checks 4–15 above).
+ *
+ * @param json the N header bytes, exactly as in the file (may hold invalid UTF-8).
+ * @param data_bytes bytes in the file after the header (file size − 8 − N).
+ * @param file the file name used in messages.
+ * @throws Error `invalid_checkpoint` naming @p file, the tensor and the numbers involved.
+ */
+SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t data_bytes,
+                                           std::string_view file);
+
+/**
+ * @brief Reads and validates the header of the safetensors file at @p path (checks 1–15).
+ *
+ * Reads only the first 8 + N bytes. A Git LFS pointer file (text starting
+ * "version https://git-lfs") is reported as such: the real file was never fetched.
+ *
+ * @param path the shard file.
+ * @param name the name used in messages (defaults to the path as given).
+ * @throws Error `missing_input` if the file does not exist, `invalid_checkpoint` for any
+ *         format fault, `io` if a read fails.
+ */
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path,
+                                          std::string_view name = {});
+
+}  // namespace weightcast

@@ -1,0 +1,32 @@
+#include "weightcast/error.hpp"
+
+#include <cstring>
+
+namespace weightcast {
+
+std::string_view to_string(Errc code) noexcept {
+  switch (code) {
+    case Errc::usage: return "usage";
+    case Errc::invalid_checkpoint: return "invalid checkpoint";
+    case Errc::missing_input: return "missing input";
+    case Errc::unavailable: return "unavailable";
+    case Errc::internal: return "internal error";
+    case Errc::io: return "I/O error";
+    case Errc::timeout: return "timeout";
+    case Errc::config: return "config error";
+  }
+  return "error";
+}
+
+Error system_error(Errc code, int err, std::string_view what) {
+  std::string message(what);
+  message += ": ";
+  message += std::strerror(err);
+  return Error(code, std::move(message));
+}
+
+namespace detail {
+void throw_error(Errc code, std::string message) { throw Error(code, std::move(message)); }
+}  // namespace detail
+
+}  // namespace weightcast

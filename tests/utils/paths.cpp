@@ -1,0 +1,44 @@
+#include "utils/paths.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <random>
+
+namespace weightcast::test {
+
+std::filesystem::path corpus_dir() {
+  std::filesystem::path dir;
+  if (const char* env = std::getenv("WEIGHTCAST_CORPUS"); env != nullptr && *env != '\0') {
+    dir = env;
+  } else {
+    dir = std::filesystem::path(WEIGHTCAST_SOURCE_DIR) / ".." / "shared" / "corpus";
+  }
+  if (!std::filesystem::is_directory(dir / "real")) {
+    FAIL("test corpus not found at " << dir.string()
+         << " (expected ../shared/corpus beside the source tree, or set WEIGHTCAST_CORPUS)");
+  }
+  return std::filesystem::canonical(dir);
+}
+
+std::filesystem::path cli_path() { return WEIGHTCAST_CLI_PATH; }
+
+TempDir::TempDir(const std::string& prefix) {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    auto candidate = base / (prefix + "-" + std::to_string(rd()));
+    if (std::filesystem::create_directory(candidate)) {
+      _path = candidate;
+      return;
+    }
+  }
+  FAIL("cannot create a temporary directory under " << base.string());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(_path, ec);
+}
+
+}  // namespace weightcast::test

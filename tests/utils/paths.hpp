@@ -1,0 +1,30 @@
+// Where the tests find the corpus, the CLI binary and scratch space.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace weightcast::test {
+
+/// The shared corpus: $WEIGHTCAST_CORPUS if set, else ../shared/corpus beside the source tree.
+/// FAILs the running test (never skips) when the directory is missing.
+std::filesystem::path corpus_dir();
+
+/// Path of the built `weightcast` launcher.
+std::filesystem::path cli_path();
+
+/// A fresh empty directory under $TMPDIR, removed when the object is destroyed.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "weightcast-test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return _path; }
+  std::filesystem::path operator/(const std::string& name) const { return _path / name; }
+
+ private:
+  std::filesystem::path _path;
+};
+
+}  // namespace weightcast::test

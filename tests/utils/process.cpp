@@ -1,0 +1,101 @@
+#include "utils/process.hpp"
+
+#include "utils/paths.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace weightcast::test {
+
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          const std::vector<std::string>& env, int timeout_s) {
+  int out_pipe[2];
+  int err_pipe[2];
+  REQUIRE(pipe2(out_pipe, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(err_pipe, O_CLOEXEC) == 0);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (const auto& kv : env) {
+    auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+    env_strings.push_back(kv);
+  }
+  std::vector<char*> c_argv;
+  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  std::vector<char*> c_env;
+  for (auto& s : env_strings) c_env.push_back(s.data());
+  c_env.push_back(nullptr);
+
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    execve(c_argv[0], c_argv.data(), c_env.data());
+    std::perror("execve");
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+
+  ProcessResult result;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_fds = 2;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  bool timed_out = false;
+  while (open_fds > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    int n = poll(fds, 2, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP)) != 0) {
+        char buf[65536];
+        ssize_t got = read(fds[i].fd, buf, sizeof buf);
+        if (got > 0) {
+          sinks[i]->append(buf, static_cast<std::size_t>(got));
+        } else {
+          close(fds[i].fd);
+          fds[i].fd = -1;
+          --open_fds;
+        }
+      }
+    }
+  }
+  for (auto& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (timed_out) {
+    FAIL("command timed out after " << timeout_s << " s: " << argv[0] << "\nstdout:\n"
+                                    << result.out << "\nstderr:\n" << result.err);
+  }
+  result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+ProcessResult run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                      int timeout_s) {
+  std::vector<std::string> argv{cli_path().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, env, timeout_s);
+}
+
+}  // namespace weightcast::test

@@ -1,0 +1,64 @@
+// weightcast launcher: `run`, `inspect`, `synth`.
+#include "commands.hpp"
+
+#include "weightcast/error.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <exception>
+
+int main(int argc, char** argv) {
+  using namespace weightcast;
+  CLI::App app{"weightcast: stream a safetensors checkpoint from rank 0 to every rank"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "weightcast " WEIGHTCAST_VERSION);
+
+  cli::RunArgs run_args;
+  auto* run = app.add_subcommand("run", "load a checkpoint on this rank, as the config says");
+  run->add_option("config", run_args.config_path, "YAML config (default: built-in defaults)");
+  run->add_option("--set", run_args.overrides, "override a config key: key=value (repeatable)")
+      ->take_all();
+  run->add_option("--report", run_args.report_path,
+                  "write a JSON report (per-tensor XXH3-64 of the delivered bytes)");
+
+  cli::InspectArgs inspect_args;
+  auto* inspect = app.add_subcommand("inspect", "list and validate a checkpoint's tensors");
+  inspect->add_option("path", inspect_args.path, "checkpoint file, directory or index")
+      ->required();
+
+  cli::SynthArgs synth_args;
+  auto* synth = app.add_subcommand("synth", "write a Llama-shaped synthetic checkpoint");
+  synth->add_option("out_dir", synth_args.out_dir, "output directory (created)")->required();
+  synth->add_option("--params", synth_args.params, "target parameter count, e.g. 125M, 1B, 7B")
+      ->capture_default_str();
+  synth->add_option("--dtype", synth_args.dtype, "element dtype")->capture_default_str();
+  synth->add_option("--shard-size", synth_args.shard_size,
+                    "largest shard; larger checkpoints are sharded with an index")
+      ->capture_default_str();
+  synth->add_option("--seed", synth_args.seed, "seed of the pseudo-random tensor bytes")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : exit_status(Errc::usage);
+  }
+
+  try {
+    if (*run) return cli::run(run_args);
+    if (*inspect) return cli::inspect(inspect_args);
+    if (*synth) return cli::synth(synth_args);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: error: {}\n", e.what());
+    return exit_status(e.code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: internal error: {}\n", e.what());
+    return exit_status(Errc::internal);
+  }
+  return exit_status(Errc::usage);
+}
