@@ -1,0 +1,614 @@
+// Config loading: built-in defaults, then a YAML file, then `--set key=value` overrides.
+//
+// Every key lives in one table (`key_table()` below) of {name, parser, printer}: adding a key
+// is adding one entry there plus its field in `Config`. The loader never interprets a key
+// itself; it only finds the entry, hands it the scalar's text and, on failure, prefixes the
+// message with where the value came from (`file:line: key: ` or `--set key=value: `).
+#include "weightcast/config.hpp"
+
+#include "weightcast/error.hpp"
+
+#include <fmt/core.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+
+namespace weightcast {
+
+std::string_view to_string(DeviceKind kind) noexcept {
+  switch (kind) {
+    case DeviceKind::automatic: return "auto";
+    case DeviceKind::host: return "host";
+    case DeviceKind::cuda: return "cuda";
+  }
+  return "auto";
+}
+
+std::string_view to_string(TransportKind kind) noexcept {
+  switch (kind) {
+    case TransportKind::automatic: return "auto";
+    case TransportKind::local: return "local";
+    case TransportKind::mpi: return "mpi";
+    case TransportKind::nccl: return "nccl";
+  }
+  return "auto";
+}
+
+std::string_view to_string(DirectIo mode) noexcept {
+  switch (mode) {
+    case DirectIo::automatic: return "auto";
+    case DirectIo::on: return "on";
+    case DirectIo::off: return "off";
+  }
+  return "auto";
+}
+
+std::string_view to_string(LogLevel level) noexcept {
+  switch (level) {
+    case LogLevel::error: return "error";
+    case LogLevel::warn: return "warn";
+    case LogLevel::info: return "info";
+    case LogLevel::debug: return "debug";
+  }
+  return "info";
+}
+
+namespace {
+
+// The largest chunk: the staging ring allocates chunk_size bytes per slot and io_uring reads
+// are limited to 2^31 bytes per request anyway; 4 GiB keeps every size in 32-bit arithmetic
+// of the kernel's iovecs safe while allowing anything a user sensibly asks for.
+constexpr std::uint64_t max_chunk_bytes = 4ull << 30;
+constexpr std::uint32_t max_buffer_depth = 1024;
+constexpr std::uint32_t max_io_depth = 4096;
+// A week: long enough for any real load, short enough that a typo (`300h` for `300s`) is
+// still a finite wait, and far from overflowing milliseconds.
+constexpr std::chrono::milliseconds max_timeout{7LL * 24 * 3600 * 1000};
+
+/// A bad value: the reason, without the location (the loader adds it).
+[[noreturn]] void bad_value(std::string reason) {
+  throw Error(Errc::config, std::move(reason));
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+std::string lowercase(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+/// Splits "16.5 MiB" into the number (16.5) and the unit text ("MiB"). The number is a plain
+/// non-negative decimal: digits with at most one '.', no sign, no exponent, no hex, so that
+/// "1e9" or "-1" are refused rather than silently read some other way.
+struct NumberAndUnit {
+  std::string_view digits;  // "16.5"
+  std::string_view unit;    // "MiB", may be empty
+};
+
+std::optional<NumberAndUnit> split_number(std::string_view text) {
+  text = trim(text);
+  std::size_t i = 0;
+  bool seen_digit = false;
+  bool has_point = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c >= '0' && c <= '9') {
+      seen_digit = true;
+    } else if (c == '_' && seen_digit) {
+      // YAML 1.1 allows 1_000_000; accept it for plain counts.
+    } else if (c == '.' && !has_point) {
+      has_point = true;
+    } else {
+      break;
+    }
+  }
+  if (!seen_digit) return std::nullopt;
+  NumberAndUnit out;
+  out.digits = text.substr(0, i);
+  out.unit = trim(text.substr(i));
+  return out;
+}
+
+/// Parses the digits of `split_number` exactly: integer part and fraction as a rational,
+/// scaled by @p multiplier. Returns nullopt on overflow. Rounds to the nearest unit and, when
+/// @p exact is given, reports whether no rounding was needed.
+std::optional<std::uint64_t> scale(std::string_view digits, std::uint64_t multiplier,
+                                   bool* exact = nullptr) {
+  std::string clean;
+  for (char c : digits) {
+    if (c != '_') clean += c;
+  }
+  auto point = clean.find('.');
+  std::string int_part = clean.substr(0, point);
+  std::string frac_part = point == std::string::npos ? std::string() : clean.substr(point + 1);
+  if (int_part.empty()) int_part = "0";
+  // Fractions beyond 18 digits cannot matter for byte or millisecond counts.
+  if (frac_part.size() > 18) frac_part.resize(18);
+
+  std::uint64_t whole = 0;
+  auto [p, ec] = std::from_chars(int_part.data(), int_part.data() + int_part.size(), whole);
+  if (ec != std::errc() || p != int_part.data() + int_part.size()) return std::nullopt;
+  unsigned __int128 result = static_cast<unsigned __int128>(whole) * multiplier;
+  if (!frac_part.empty()) {
+    std::uint64_t frac = 0;
+    std::from_chars(frac_part.data(), frac_part.data() + frac_part.size(), frac);
+    unsigned __int128 denom = 1;
+    for (std::size_t k = 0; k < frac_part.size(); ++k) denom *= 10;
+    unsigned __int128 numer = static_cast<unsigned __int128>(frac) * multiplier;
+    if (exact != nullptr) *exact = numer % denom == 0;
+    result += (numer + denom / 2) / denom;
+  } else if (exact != nullptr) {
+    *exact = true;
+  }
+  if (result > std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
+  return static_cast<std::uint64_t>(result);
+}
+
+constexpr std::string_view size_hint = "use bytes or a unit: 16MiB, 1GiB";
+
+/// Size parsing without the key prefix, for the loader (which adds its own location).
+std::uint64_t parse_size_value(std::string_view text) {
+  auto parts = split_number(text);
+  if (!parts) bad_value(fmt::format("'{}' is not a size ({})", text, size_hint));
+
+  // Binary units are what buffers are sized in; decimal units are what disks are sold in.
+  // Both are accepted spelled out; a bare K/M/G/T is refused because half the tools that
+  // accept it mean 1000 and the other half 1024.
+  struct Unit {
+    std::string_view name;
+    std::uint64_t bytes;
+  };
+  static constexpr std::array<Unit, 10> units{{
+      {"", 1}, {"b", 1},
+      {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40},
+      {"kb", 1'000}, {"mb", 1'000'000}, {"gb", 1'000'000'000}, {"tb", 1'000'000'000'000},
+  }};
+  std::string unit = lowercase(parts->unit);
+  const Unit* found = nullptr;
+  for (const auto& u : units) {
+    if (u.name == unit) found = &u;
+  }
+  if (found == nullptr) {
+    if (unit == "k" || unit == "m" || unit == "g" || unit == "t") {
+      char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
+      bad_value(fmt::format("'{}' is ambiguous: write {}{}iB (binary) or {}{}B (decimal)", text,
+                            parts->digits, u, parts->digits, u));
+    }
+    bad_value(fmt::format("'{}' is not a size ({})", text, size_hint));
+  }
+  bool exact = true;
+  auto bytes = scale(parts->digits, found->bytes, &exact);
+  if (!bytes) bad_value(fmt::format("'{}' is too large a size", text));
+  // "1.5GiB" is exact; "0.1KiB" (102.4 bytes) would be silently rounded, so it is refused.
+  if (!exact) bad_value(fmt::format("'{}' is not a whole number of bytes", text));
+  return *bytes;
+}
+
+constexpr std::string_view duration_hint = "use seconds or a unit: 300s, 5m, 250ms, 1h";
+
+std::chrono::milliseconds parse_duration_value(std::string_view text) {
+  auto parts = split_number(text);
+  if (!parts) bad_value(fmt::format("'{}' is not a duration ({})", text, duration_hint));
+  struct Unit {
+    std::string_view name;
+    std::uint64_t ms;
+  };
+  static constexpr std::array<Unit, 10> units{{
+      {"", 1000}, {"ms", 1}, {"s", 1000}, {"sec", 1000}, {"m", 60'000}, {"min", 60'000},
+      {"h", 3'600'000}, {"hr", 3'600'000}, {"d", 86'400'000}, {"day", 86'400'000},
+  }};
+  std::string unit = lowercase(parts->unit);
+  const Unit* found = nullptr;
+  for (const auto& u : units) {
+    if (u.name == unit) found = &u;
+  }
+  if (found == nullptr) bad_value(fmt::format("'{}' is not a duration ({})", text, duration_hint));
+  auto ms = scale(parts->digits, found->ms);
+  if (!ms || *ms > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    bad_value(fmt::format("'{}' is too long a duration", text));
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(*ms));
+}
+
+std::uint64_t parse_integer_value(std::string_view text, std::string_view what) {
+  std::string_view t = trim(text);
+  std::string clean;
+  for (char c : t) {
+    if (c != '_') clean += c;
+  }
+  std::uint64_t value = 0;
+  auto [p, ec] = std::from_chars(clean.data(), clean.data() + clean.size(), value);
+  bool digits_only = !clean.empty() && std::all_of(clean.begin(), clean.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  if (!digits_only || ec != std::errc() || p != clean.data() + clean.size()) {
+    bad_value(fmt::format("'{}' is not a whole number ({})", text, what));
+  }
+  return value;
+}
+
+/// A choice among names. @p names_aliases maps accepted spellings (lowercase) to values.
+template <typename E, std::size_t N>
+E parse_choice(std::string_view text, const std::array<std::pair<std::string_view, E>, N>& table,
+               std::string_view allowed) {
+  std::string t = lowercase(trim(text));
+  for (const auto& [name, value] : table) {
+    if (name == t) return value;
+  }
+  bad_value(fmt::format("'{}' is not one of {}", text, allowed));
+}
+
+/// Shortest exact spelling of a size: "16MiB", "1GiB", "1000" (bytes).
+std::string print_size(std::uint64_t bytes) {
+  static constexpr std::array<std::pair<std::string_view, int>, 4> units{
+      {{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}}};
+  for (const auto& [name, shift] : units) {
+    std::uint64_t unit = 1ull << shift;
+    if (bytes != 0 && bytes % unit == 0) return fmt::format("{}{}", bytes / unit, name);
+  }
+  return fmt::format("{}", bytes);
+}
+
+/// Exact spelling of a duration: "1h", "300s", "250ms".
+std::string print_duration(std::chrono::milliseconds d) {
+  auto ms = d.count();
+  if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}h", ms / 3'600'000);
+  if (ms % 1000 == 0) return fmt::format("{}s", ms / 1000);
+  return fmt::format("{}ms", ms);
+}
+
+// ---- The key table -----------------------------------------------------------------------
+
+struct KeySpec {
+  std::string_view name;
+  void (*parse)(Config& config, std::string_view text);  // throws bad_value(reason)
+  std::string (*print)(const Config& config);            // exact, re-readable spelling
+};
+
+constexpr std::array<std::pair<std::string_view, DeviceKind>, 3> device_names{{
+    {"auto", DeviceKind::automatic}, {"host", DeviceKind::host}, {"cuda", DeviceKind::cuda}}};
+constexpr std::array<std::pair<std::string_view, TransportKind>, 4> transport_names{{
+    {"auto", TransportKind::automatic}, {"local", TransportKind::local},
+    {"mpi", TransportKind::mpi}, {"nccl", TransportKind::nccl}}};
+// YAML 1.1 booleans are accepted because `direct_io: true` is what people write.
+constexpr std::array<std::pair<std::string_view, DirectIo>, 7> direct_io_names{{
+    {"auto", DirectIo::automatic}, {"on", DirectIo::on}, {"off", DirectIo::off},
+    {"true", DirectIo::on}, {"false", DirectIo::off}, {"yes", DirectIo::on},
+    {"no", DirectIo::off}}};
+constexpr std::array<std::pair<std::string_view, LogLevel>, 5> log_level_names{{
+    {"error", LogLevel::error}, {"warn", LogLevel::warn}, {"warning", LogLevel::warn},
+    {"info", LogLevel::info}, {"debug", LogLevel::debug}}};
+
+std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64_t hi,
+                            std::string_view what) {
+  auto value = parse_integer_value(text, what);
+  if (value < lo || value > hi) {
+    bad_value(fmt::format("'{}' is out of range (must be {} to {}: {})", text, lo, hi, what));
+  }
+  return static_cast<std::uint32_t>(value);
+}
+
+const std::array<KeySpec, 9>& key_table() {
+  static const std::array<KeySpec, 9> table{{
+      {"checkpoint",
+       [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
+       [](const Config& c) { return c.checkpoint; }},
+      {"device",
+       [](Config& c, std::string_view t) {
+         c.device = parse_choice(t, device_names, "auto, host, cuda");
+       },
+       [](const Config& c) { return std::string(to_string(c.device)); }},
+      {"transport",
+       [](Config& c, std::string_view t) {
+         c.transport = parse_choice(t, transport_names, "auto, local, mpi, nccl");
+       },
+       [](const Config& c) { return std::string(to_string(c.transport)); }},
+      {"chunk_size",
+       [](Config& c, std::string_view t) {
+         auto bytes = parse_size_value(t);
+         if (bytes == 0 || bytes > max_chunk_bytes) {
+           bad_value(fmt::format("'{}' is out of range (must be more than 0 and at most 4GiB)",
+                                 t));
+         }
+         c.chunk_bytes = bytes;
+       },
+       [](const Config& c) { return print_size(c.chunk_bytes); }},
+      {"buffer_depth",
+       [](Config& c, std::string_view t) {
+         c.buffer_depth = parse_bounded(t, 1, max_buffer_depth, "staging ring slots");
+       },
+       [](const Config& c) { return fmt::format("{}", c.buffer_depth); }},
+      {"io_depth",
+       [](Config& c, std::string_view t) {
+         c.io_depth = parse_bounded(t, 1, max_io_depth, "reads in flight");
+       },
+       [](const Config& c) { return fmt::format("{}", c.io_depth); }},
+      {"direct_io",
+       [](Config& c, std::string_view t) {
+         c.direct_io = parse_choice(t, direct_io_names, "auto, on, off (or true, false)");
+       },
+       [](const Config& c) { return std::string(to_string(c.direct_io)); }},
+      {"timeout",
+       [](Config& c, std::string_view t) {
+         auto d = parse_duration_value(t);
+         if (d.count() <= 0 || d > max_timeout) {
+           bad_value(fmt::format(
+               "'{}' is out of range (must be more than 0 and at most 7 days)", t));
+         }
+         c.timeout = d;
+       },
+       [](const Config& c) { return print_duration(c.timeout); }},
+      {"log_level",
+       [](Config& c, std::string_view t) {
+         c.log_level = parse_choice(t, log_level_names, "error, warn, info, debug");
+       },
+       [](const Config& c) { return std::string(to_string(c.log_level)); }},
+  }};
+  return table;
+}
+
+const KeySpec* find_key(std::string_view name) {
+  for (const auto& spec : key_table()) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  // Optimal string alignment distance: a transposition ("chnuk") counts as one edit.
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string unknown_key_reason(std::string_view key) {
+  // Compare case-insensitively and with '-' as '_', so `Chunk-Size` finds `chunk_size`.
+  std::string norm = lowercase(key);
+  std::replace(norm.begin(), norm.end(), '-', '_');
+  const KeySpec* best = nullptr;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (const auto& spec : key_table()) {
+    auto distance = edit_distance(norm, spec.name);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = &spec;
+    }
+  }
+  if (best != nullptr && best_distance <= 2) {
+    return fmt::format("unknown key '{}' (did you mean '{}'?)", key, best->name);
+  }
+  std::string known;
+  for (const auto& spec : key_table()) {
+    if (!known.empty()) known += ", ";
+    known += spec.name;
+  }
+  return fmt::format("unknown key '{}' (known keys: {})", key, known);
+}
+
+const char* node_kind(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Null: return "nothing";
+    default: return "a scalar";
+  }
+}
+
+/// Applies one key's value. @p where is prepended to every message ("x.yaml:7: chunk_size: ").
+void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
+           const std::string& where) {
+  std::string text;
+  if (value.IsScalar()) {
+    text = value.Scalar();
+  } else {
+    throw Error(Errc::config,
+                fmt::format("{}expects a single value, got {}", where, node_kind(value)));
+  }
+  try {
+    spec.parse(config, text);
+  } catch (const Error& e) {
+    throw Error(Errc::config, where + e.what());
+  }
+}
+
+int line_of(const YAML::Node& key, const YAML::Node& value) {
+  // Value marks are the more precise place, but a null value has no mark of its own.
+  if (value.IsDefined() && !value.IsNull() && value.Mark().line >= 0) return value.Mark().line + 1;
+  return key.Mark().line + 1;
+}
+
+/// Walks a mapping; a key with no table entry whose value is a mapping is read as a prefix
+/// (`rendezvous: {port: 1}` is the key `rendezvous.port`), so nested and dotted spellings of
+/// future keys behave alike.
+void apply_mapping(Config& config, const YAML::Node& mapping, const std::string& prefix,
+                   const std::string& file, std::map<std::string, int>& seen) {
+  for (const auto& entry : mapping) {
+    const YAML::Node& key_node = entry.first;
+    const YAML::Node& value = entry.second;
+    int key_line = key_node.Mark().line + 1;
+    if (!key_node.IsScalar()) {
+      throw Error(Errc::config,
+                  fmt::format("{}:{}: a key must be a name, got {}", file, key_line,
+                              node_kind(key_node)));
+    }
+    std::string key = prefix + key_node.Scalar();
+    const KeySpec* spec = find_key(key);
+    if (spec == nullptr && value.IsMap()) {
+      apply_mapping(config, value, key + ".", file, seen);
+      continue;
+    }
+    if (spec == nullptr) {
+      throw Error(Errc::config,
+                  fmt::format("{}:{}: {}", file, key_line, unknown_key_reason(key)));
+    }
+    if (auto [it, inserted] = seen.emplace(key, key_line); !inserted) {
+      throw Error(Errc::config, fmt::format("{}:{}: {}: given twice (first at line {})", file,
+                                            key_line, key, it->second));
+    }
+    int line = line_of(key_node, value);
+    if (value.IsNull()) {
+      throw Error(Errc::config, fmt::format("{}:{}: {}: has no value", file, line, key));
+    }
+    apply(config, value, *spec, fmt::format("{}:{}: {}: ", file, line, key));
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    throw Error(Errc::missing_input, fmt::format("{}: config file not found", path));
+  }
+  if (std::filesystem::is_directory(status)) {
+    throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file", path));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
+  return buffer.str();
+}
+
+void apply_file(Config& config, const std::string& path) {
+  std::string text = read_file(path);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(Errc::config, fmt::format("{}:{}:{}: invalid YAML: {}", path, e.mark.line + 1,
+                                          e.mark.column + 1, e.msg));
+  }
+  // An empty file (or one of comments only) is a valid config that changes nothing.
+  if (root.IsNull()) return;
+  if (!root.IsMap()) {
+    throw Error(Errc::config,
+                fmt::format("{}:{}: the top level must be a mapping of key: value, got {}", path,
+                            root.Mark().line + 1, node_kind(root)));
+  }
+  std::map<std::string, int> seen;
+  apply_mapping(config, root, "", path, seen);
+}
+
+void apply_override(Config& config, const std::string& item) {
+  auto eq = item.find('=');
+  if (eq == std::string::npos) {
+    throw Error(Errc::usage,
+                fmt::format("--set {}: expected key=value, e.g. --set chunk_size=16MiB", item));
+  }
+  std::string key(trim(std::string_view(item).substr(0, eq)));
+  std::string raw = item.substr(eq + 1);
+  std::string where = fmt::format("--set {}: ", item);
+  if (key.empty()) {
+    throw Error(Errc::usage, fmt::format("{}the key is empty (expected key=value)", where));
+  }
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr) throw Error(Errc::config, where + unknown_key_reason(key));
+  YAML::Node value;
+  try {
+    value = YAML::Load(raw);
+  } catch (const YAML::ParserException& e) {
+    throw Error(Errc::config,
+                fmt::format("{}the value is not valid YAML ({}); quote it", where, e.msg));
+  }
+  if (value.IsNull()) throw Error(Errc::config, where + "has no value");
+  apply(config, value, *spec, where);
+}
+
+}  // namespace
+
+std::uint64_t parse_size(std::string_view text, std::string_view key) {
+  try {
+    return parse_size_value(text);
+  } catch (const Error& e) {
+    throw Error(Errc::config, fmt::format("{}: {}", key, e.what()));
+  }
+}
+
+std::chrono::milliseconds parse_duration(std::string_view text, std::string_view key) {
+  try {
+    return parse_duration_value(text);
+  } catch (const Error& e) {
+    throw Error(Errc::config, fmt::format("{}: {}", key, e.what()));
+  }
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  static constexpr std::array<std::string_view, 7> units{"B",   "KiB", "MiB", "GiB",
+                                                         "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  std::size_t unit = 0;
+  std::uint64_t scaled = bytes;
+  while (scaled >= 1024 && unit + 1 < units.size()) {
+    scaled >>= 10;
+    ++unit;
+  }
+  std::uint64_t divisor = 1ull << (10 * unit);
+  if (bytes % divisor == 0) return fmt::format("{} {}", bytes / divisor, units[unit]);
+  double value = static_cast<double>(bytes) / static_cast<double>(divisor);
+  // 1023.999 MiB would print as "1024.00 MiB"; say "1.00 GiB" instead.
+  if (std::round(value * 100.0) >= 1024.0 * 100.0 && unit + 1 < units.size()) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, units[unit]);
+}
+
+std::string Config::to_yaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& spec : key_table()) {
+    out << YAML::Key << std::string(spec.name) << YAML::Value;
+    std::string value = spec.print(*this);
+    // Quote what YAML would otherwise read as null or not at all (an empty path), and
+    // anything not plain; the emitter decides the rest.
+    if (value.empty() || value == "~" || lowercase(value) == "null") {
+      out << YAML::DoubleQuoted << value;
+    } else {
+      out << value;
+    }
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {
+  Config config;
+  if (!yaml_path.empty()) apply_file(config, yaml_path);
+  for (const auto& item : overrides) apply_override(config, item);
+  return config;
+}
+
+}  // namespace weightcast
