@@ -1,0 +1,381 @@
+// Synthetic checkpoints: read back with an independent minimal parser (8-byte length, JSON
+// header via nlohmann::json), sharding and index, determinism, and open_checkpoint.
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/synth.hpp"
+
+#include "utils/paths.hpp"
+#include "utils/process.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+using namespace weightcast;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct ParsedTensor {
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+struct ParsedShard {
+  std::uint64_t header_bytes = 0;
+  nlohmann::json metadata;
+  std::map<std::string, ParsedTensor> tensors;
+  std::string bytes;  // the whole file
+
+  /// The bytes of tensor @p name.
+  [[nodiscard]] std::string tensor_bytes(const std::string& name) const {
+    const auto& t = tensors.at(name);
+    return bytes.substr(8 + header_bytes + t.begin, t.end - t.begin);
+  }
+};
+
+/// Parses a safetensors file without weightcast's parser, checking that the tensors tile the
+/// data section exactly and that each size matches its shape for @p bits_per_element.
+ParsedShard parse_shard(const fs::path& path, std::uint64_t bits_per_element) {
+  ParsedShard shard;
+  shard.bytes = read_all(path);
+  REQUIRE(shard.bytes.size() >= 8);
+  std::memcpy(&shard.header_bytes, shard.bytes.data(), 8);
+  CHECK(shard.header_bytes % 8 == 0);  // padded like the Python writer
+  REQUIRE(8 + shard.header_bytes <= shard.bytes.size());
+  std::string header_text = shard.bytes.substr(8, shard.header_bytes);
+  auto header = nlohmann::json::parse(header_text);  // trailing spaces are JSON whitespace
+  REQUIRE(header.is_object());
+
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      shard.metadata = entry;
+      continue;
+    }
+    ParsedTensor t;
+    t.dtype = entry.at("dtype").get<std::string>();
+    t.shape = entry.at("shape").get<std::vector<std::uint64_t>>();
+    t.begin = entry.at("data_offsets").at(0).get<std::uint64_t>();
+    t.end = entry.at("data_offsets").at(1).get<std::uint64_t>();
+    std::uint64_t elements = 1;
+    for (auto d : t.shape) elements *= d;
+    INFO(name);
+    CHECK(t.end - t.begin == elements * bits_per_element / 8);
+    ranges.emplace_back(t.begin, t.end);
+    CHECK(shard.tensors.emplace(name, t).second);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t expected_begin = 0;
+  for (const auto& [begin, end] : ranges) {
+    CHECK(begin == expected_begin);
+    expected_begin = end;
+  }
+  CHECK(8 + shard.header_bytes + expected_begin == shard.bytes.size());
+  return shard;
+}
+
+/// Expected tensor names and shapes for @p s, independent of the writer's own list.
+std::map<std::string, std::vector<std::uint64_t>> expected_tensors(const LlamaShape& s) {
+  std::map<std::string, std::vector<std::uint64_t>> out;
+  std::uint64_t kv = s.kv_heads * (s.hidden / s.heads);
+  out["model.embed_tokens.weight"] = {s.vocab, s.hidden};
+  out["lm_head.weight"] = {s.vocab, s.hidden};
+  out["model.norm.weight"] = {s.hidden};
+  for (std::uint64_t l = 0; l < s.layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    out[p + "self_attn.q_proj.weight"] = {s.hidden, s.hidden};
+    out[p + "self_attn.k_proj.weight"] = {kv, s.hidden};
+    out[p + "self_attn.v_proj.weight"] = {kv, s.hidden};
+    out[p + "self_attn.o_proj.weight"] = {s.hidden, s.hidden};
+    out[p + "mlp.gate_proj.weight"] = {s.intermediate, s.hidden};
+    out[p + "mlp.up_proj.weight"] = {s.intermediate, s.hidden};
+    out[p + "mlp.down_proj.weight"] = {s.hidden, s.intermediate};
+    out[p + "input_layernorm.weight"] = {s.hidden};
+    out[p + "post_attention_layernorm.weight"] = {s.hidden};
+  }
+  return out;
+}
+
+std::set<std::string> dir_listing(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+template <typename Fn>
+Error expect_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("expected weightcast::Error, nothing was thrown");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace
+
+TEST_CASE("synth: parameter counts parse", "[synth]") {
+  CHECK(parse_param_count("1M") == 1'000'000);
+  CHECK(parse_param_count("125M") == 125'000'000);
+  CHECK(parse_param_count("1B") == 1'000'000'000);
+  CHECK(parse_param_count("1.5B") == 1'500'000'000);
+  CHECK(parse_param_count("8b") == 8'000'000'000);
+  CHECK(parse_param_count("500K") == 500'000);
+  CHECK(parse_param_count("12345") == 12345);
+  for (const char* bad : {"", "B", "1X", "-1B", "1.2.3M", "0", "0M", "20T", "abc"}) {
+    INFO(bad);
+    auto e = expect_error([&] { parse_param_count(bad); });
+    CHECK(e.code() == Errc::usage);
+    CHECK_THAT(e.what(), Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("synth: shapes come close to the target parameter count", "[synth]") {
+  struct Case {
+    std::uint64_t target;
+    double lo, hi;  // accepted params / target
+  };
+  for (const auto& c : {Case{1'000'000, 0.9, 1.1}, Case{10'000'000, 0.9, 1.1},
+                        Case{125'000'000, 0.9, 1.1}, Case{1'000'000'000, 1.0, 1.3},
+                        Case{8'000'000'000, 0.95, 1.05}, Case{70'000'000'000, 0.95, 1.05}}) {
+    auto s = choose_llama_shape(c.target);
+    INFO("target " << c.target << ": " << s.layers << " layers, hidden " << s.hidden << ", "
+                   << s.params() << " params");
+    double ratio = static_cast<double>(s.params()) / static_cast<double>(c.target);
+    CHECK(ratio >= c.lo);
+    CHECK(ratio <= c.hi);
+    CHECK(s.hidden % s.heads == 0);
+    CHECK(s.heads % s.kv_heads == 0);
+    CHECK(s.layers >= 1);
+  }
+  auto llama8b = choose_llama_shape(8'000'000'000);
+  CHECK(llama8b.hidden == 4096);
+  CHECK(llama8b.layers == 32);
+  CHECK(llama8b.kv_heads == 8);
+  CHECK(choose_llama_shape(1).layers == 1);  // tiny targets still give a whole model
+}
+
+TEST_CASE("synth: a single-file checkpoint parses independently", "[synth]") {
+  test::TempDir dir;
+  auto out = dir.path() / "ckpt";  // created by the writer
+  SynthOptions options{1'000'000, Dtype::BF16, 1ull << 30, 7};
+  auto summary = write_synthetic_checkpoint(out, options);
+
+  CHECK(summary.shards == 1);
+  CHECK(summary.checkpoint == out / "model.safetensors");
+  REQUIRE(summary.paths.size() == 1);
+  CHECK(dir_listing(out) == std::set<std::string>{"model.safetensors"});
+
+  auto shard = parse_shard(summary.checkpoint, 16);
+  CHECK(shard.metadata == nlohmann::json{{"format", "pt"}});
+  auto expected = expected_tensors(summary.shape);
+  CHECK(summary.tensors == expected.size());
+  CHECK(shard.tensors.size() == expected.size());
+  std::uint64_t params = 0;
+  for (const auto& [name, shape] : expected) {
+    INFO(name);
+    REQUIRE(shard.tensors.count(name) == 1);
+    CHECK(shard.tensors.at(name).shape == shape);
+    CHECK(shard.tensors.at(name).dtype == "BF16");
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= d;
+    params += n;
+  }
+  CHECK(summary.params == params);
+  CHECK(summary.params == summary.shape.params());
+  CHECK(summary.tensor_bytes == 2 * params);
+  CHECK(summary.file_bytes == fs::file_size(summary.checkpoint));
+
+  // Distinct tensors of equal shape hold distinct bytes; bytes are not all zero.
+  auto q0 = shard.tensor_bytes("model.layers.0.self_attn.q_proj.weight");
+  auto o0 = shard.tensor_bytes("model.layers.0.self_attn.o_proj.weight");
+  auto q1 = shard.tensor_bytes("model.layers.1.self_attn.q_proj.weight");
+  CHECK(q0 != o0);
+  CHECK(q0 != q1);
+  CHECK(q0 != std::string(q0.size(), '\0'));
+}
+
+TEST_CASE("synth: sharding writes an index whose weight_map covers every tensor once",
+          "[synth]") {
+  test::TempDir dir;
+  SynthOptions options{10'000'000, Dtype::BF16, 4ull << 20, 3};
+  auto summary = write_synthetic_checkpoint(dir.path(), options);
+  REQUIRE(summary.shards > 1);
+  auto index_path = dir.path() / "model.safetensors.index.json";
+  CHECK(summary.checkpoint == index_path);
+  CHECK(summary.paths.size() == summary.shards + 1);
+
+  auto index = nlohmann::json::parse(read_all(index_path));
+  auto weight_map = index.at("weight_map").get<std::map<std::string, std::string>>();
+  auto expected = expected_tensors(summary.shape);
+  CHECK(weight_map.size() == expected.size());
+
+  std::set<std::string> files;
+  for (const auto& [name, file] : weight_map) files.insert(file);
+  CHECK(files.size() == summary.shards);
+  std::set<std::string> listing = dir_listing(dir.path());
+  std::set<std::string> want{"model.safetensors.index.json"};
+  for (std::uint64_t i = 1; i <= summary.shards; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05llu-of-%05llu.safetensors",
+                  static_cast<unsigned long long>(i),
+                  static_cast<unsigned long long>(summary.shards));
+    CHECK(files.count(name) == 1);
+    want.insert(name);
+  }
+  CHECK(listing == want);  // no temporary files left behind
+
+  // Every tensor is in exactly one shard, the one the index names; sizes add up.
+  std::map<std::string, int> seen;
+  std::uint64_t total = 0;
+  for (const auto& file : files) {
+    auto shard = parse_shard(dir.path() / file, 16);
+    std::uint64_t shard_bytes = 0;
+    for (const auto& [name, t] : shard.tensors) {
+      ++seen[name];
+      CHECK(weight_map.at(name) == file);
+      CHECK(t.shape == expected.at(name));
+      shard_bytes += t.end - t.begin;
+    }
+    total += shard_bytes;
+    // A shard exceeds shard_bytes only when it is a single tensor larger than that.
+    CHECK((shard_bytes <= options.shard_bytes || shard.tensors.size() == 1));
+  }
+  CHECK(seen.size() == expected.size());
+  for (const auto& [name, count] : seen) CHECK(count == 1);
+  CHECK(index.at("metadata").at("total_size").get<std::uint64_t>() == total);
+  CHECK(total == summary.tensor_bytes);
+}
+
+TEST_CASE("synth: bytes are deterministic for a seed and independent of sharding", "[synth]") {
+  test::TempDir dir;
+  SynthOptions options{1'000'000, Dtype::BF16, 1ull << 30, 42};
+  auto a = write_synthetic_checkpoint(dir / "a", options);
+  auto b = write_synthetic_checkpoint(dir / "b", options);
+  CHECK(read_all(a.checkpoint) == read_all(b.checkpoint));
+
+  options.seed = 43;
+  auto c = write_synthetic_checkpoint(dir / "c", options);
+  auto pa = parse_shard(a.checkpoint, 16);
+  auto pc = parse_shard(c.checkpoint, 16);
+  CHECK(pa.tensor_bytes("lm_head.weight") != pc.tensor_bytes("lm_head.weight"));
+
+  options.seed = 42;
+  options.shard_bytes = 256 << 10;
+  auto sharded = write_synthetic_checkpoint(dir / "s", options);
+  REQUIRE(sharded.shards > 1);
+  auto index = nlohmann::json::parse(read_all(sharded.checkpoint));
+  std::map<std::string, ParsedShard> shards;
+  for (const auto& [name, file] : index.at("weight_map").items()) {
+    auto f = file.get<std::string>();
+    if (shards.count(f) == 0) shards.emplace(f, parse_shard(dir / "s" / f, 16));
+    INFO(name);
+    CHECK(shards.at(f).tensor_bytes(name) == pa.tensor_bytes(name));
+  }
+}
+
+TEST_CASE("synth: sub-byte and wide dtypes", "[synth]") {
+  test::TempDir dir;
+  for (auto [dtype, bits] : {std::pair{Dtype::F4, 4}, std::pair{Dtype::F6_E2M3, 6},
+                             std::pair{Dtype::F32, 32}, std::pair{Dtype::U8, 8}}) {
+    INFO(dtype_name(dtype));
+    auto out = dir / std::string(dtype_name(dtype));
+    auto summary = write_synthetic_checkpoint(out, {100'000, dtype, 1ull << 30, 1});
+    auto shard = parse_shard(summary.checkpoint, static_cast<std::uint64_t>(bits));
+    CHECK(summary.tensor_bytes * 8 == summary.params * static_cast<std::uint64_t>(bits));
+    CHECK(shard.tensors.at("lm_head.weight").dtype == std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_CASE("synth: rewriting a directory leaves exactly one checkpoint", "[synth]") {
+  test::TempDir dir;
+  // A file that is not ours survives.
+  std::ofstream(dir / "README.md") << "mine\n";
+  write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 0});
+  CHECK(dir_listing(dir.path()).count("model.safetensors.index.json") == 1);
+  auto single = write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1ull << 30, 0});
+  CHECK(single.shards == 1);
+  CHECK(dir_listing(dir.path()) == std::set<std::string>{"README.md", "model.safetensors"});
+}
+
+TEST_CASE("synth: errors", "[synth]") {
+  test::TempDir dir;
+  auto e = expect_error(
+      [&] { write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 0, 0}); });
+  CHECK(e.code() == Errc::usage);
+  CHECK(expect_error([&] {
+          write_synthetic_checkpoint(dir.path(), {0, Dtype::BF16, 1 << 20, 0});
+        }).code() == Errc::usage);
+
+  // The output directory is a file: an I/O error naming it.
+  auto blocker = dir / "not-a-dir";
+  std::ofstream(blocker) << "x";
+  auto io = expect_error(
+      [&] { write_synthetic_checkpoint(blocker / "out", {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+  CHECK(io.code() == Errc::io);
+  CHECK_THAT(io.what(), Contains("not-a-dir"));
+
+  if (::geteuid() != 0) {  // root writes anywhere; the check is meaningless there
+    fs::create_directory(dir / "ro");
+    fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    auto denied = expect_error(
+        [&] { write_synthetic_checkpoint(dir / "ro", {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+    CHECK(denied.code() == Errc::io);
+    CHECK_THAT(denied.what(), Contains("ro/model.safetensors"));
+    fs::permissions(dir / "ro", fs::perms::owner_all);
+  }
+}
+
+TEST_CASE("synth: output opens with open_checkpoint", "[synth]") {
+  test::TempDir dir;
+  auto single = write_synthetic_checkpoint(dir / "one", {1'000'000, Dtype::BF16, 1ull << 30, 5});
+  auto sharded = write_synthetic_checkpoint(dir / "many", {10'000'000, Dtype::BF16, 4ull << 20, 5});
+  for (const auto& s : {single, sharded}) {
+    for (const auto& path : {s.checkpoint, s.checkpoint.parent_path()}) {
+      INFO(path.string());
+      Catalogue catalogue = open_checkpoint(path);
+      CHECK(catalogue.tensors.size() == s.tensors);
+      CHECK(catalogue.shards.size() == s.shards);
+      CHECK(catalogue.total_bytes() == s.tensor_bytes);
+    }
+  }
+}
+
+TEST_CASE("synth: the CLI writes a checkpoint and refuses bad arguments", "[synth]") {
+  test::TempDir dir;
+  auto ok = test::run_cli({"synth", (dir / "c").string(), "--params", "1M", "--shard-size",
+                           "1MiB", "--seed", "9"});
+  INFO(ok.out << ok.err);
+  CHECK(ok.exit_status == 0);
+  CHECK_THAT(ok.out, Contains("tensors") && Contains("GB/s"));
+  CHECK(fs::exists(dir / "c" / "model.safetensors.index.json"));
+
+  auto bad_params = test::run_cli({"synth", (dir / "d").string(), "--params", "lots"});
+  CHECK(bad_params.exit_status == 64);
+  CHECK_THAT(bad_params.err, Contains("'lots'"));
+  auto bad_dtype = test::run_cli({"synth", (dir / "d").string(), "--dtype", "Q4"});
+  CHECK(bad_dtype.exit_status == 64);
+  auto bad_size = test::run_cli({"synth", (dir / "d").string(), "--shard-size", "2G"});
+  CHECK(bad_size.exit_status == 64);
+  CHECK_THAT(bad_size.err, Contains("ambiguous"));
+  CHECK(!fs::exists(dir / "d"));
+}
