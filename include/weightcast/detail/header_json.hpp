@@ -1,0 +1,75 @@
+/**
+ * @file header_json.hpp
+ * @brief Internal: strict JSON parsing shared by the safetensors header and index parsers.
+ *
+ * nlohmann::json keeps the last of two equal keys silently; the safetensors rules (and the
+ * index rules) want a repeated name reported, so the parse records keys per object through
+ * the parser callback. It also records the document order of one object's keys, so that
+ * "the first faulty entry" means the first one a person reading the file would see.
+ */
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcast::detail {
+
+/// A key that appeared twice in one JSON object.
+struct DuplicateKey {
+  std::string key;    ///< The repeated key.
+  int depth = 0;      ///< 1 for a key of the top-level object, 2 for one level below…
+  std::string owner;  ///< The top-level key whose value holds the object (empty at depth 1).
+};
+
+/// A JSON syntax error; `what()` is one line without nlohmann's "[json.exception…]" prefix.
+class JsonSyntaxError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Result of `parse_json_strict`.
+struct JsonDocument {
+  nlohmann::json value;                  ///< The parsed document.
+  std::optional<DuplicateKey> duplicate;  ///< The first repeated key, in document order.
+  std::vector<std::string> ordered_keys;  ///< Keys of the recorded object, document order.
+};
+
+/**
+ * @brief Parses @p text as JSON, recording duplicate keys instead of dropping them.
+ *
+ * @param text the JSON text (already checked to be UTF-8).
+ * @param ordered_member empty to record the top-level object's keys in document order;
+ *        otherwise the name of a top-level member whose object's keys are recorded.
+ * @throws JsonSyntaxError on a syntax error, including a NUL byte anywhere (nlohmann's lexer
+ *         takes NUL for the end of input and would accept `{}\0garbage`; serde_json, the
+ *         reference, rejects it). A syntax error wins over a duplicate key, which is only
+ *         reported by the caller after a successful parse.
+ */
+JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member = {});
+
+/// @return the offset of the first byte of @p text that is not part of valid UTF-8
+///         (overlong forms, surrogates and code points past U+10FFFF are invalid, as in
+///         Rust's `str::from_utf8`), or nullopt if @p text is valid.
+std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept;
+
+/// @return @p text in single quotes for a one-line message, control characters escaped.
+std::string quote(std::string_view text);
+
+/// @return @p value as an unsigned integer if it is a non-negative JSON integer
+///         (never a float, even 0.0).
+std::optional<std::uint64_t> json_unsigned(const nlohmann::json& value) noexcept;
+
+/// @return the JSON type of @p value with its article, for messages: "an array", "a number".
+std::string_view json_kind(const nlohmann::json& value) noexcept;
+
+/// @return a short one-line rendering of @p value for messages ("[4, 3]", "\"F7\"").
+std::string json_brief(const nlohmann::json& value);
+
+}  // namespace weightcast::detail

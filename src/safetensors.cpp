@@ -1,0 +1,554 @@
+#include "weightcast/safetensors.hpp"
+
+#include "weightcast/detail/header_json.hpp"
+#include "weightcast/error.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <unordered_set>
+
+namespace weightcast {
+
+using nlohmann::json;
+
+namespace detail {
+
+static std::string json_error_text(const std::exception& error) {
+  std::string_view text = error.what();
+  if (text.starts_with("[json.exception.")) {
+    if (auto close = text.find("] "); close != std::string_view::npos) text.remove_prefix(close + 2);
+  }
+  std::string out(text);
+  std::replace(out.begin(), out.end(), '\n', ' ');
+  return out;
+}
+
+JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member) {
+  JsonDocument doc;
+  // keys_by_depth[d] holds the keys seen so far in the innermost open object at depth d
+  // (the callback reports a key with the depth of the object it belongs to plus one).
+  std::vector<std::unordered_set<std::string>> keys_by_depth;
+  std::string top_key;
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
+    if (event == json::parse_event_t::object_start) {
+      auto level = static_cast<std::size_t>(depth) + 1;
+      if (keys_by_depth.size() <= level) keys_by_depth.resize(level + 1);
+      keys_by_depth[level].clear();
+    } else if (event == json::parse_event_t::key) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      auto level = static_cast<std::size_t>(depth);
+      if (keys_by_depth.size() <= level) keys_by_depth.resize(level + 1);
+      if (depth == 1) top_key = key;
+      bool recorded = ordered_member.empty() ? depth == 1
+                                             : depth == 2 && top_key == ordered_member;
+      if (recorded) doc.ordered_keys.push_back(key);
+      if (!keys_by_depth[level].insert(key).second && !doc.duplicate) {
+        doc.duplicate = DuplicateKey{key, depth, depth == 1 ? std::string() : top_key};
+      }
+    }
+    return true;
+  };
+  if (auto nul = text.find('\0'); nul != std::string_view::npos) {
+    throw JsonSyntaxError(fmt::format("NUL byte at offset {}", nul));
+  }
+  try {
+    doc.value = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    throw JsonSyntaxError(json_error_text(e));
+  }
+  return doc;
+}
+
+std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  std::size_t size = text.size();
+  std::size_t i = 0;
+  while (i < size) {
+    unsigned char lead = bytes[i];
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t length = 0;
+    unsigned char low = 0x80;  // Allowed range of the second byte (rules out overlong forms,
+    unsigned char high = 0xBF;  // surrogates and code points past U+10FFFF; RFC 3629 table).
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + length > size) return i;
+    if (bytes[i + 1] < low || bytes[i + 1] > high) return i;
+    for (std::size_t k = 2; k < length; ++k) {
+      if (bytes[i + k] < 0x80 || bytes[i + k] > 0xBF) return i;
+    }
+    i += length;
+  }
+  return std::nullopt;
+}
+
+std::string quote(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out += '\'';
+  for (char c : text) {
+    auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7F) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  out += '\'';
+  return out;
+}
+
+std::optional<std::uint64_t> json_unsigned(const json& value) noexcept {
+  if (value.is_number_unsigned()) return value.get<std::uint64_t>();
+  if (value.is_number_integer()) {
+    auto signed_value = value.get<std::int64_t>();
+    if (signed_value >= 0) return static_cast<std::uint64_t>(signed_value);
+  }
+  return std::nullopt;
+}
+
+std::string_view json_kind(const json& value) noexcept {
+  switch (value.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "an array";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a floating-point number";
+    default: return "not a JSON value";
+  }
+}
+
+std::string json_brief(const json& value) {
+  // A hostile header can hold a million-element shape; a message stays one readable line.
+  constexpr std::size_t max_chars = 160;
+  std::string out;
+  if (value.is_array()) {
+    out += '[';
+    bool first = true;
+    for (const auto& element : value) {
+      if (!first) out += ", ";
+      first = false;
+      out += element.dump(-1, ' ', false, json::error_handler_t::replace);
+      if (out.size() > max_chars) break;
+    }
+    out += ']';
+  } else {
+    out = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (out.size() > max_chars) {
+    out.resize(max_chars);
+    out += "…";
+  }
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::json_brief;
+using detail::quote;
+
+[[noreturn]] void fail(std::string_view file, std::string_view what) {
+  throw Error(Errc::invalid_checkpoint, fmt::format("{}: {}", file, what));
+}
+
+[[noreturn]] void fail_tensor(std::string_view file, std::string_view tensor,
+                              std::string_view what) {
+  throw Error(Errc::invalid_checkpoint, fmt::format("{}: tensor {}: {}", file, quote(tensor), what));
+}
+
+std::string known_dtypes() {
+  std::string names;
+  for (std::size_t i = 0; i < dtype_count; ++i) {
+    if (i != 0) names += ", ";
+    names += dtype_name(static_cast<Dtype>(i));
+  }
+  return names;
+}
+
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+/// One header entry after check 9, before the offset rules.
+struct Entry {
+  std::string name;
+  Dtype dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin;
+  std::uint64_t end;
+};
+
+Entry parse_entry(std::string_view file, const std::string& name, const json& value) {
+  if (!value.is_object()) {
+    fail_tensor(file, name,
+                fmt::format("entry is {}, must be an object with dtype, shape, data_offsets",
+                            detail::json_kind(value)));
+  }
+  // The reference deserialises a fixed struct: each field exactly once, nothing else.
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(key)) {
+      fail_tensor(file, name,
+                  fmt::format("missing key '{}' (an entry has exactly dtype, shape, data_offsets)",
+                              key));
+    }
+  }
+  for (const auto& [key, unused] : value.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      fail_tensor(file, name,
+                  fmt::format("unexpected key {} (an entry has exactly dtype, shape, data_offsets)",
+                              quote(key)));
+    }
+  }
+
+  Entry entry{name, Dtype::U8, {}, 0, 0};
+  const json& dtype = value["dtype"];
+  if (!dtype.is_string()) {
+    fail_tensor(file, name, fmt::format("dtype {} is {}, must be a string such as \"F32\"",
+                                        json_brief(dtype), detail::json_kind(dtype)));
+  }
+  const auto& dtype_text = dtype.get_ref<const std::string&>();
+  auto parsed_dtype = parse_dtype(dtype_text);
+  if (!parsed_dtype) {
+    fail_tensor(file, name,
+                fmt::format("unknown dtype {} (the format's dtypes: {})", quote(dtype_text),
+                            known_dtypes()));
+  }
+  entry.dtype = *parsed_dtype;
+
+  const json& shape = value["shape"];
+  if (!shape.is_array()) {
+    fail_tensor(file, name, fmt::format("shape {} is {}, must be an array of non-negative integers",
+                                        json_brief(shape), detail::json_kind(shape)));
+  }
+  entry.shape.reserve(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    auto dim = detail::json_unsigned(shape[i]);
+    if (!dim) {
+      fail_tensor(file, name,
+                  fmt::format("shape {}: dimension {} is {}, must be a non-negative integer",
+                              json_brief(shape), i, json_brief(shape[i])));
+    }
+    entry.shape.push_back(*dim);
+  }
+
+  const json& offsets = value["data_offsets"];
+  std::optional<std::uint64_t> begin;
+  std::optional<std::uint64_t> end;
+  if (offsets.is_array() && offsets.size() == 2) {
+    begin = detail::json_unsigned(offsets[0]);
+    end = detail::json_unsigned(offsets[1]);
+  }
+  if (!begin || !end) {
+    fail_tensor(file, name,
+                fmt::format("data_offsets {} must be two non-negative integers [begin, end]",
+                            json_brief(offsets)));
+  }
+  entry.begin = *begin;
+  entry.end = *end;
+  return entry;
+}
+
+/// Check 8: `__metadata__` is null (the MLX writer emits null) or an object of strings.
+std::map<std::string, std::string> parse_metadata(std::string_view file, const json& value) {
+  std::map<std::string, std::string> metadata;
+  if (value.is_null()) return metadata;
+  if (!value.is_object()) {
+    fail(file, fmt::format("__metadata__ is {}, must be an object of string values",
+                           detail::json_kind(value)));
+  }
+  for (const auto& [key, item] : value.items()) {
+    if (!item.is_string()) {
+      fail(file, fmt::format("__metadata__ value of key {} is {} ({}), must be a string",
+                             quote(key), detail::json_kind(item), json_brief(item)));
+    }
+    metadata.emplace(key, item.get<std::string>());
+  }
+  return metadata;
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t data_bytes,
+                                           std::string_view file) {
+  // 4. The reference runs from_utf8 before JSON parsing, so invalid UTF-8 is its own error
+  //    even where the JSON parser would also stop.
+  if (auto bad = detail::find_invalid_utf8(json_text)) {
+    fail(file, fmt::format("header is not valid UTF-8 (byte 0x{:02x} at header offset {})",
+                           static_cast<unsigned char>(json_text[*bad]), *bad));
+  }
+  // 5. JSON syntax; a duplicate key is only reported once the syntax is known good.
+  detail::JsonDocument doc;
+  try {
+    doc = detail::parse_json_strict(json_text);
+  } catch (const detail::JsonSyntaxError& e) {
+    fail(file, fmt::format("header is not valid JSON: {}", e.what()));
+  }
+  // 6.
+  if (!doc.value.is_object()) {
+    fail(file, fmt::format("header JSON is {}, must be an object of tensors",
+                           detail::json_kind(doc.value)));
+  }
+  // 7.
+  if (doc.duplicate) {
+    const auto& dup = *doc.duplicate;
+    if (dup.depth == 1) {
+      fail_tensor(file, dup.key, "name appears twice in the header");
+    } else if (dup.owner == "__metadata__") {
+      fail(file, fmt::format("__metadata__: key {} appears twice", quote(dup.key)));
+    } else {
+      fail_tensor(file, dup.owner, fmt::format("key {} appears twice", quote(dup.key)));
+    }
+  }
+
+  SafetensorsHeader header;
+  header.header_bytes = json_text.size();
+  header.data_bytes = data_bytes;
+  // 8.
+  if (auto it = doc.value.find("__metadata__"); it != doc.value.end()) {
+    header.metadata = parse_metadata(file, *it);
+  }
+  // 9. Entries in document order, so the first faulty entry is the one a reader sees first.
+  std::vector<Entry> entries;
+  entries.reserve(doc.ordered_keys.size());
+  for (const auto& name : doc.ordered_keys) {
+    if (name == "__metadata__") continue;
+    entries.push_back(parse_entry(file, name, doc.value[name]));
+  }
+  doc.value = nullptr;  // The entries hold everything needed; free the DOM early.
+
+  // 10–14, tensor by tensor in offset order, as Metadata::validate does. Ties (zero-size
+  // tensors at one offset) keep document order, so the result is deterministic.
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  std::uint64_t expected_begin = 0;
+  const Entry* previous = nullptr;
+  header.tensors.reserve(entries.size());
+  for (const auto& entry : entries) {
+    auto offsets = fmt::format("data_offsets [{}, {}]", entry.begin, entry.end);
+    // The reference reports both faults as InvalidOffset; "end before begin" is the more
+    // precise diagnosis when both hold.
+    if (entry.end < entry.begin) fail_tensor(file, entry.name, offsets + " end before begin");
+    if (entry.begin != expected_begin) {
+      if (previous == nullptr) {
+        fail_tensor(file, entry.name,
+                    fmt::format("{} leave a hole: the first tensor must begin at 0", offsets));
+      }
+      if (entry.begin < expected_begin) {
+        fail_tensor(file, entry.name,
+                    fmt::format("{} overlap tensor {}, which ends at {}", offsets,
+                                quote(previous->name), expected_begin));
+      }
+      fail_tensor(file, entry.name,
+                  fmt::format("{} leave a hole of {} bytes after tensor {}, which ends at {}",
+                              offsets, entry.begin - expected_begin, quote(previous->name),
+                              expected_begin));
+    }
+    std::uint64_t elements = 1;
+    for (auto dim : entry.shape) {
+      if (__builtin_mul_overflow(elements, dim, &elements)) {
+        fail_tensor(file, entry.name,
+                    fmt::format("shape {} has more elements than fit in 64 bits",
+                                shape_text(entry.shape)));
+      }
+    }
+    std::uint64_t bits = 0;
+    if (__builtin_mul_overflow(elements, std::uint64_t{dtype_bits(entry.dtype)}, &bits)) {
+      fail_tensor(file, entry.name,
+                  fmt::format("shape {} of {} has more bits than fit in 64 bits",
+                              shape_text(entry.shape), dtype_name(entry.dtype)));
+    }
+    if (bits % 8 != 0) {
+      fail_tensor(file, entry.name,
+                  fmt::format("shape {} of {} is {} elements of {} bits = {} bits, not a whole "
+                              "number of bytes",
+                              shape_text(entry.shape), dtype_name(entry.dtype), elements,
+                              dtype_bits(entry.dtype), bits));
+    }
+    std::uint64_t bytes = bits / 8;
+    if (bytes != entry.end - entry.begin) {
+      fail_tensor(file, entry.name,
+                  fmt::format("shape {} of {} is {} bytes but {} span {} bytes",
+                              shape_text(entry.shape), dtype_name(entry.dtype), bytes, offsets,
+                              entry.end - entry.begin));
+    }
+    header.tensors.push_back(TensorInfo{entry.name, entry.dtype, entry.shape, 0,
+                                        8 + header.header_bytes + entry.begin, bytes});
+    expected_begin = entry.end;
+    previous = &entry;
+  }
+  // 15.
+  if (expected_begin > data_bytes) {
+    for (const auto& entry : entries) {
+      if (entry.end > data_bytes) {
+        fail_tensor(file, entry.name,
+                    fmt::format("data_offsets [{}, {}] end past the end of the file: the data "
+                                "section holds only {} bytes (truncated file?)",
+                                entry.begin, entry.end, data_bytes));
+      }
+    }
+  }
+  if (expected_begin != data_bytes) {
+    fail(file, fmt::format("{} trailing bytes after the last tensor: the tensors end at data "
+                           "offset {} but the data section holds {} bytes",
+                           data_bytes - expected_begin, expected_begin, data_bytes));
+  }
+  return header;
+}
+
+namespace {
+
+/// Owns a file descriptor for the duration of one header read.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) noexcept : _fd(fd) {}
+  ~FileDescriptor() {
+    if (_fd >= 0) ::close(_fd);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  [[nodiscard]] int get() const noexcept { return _fd; }
+
+ private:
+  int _fd;
+};
+
+/// Reads exactly @p size bytes at @p offset, or throws: a short file here means the file
+/// changed after fstat, which is an I/O condition, not a format fault.
+void read_exact(int fd, char* out, std::size_t size, std::uint64_t offset, std::string_view file) {
+  std::size_t done = 0;
+  while (done < size) {
+    ssize_t got = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw system_error(Errc::io, errno,
+                         fmt::format("{}: read of {} bytes at offset {} failed", file,
+                                     size - done, offset + done));
+    }
+    if (got == 0) {
+      throw Error(Errc::io, fmt::format("{}: file ended at offset {} while reading {} bytes at "
+                                        "offset {} (did it change while being read?)",
+                                        file, offset + done, size, offset));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+bool looks_like_text(std::string_view bytes) {
+  return !bytes.empty() && std::all_of(bytes.begin(), bytes.end(), [](char c) {
+    auto byte = static_cast<unsigned char>(c);
+    return (byte >= 0x20 && byte < 0x7F) || c == '\n' || c == '\r' || c == '\t';
+  });
+}
+
+std::string text_hint(std::string_view first_bytes) {
+  if (!looks_like_text(first_bytes)) return {};
+  return fmt::format("; the file starts with text ({}), it does not look like a safetensors file",
+                     quote(first_bytes));
+}
+
+constexpr std::string_view lfs_prefix = "version https://git-lfs";
+
+[[noreturn]] void fail_lfs_pointer(std::string_view file, std::string_view pointer) {
+  // The pointer's "size N" line says how big the missing file is; worth showing, since a
+  // user may not know the shard was never fetched.
+  std::string size_note;
+  if (auto at = pointer.find("\nsize "); at != std::string_view::npos) {
+    auto digits = pointer.substr(at + 6);
+    digits = digits.substr(0, digits.find_first_not_of("0123456789"));
+    if (!digits.empty()) size_note = fmt::format(" of {} bytes", digits);
+  }
+  fail(file, fmt::format("is a Git LFS pointer file, not safetensors data: the real file{} was "
+                         "never fetched (run `git lfs pull` in its repository)",
+                         size_note));
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std::string_view name) {
+  std::string file = name.empty() ? path.string() : std::string(name);
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+      throw Error(Errc::missing_input, fmt::format("{}: no such file", file));
+    }
+    throw system_error(Errc::io, err, fmt::format("{}: cannot open", file));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot stat", file));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw Error(Errc::missing_input,
+                fmt::format("{}: is a directory, expected a .safetensors file", file));
+  }
+  auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+
+  std::array<char, 8> prefix{};
+  std::size_t prefix_bytes = std::min<std::uint64_t>(file_bytes, prefix.size());
+  read_exact(fd.get(), prefix.data(), prefix_bytes, 0, file);
+  std::string_view first_bytes(prefix.data(), prefix_bytes);
+  // A pointer file is ~130 bytes of text; only read further when the first bytes say so.
+  if (first_bytes == lfs_prefix.substr(0, 8)) {
+    std::string pointer(std::min<std::uint64_t>(file_bytes, 1024), '\0');
+    read_exact(fd.get(), pointer.data(), pointer.size(), 0, file);
+    if (pointer.starts_with(lfs_prefix)) fail_lfs_pointer(file, pointer);
+  }
+  // 1.
+  if (file_bytes < 8) {
+    fail(file, fmt::format("file is {} bytes, shorter than the 8-byte header length{}",
+                           file_bytes, text_hint(first_bytes)));
+  }
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_bytes = (header_bytes << 8) | static_cast<unsigned char>(prefix[i]);
+  }
+  // 2.
+  if (header_bytes > max_header_bytes) {
+    fail(file, fmt::format("header length {} is larger than the format's limit of {} bytes{}",
+                           header_bytes, max_header_bytes, text_hint(first_bytes)));
+  }
+  // 3.
+  if (8 + header_bytes > file_bytes) {
+    fail(file, fmt::format("header length {} runs past the end of the file: 8 + {} > {} bytes "
+                           "(truncated file?){}",
+                           header_bytes, header_bytes, file_bytes, text_hint(first_bytes)));
+  }
+  std::string json_text(header_bytes, '\0');
+  read_exact(fd.get(), json_text.data(), json_text.size(), 8, file);
+  return parse_safetensors_header(json_text, file_bytes - 8 - header_bytes, file);
+}
+
+}  // namespace weightcast
