@@ -1,0 +1,41 @@
+/**
+ * @file index.hpp
+ * @brief Internal: reading a sharded checkpoint's `*.safetensors.index.json`.
+ *
+ * Split from `open_checkpoint` so the index rules (JSON shape, shard path safety) can be
+ * checked on an index alone, without its shards (the corpus holds large real indexes whose
+ * shards are not included).
+ */
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace weightcast::detail {
+
+/// One `weight_map` entry of an index.
+struct IndexEntry {
+  std::string tensor;               ///< Tensor name (the key).
+  std::string shard;                ///< Shard file name as the index spells it (the value).
+  std::filesystem::path shard_path;  ///< The shard's path with symlinks resolved, inside
+                                     ///< the checkpoint directory (the file may not exist).
+};
+
+/**
+ * @brief Reads and checks an index: JSON object, `weight_map` an object of strings, no
+ *        repeated tensor name, every shard path relative and inside the index's directory
+ *        once symlinks are resolved.
+ *
+ * Does not check that the shards exist (`open_checkpoint` does).
+ *
+ * @param index_path the `.json` file.
+ * @param name the index name used in messages (defaults to the path as given).
+ * @return the entries in document order.
+ * @throws Error `missing_input` if the file does not exist, `invalid_checkpoint` naming the
+ *         index file and, for a path fault, the tensor entry; `io` if a read fails.
+ */
+std::vector<IndexEntry> read_index(const std::filesystem::path& index_path,
+                                   const std::string& name = {});
+
+}  // namespace weightcast::detail
