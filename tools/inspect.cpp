@@ -1,7 +1,71 @@
+// `weightcast inspect PATH`: validate a checkpoint and list its tensors.
 #include "commands.hpp"
 
-#include "weightcast/error.hpp"
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
+#include "weightcast/dtype.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
 
 namespace weightcast::cli {
-int inspect(const InspectArgs&) { throw Error(Errc::internal, "inspect: not implemented yet"); }
+namespace {
+
+// fmt pads UTF-8 by code points, so the column width must count them too, not bytes.
+std::size_t display_width(std::string_view text) {
+  return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+}  // namespace
+
+int inspect(const InspectArgs& args) {
+  // open_checkpoint runs every validation rule; an Error propagates to main, which prints
+  // it and exits with its sysexits status.
+  const Catalogue catalogue = open_checkpoint(args.path);
+
+  struct Row {
+    std::string_view name;
+    std::string_view dtype;
+    std::string shape;
+    std::string bytes;
+    std::string_view shard;
+  };
+  std::vector<Row> rows;
+  rows.reserve(catalogue.tensors.size());
+  Row header{"NAME", "DTYPE", "SHAPE", "BYTES", "SHARD"};
+  std::size_t name_width = display_width(header.name);
+  std::size_t dtype_width = header.dtype.size();
+  std::size_t shape_width = header.shape.size();
+  std::size_t bytes_width = header.bytes.size();
+  for (const auto& tensor : catalogue.tensors) {
+    Row row{tensor.name, dtype_name(tensor.dtype), fmt::format("[{}]", fmt::join(tensor.shape, ", ")),
+            fmt::format("{}", tensor.bytes), catalogue.shards[tensor.shard].name};
+    name_width = std::max(name_width, display_width(row.name));
+    dtype_width = std::max(dtype_width, row.dtype.size());
+    shape_width = std::max(shape_width, row.shape.size());
+    bytes_width = std::max(bytes_width, row.bytes.size());
+    rows.push_back(std::move(row));
+  }
+  auto print_row = [&](const Row& row) {
+    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>{}}  {}\n", row.name, name_width, row.dtype,
+               dtype_width, row.shape, shape_width, row.bytes, bytes_width, row.shard);
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+
+  const auto tensors = catalogue.tensors.size();
+  const auto shards = catalogue.shards.size();
+  const auto total = catalogue.total_bytes();
+  fmt::print("{} tensor{}, {} shard{}, {} ({} bytes)\n", tensors, tensors == 1 ? "" : "s", shards,
+             shards == 1 ? "" : "s", format_bytes(total), total);
+  fmt::print("valid\n");
+  return 0;
+}
+
 }  // namespace weightcast::cli

@@ -1,0 +1,67 @@
+// `weightcast inspect PATH`, run as a process.
+#include "utils/paths.hpp"
+#include "utils/process.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace {
+
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+}  // namespace
+
+TEST_CASE("inspect: a real file lists its tensors and says valid", "[cli][inspect]") {
+  auto file = weightcast::test::corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" /
+              "model.safetensors";
+  auto result = weightcast::test::run_cli({"inspect", file.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  CHECK(result.exit_status == 0);
+  CHECK(result.err.empty());
+  CHECK_THAT(result.out, StartsWith("NAME"));
+  // One row per tensor: name, dtype, shape, bytes, shard (manifest: 4 F32 tensors).
+  CHECK_THAT(result.out, Contains("fc1.weight  F32    [20, 10]    800  model.safetensors\n"));
+  CHECK_THAT(result.out, Contains("fc1.bias    F32    [20]         80  model.safetensors\n"));
+  CHECK_THAT(result.out, Contains("fc2.weight") && Contains("fc2.bias"));
+  CHECK_THAT(result.out, Contains("4 tensors, 1 shard, 1.68 KiB (1720 bytes)\nvalid\n"));
+}
+
+TEST_CASE("inspect: a sharded checkpoint shows each tensor's shard", "[cli][inspect]") {
+  auto dir = weightcast::test::corpus_dir() / "sharded" / "ok_sharded";
+  auto result = weightcast::test::run_cli({"inspect", dir.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  CHECK(result.exit_status == 0);
+  CHECK_THAT(result.out, Contains("model.layers.2.w2  BF16   [16, 10]    320  "
+                                  "model-00003-of-00003.safetensors\n"));
+  CHECK_THAT(result.out, Contains("9 tensors, 3 shards,") && Contains("\nvalid\n"));
+}
+
+TEST_CASE("inspect: a malformed file exits 65 with the loader's message", "[cli][inspect]") {
+  auto file = weightcast::test::corpus_dir() / "malformed" / "bad_offsets_reversed.safetensors";
+  auto result = weightcast::test::run_cli({"inspect", file.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  CHECK(result.exit_status == 65);
+  CHECK(result.out.empty());
+  CHECK(result.err == "weightcast: error: " + file.string() +
+                          ": tensor 'w.b': data_offsets [64, 48] end before begin\n");
+}
+
+TEST_CASE("inspect: a Git LFS pointer exits 65 saying so", "[cli][inspect]") {
+  auto dir = weightcast::test::corpus_dir() / "real-negative" /
+             "jeremieconte__granite-3.1-1b-a400m-instruct";
+  auto result = weightcast::test::run_cli({"inspect", dir.string()});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.exit_status == 65);
+  CHECK_THAT(result.err, Contains("Git LFS pointer") && Contains("git lfs pull"));
+}
+
+TEST_CASE("inspect: a missing path exits 66", "[cli][inspect]") {
+  weightcast::test::TempDir dir;
+  auto missing = (dir / "no-such-checkpoint").string();
+  auto result = weightcast::test::run_cli({"inspect", missing});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.exit_status == 66);
+  CHECK_THAT(result.err, Contains(missing) && Contains("no such file"));
+}
