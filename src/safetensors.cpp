@@ -14,7 +14,10 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <map>
+#include <tuple>
 #include <unordered_set>
+#include <vector>
 
 namespace weightcast {
 
