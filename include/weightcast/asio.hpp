@@ -1,0 +1,25 @@
+/**
+ * @file asio.hpp
+ * @brief The coroutine form of `load` for trainers that already run a Boost.Asio loop.
+ *
+ * Include only where you use it: Boost.Asio is heavy to compile.
+ */
+#pragma once
+
+#include "weightcast/loader.hpp"
+
+#include <boost/asio/awaitable.hpp>
+
+namespace weightcast {
+
+/**
+ * @brief Loads @p catalogue on the calling coroutine's executor; other work on that
+ *        `io_context` keeps running while chunks stream.
+ *
+ * @p device and @p transport must outlive the returned awaitable.
+ * @throws Error as the blocking `load` does.
+ */
+boost::asio::awaitable<LoadResult> async_load(Catalogue catalogue, Device& device,
+                                              Transport& transport, LoadOptions options = {});
+
+}  // namespace weightcast

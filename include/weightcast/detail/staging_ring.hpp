@@ -1,0 +1,85 @@
+/**
+ * @file staging_ring.hpp
+ * @brief The staging ring: `buffer_depth` host slots handed out as RAII leases.
+ *
+ * Internal (includes Boost.Asio). A lease is awaited from an Asio channel holding the free
+ * slot indices; when every slot is leased, the read stage waits — the ring is the
+ * backpressure that bounds rank 0's host memory to `slots × slot_bytes` (DESIGN.md layer 6).
+ * Slots are page-aligned (O_DIRECT needs aligned buffers).
+ */
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/experimental/channel.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace weightcast::detail {
+
+class StagingRing;
+
+/// Exclusive use of one slot; returns it to the ring when destroyed.
+class SlotLease {
+ public:
+  SlotLease() = default;
+  SlotLease(StagingRing* ring, std::size_t index) noexcept : _ring(ring), _index(index) {}
+  SlotLease(SlotLease&& other) noexcept : _ring(other._ring), _index(other._index) {
+    other._ring = nullptr;
+  }
+  SlotLease& operator=(SlotLease&& other) noexcept;
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+  ~SlotLease();
+
+  [[nodiscard]] std::size_t index() const noexcept { return _index; }
+  [[nodiscard]] std::byte* data() const noexcept;
+  /// Gives up ownership without returning the slot. @return the slot index.
+  std::size_t release() noexcept {
+    _ring = nullptr;
+    return _index;
+  }
+
+ private:
+  StagingRing* _ring = nullptr;
+  std::size_t _index = 0;
+};
+
+class StagingRing {
+ public:
+  /**
+   * @param slots number of slots (`buffer_depth`, ≥ 1).
+   * @param slot_bytes bytes per slot, rounded up to the page size.
+   * @throws Error `unavailable` when the memory cannot be mapped.
+   */
+  StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
+              std::uint64_t slot_bytes);
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  /// Waits for a free slot.
+  boost::asio::awaitable<SlotLease> acquire();
+
+  [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
+    return _memory + index * _slot_bytes;
+  }
+  [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
+  [[nodiscard]] std::size_t slots() const noexcept { return _slots; }
+  /// @return host memory held by the ring, bytes.
+  [[nodiscard]] std::uint64_t total_bytes() const noexcept { return _slots * _slot_bytes; }
+
+ private:
+  friend class SlotLease;
+  void give_back(std::size_t index) noexcept;
+
+  using FreeChannel =
+      boost::asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
+  std::size_t _slots;
+  std::uint64_t _slot_bytes;
+  std::byte* _memory = nullptr;
+  FreeChannel _free;
+};
+
+}  // namespace weightcast::detail

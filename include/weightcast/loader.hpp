@@ -1,0 +1,107 @@
+/**
+ * @file loader.hpp
+ * @brief Loading a checkpoint: the read, upload and broadcast stages run together.
+ *
+ * ```
+ * rank 0:  disk ─io_uring─▶ staging slot ─upload─▶ arena ─broadcast─▶ ranks 1..N-1
+ * ```
+ * The stages are C++20 coroutines on one Boost.Asio `io_context` (DESIGN.md layer 10):
+ * chunk k is broadcast while chunk k+1 is uploaded and chunks k+2.. are read. A staging slot
+ * returns to the ring only when its upload has completed, so rank 0's host memory beyond the
+ * arena stays `chunk_size × buffer_depth`. Ranks other than 0 run only the broadcast stage
+ * and allocate no staging.
+ *
+ * The blocking `load()` is for callers that do not use Asio; `weightcast/asio.hpp` has the
+ * coroutine form for callers that do.
+ */
+#pragma once
+
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
+#include "weightcast/device.hpp"
+#include "weightcast/plan.hpp"
+#include "weightcast/transport.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace weightcast {
+
+/// A tensor that has landed: a view into the arena (host or device memory).
+struct TensorView {
+  const TensorInfo* info = nullptr;  ///< Name, dtype, shape, bytes (owned by the result).
+  std::byte* data = nullptr;         ///< First byte in the arena; null for a zero-size tensor.
+  MemoryKind memory = MemoryKind::host;  ///< Whether `data` is a host or a device address.
+};
+
+/// Tuning and hooks of one load. Defaults match `configs/default.yaml`.
+struct LoadOptions {
+  std::uint64_t chunk_bytes = 16ull << 20;  ///< `chunk_size`: bytes per chunk (> 0).
+  std::uint32_t buffer_depth = 4;           ///< Staging slots on rank 0 (≥ 1).
+  std::uint32_t io_depth = 4;               ///< Reads in flight (≥ 1).
+  std::chrono::milliseconds timeout{300'000};  ///< No stage may make no progress longer.
+  std::uint64_t tensor_alignment = 1;       ///< Arena offset alignment, bytes (power of 2).
+  /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
+  /// tensors first). Must not throw; must not block for long (it stalls the pipeline).
+  std::function<void(const TensorView&)> on_tensor_ready;
+
+  /// @return the options a `Config` asks for.
+  static LoadOptions from_config(const Config& config);
+};
+
+/// What a load measured.
+struct LoadStats {
+  std::uint64_t bytes = 0;          ///< Tensor bytes delivered to this rank.
+  std::uint64_t chunks = 0;         ///< Chunks in the plan.
+  double seconds = 0;               ///< Wall time of the pipeline (files open to last byte).
+  std::uint64_t staging_bytes = 0;  ///< Host memory of the staging ring (0 off rank 0).
+  std::string reader;               ///< Read back end, e.g. "io_uring" ("" off rank 0).
+  std::string device;               ///< "host" or "cuda:N".
+  std::string transport;            ///< "local", "mpi" or "nccl".
+  /// @return bytes / seconds in GB/s (1 GB = 1e9 B), 0 when nothing was timed.
+  [[nodiscard]] double gbps() const noexcept { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+
+/// The loaded checkpoint: the catalogue, the arena holding every tensor, and statistics.
+struct LoadResult {
+  Catalogue catalogue;
+  ArenaLayout layout;
+  std::shared_ptr<Arena> arena;  ///< Keeps the tensor memory alive; views point into it.
+  LoadStats stats;
+
+  /// @return tensor @p index (catalogue order). @throws std::out_of_range.
+  [[nodiscard]] TensorView tensor(std::size_t index) const;
+  /// @return the tensor named @p name, or nullopt.
+  [[nodiscard]] std::optional<TensorView> find(std::string_view name) const;
+};
+
+/**
+ * @brief Loads @p catalogue into an arena on @p device, broadcasting over @p transport.
+ *
+ * Rank 0 (`transport.rank() == 0`) opens the shard files and reads them; other ranks only
+ * receive. Blocks until every tensor has landed on this rank.
+ *
+ * @throws Error `io` (74) when a read fails or a shard shrank (names file, offset, tensor);
+ *         `timeout` (75) when no stage made progress for `options.timeout`; whatever the
+ *         device or transport throw.
+ */
+LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
+                const LoadOptions& options = {});
+
+/**
+ * @brief Opens @p checkpoint and loads it into host memory on this process (world size 1).
+ * @throws Error as `open_checkpoint` and the general `load` do.
+ */
+LoadResult load(const std::filesystem::path& checkpoint, const LoadOptions& options = {});
+
+/// `load(checkpoint, options)` on a thread of its own; the future holds the result or error.
+std::future<LoadResult> load_async(std::filesystem::path checkpoint, LoadOptions options = {});
+
+}  // namespace weightcast

@@ -1,0 +1,408 @@
+// The pipeline: read, upload and broadcast stages as coroutines on one io_context.
+#include "weightcast/asio.hpp"
+#include "weightcast/loader.hpp"
+
+#include "weightcast/detail/staging_ring.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/reader.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/experimental/channel.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fcntl.h>
+#include <stdexcept>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace weightcast {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::use_awaitable;
+using namespace asio::experimental::awaitable_operators;
+using Clock = std::chrono::steady_clock;
+
+LoadOptions LoadOptions::from_config(const Config& config) {
+  LoadOptions options;
+  options.chunk_bytes = config.chunk_bytes;
+  options.buffer_depth = config.buffer_depth;
+  options.io_depth = config.io_depth;
+  options.timeout = config.timeout;
+  return options;
+}
+
+TensorView LoadResult::tensor(std::size_t index) const {
+  const TensorInfo& info = catalogue.tensors.at(index);
+  std::byte* data = info.bytes == 0 ? nullptr : arena->data() + layout.tensor_offsets.at(index);
+  return TensorView{&info, data, arena->kind()};
+}
+
+std::optional<TensorView> LoadResult::find(std::string_view name) const {
+  for (std::size_t i = 0; i < catalogue.tensors.size(); ++i) {
+    if (catalogue.tensors[i].name == name) return tensor(i);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+/// The shard files, opened by rank 0 only.
+class ShardFiles {
+ public:
+  explicit ShardFiles(const Catalogue& catalogue) {
+    _fds.reserve(catalogue.shards.size());
+    for (const ShardInfo& shard : catalogue.shards) {
+      int fd = ::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        int err = errno;
+        throw system_error(err == ENOENT ? Errc::missing_input : Errc::io, err,
+                           fmt::format("{}: cannot open shard", shard.path.string()));
+      }
+      _fds.push_back(fd);
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {
+        throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} bytes "
+                                          "then, {} bytes now",
+                                          shard.name, shard.file_bytes, st.st_size));
+      }
+    }
+  }
+  ~ShardFiles() {
+    for (int fd : _fds) ::close(fd);
+  }
+  ShardFiles(const ShardFiles&) = delete;
+  ShardFiles& operator=(const ShardFiles&) = delete;
+  [[nodiscard]] int fd(std::uint32_t shard) const { return _fds.at(shard); }
+
+ private:
+  std::vector<int> _fds;
+};
+
+/// One-shot signal per staging slot: the read into it has finished.
+using ReadyChannel = asio::experimental::channel<void(boost::system::error_code)>;
+/// Slot or chunk indices handed from one stage to the next, in plan order.
+using IndexChannel = asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
+
+class Pipeline {
+ public:
+  Pipeline(const asio::any_io_executor& executor, const Catalogue& catalogue, const Plan& plan,
+           const ArenaLayout& layout, Arena& arena, Device& device, Transport& transport,
+           const LoadOptions& options)
+      : _executor(executor),
+        _catalogue(catalogue),
+        _plan(plan),
+        _layout(layout),
+        _arena(arena),
+        _device(device),
+        _transport(transport),
+        _options(options),
+        _landed(catalogue.tensors.size(), 0),
+        _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
+        _last_progress(Clock::now()) {}
+
+  awaitable<void> run() {
+    announce_zero_size_tensors();
+    if (_plan.chunks.empty()) co_return;
+    if (_transport.rank() == 0) {
+      std::uint64_t largest = 0;
+      for (const Chunk& chunk : _plan.chunks) largest = std::max(largest, chunk.bytes);
+      _files.emplace(_catalogue);
+      _ring.emplace(_executor, std::min<std::size_t>(_options.buffer_depth, _plan.chunks.size()),
+                    largest);
+      _ready.clear();
+      for (std::size_t i = 0; i < _ring->slots(); ++i) {
+        _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
+      }
+      _requests.resize(_ring->slots());
+      _slot_chunk.resize(_ring->slots());
+      _to_upload.emplace(_executor, _ring->slots());
+      _reader = make_uring_reader(std::max<std::uint32_t>(_options.io_depth, 1));
+      co_await (guarded(read_stage()) && guarded(completion_stage()) &&
+                guarded(upload_stage()) && guarded(broadcast_stage()) && guarded(watchdog()));
+    } else {
+      co_await (guarded(broadcast_stage()) && guarded(watchdog()));
+    }
+  }
+
+  /// @return the first failure of any stage (the cause; later ones are its cancellations).
+  [[nodiscard]] std::exception_ptr first_failure() const noexcept { return _first_failure; }
+
+  [[nodiscard]] std::uint64_t staging_bytes() const noexcept {
+    return _ring ? _ring->total_bytes() : 0;
+  }
+  [[nodiscard]] std::string reader_name() const {
+    return _reader ? std::string(_reader->name()) : std::string();
+  }
+
+  /// Frees the reader before the ring: in-flight reads must finish before slots go away.
+  void shut_down() noexcept { _reader.reset(); }
+
+ private:
+  // Read stage: lease a slot, queue its read, hand it to the upload stage in plan order.
+  awaitable<void> read_stage() {
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      const Chunk& chunk = _plan.chunks[c];
+      detail::SlotLease lease = co_await _ring->acquire();
+      const std::size_t slot = lease.index();
+      _slot_chunk[slot] = c;
+      ReadRequest& request = _requests[slot];
+      request = ReadRequest{};
+      request.fd = _files->fd(chunk.shard);
+      request.destination = lease.data();
+      request.bytes = chunk.bytes;
+      request.file_offset = chunk.file_offset;
+      request.user = slot;
+      _reader->submit(&request);
+      co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
+                                      use_awaitable);
+    }
+  }
+
+  // Completion stage: wake on the reader's eventfd, reap, signal each slot's reader.
+  awaitable<void> completion_stage() {
+    int fd = ::dup(_reader->completion_fd());
+    if (fd < 0) throw system_error(Errc::internal, errno, "dup(eventfd)");
+    asio::posix::stream_descriptor event(_executor, fd);
+    std::vector<ReadRequest*> finished;
+    std::size_t reaped = 0;
+    while (reaped < _plan.chunks.size()) {
+      co_await event.async_wait(asio::posix::stream_descriptor::wait_read, use_awaitable);
+      finished.clear();
+      reaped += _reader->reap(finished);
+      for (ReadRequest* request : finished) {
+        if (request->error != 0 || request->end_of_file) throw read_error(*request);
+        _ready[request->user]->try_send(boost::system::error_code{});
+        _last_progress = Clock::now();
+      }
+    }
+  }
+
+  // Upload stage: wait for the slot's read, copy each piece into the arena, free the slot.
+  awaitable<void> upload_stage() {
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      const std::size_t slot = co_await _to_upload->async_receive(use_awaitable);
+      detail::SlotLease lease(&*_ring, slot);
+      co_await _ready[slot]->async_receive(use_awaitable);
+      const Chunk& chunk = _plan.chunks[c];
+      const std::byte* source = lease.data();
+      if (chunk.arena_contiguous) {
+        co_await wait(_device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
+      } else {
+        for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+          const Piece& piece = _plan.pieces[chunk.first_piece + p];
+          co_await wait(_device.upload(source + piece.chunk_offset,
+                                       _arena.data() + piece.arena_offset, piece.bytes));
+        }
+      }
+      _last_progress = Clock::now();
+      // The lease ends here: the slot is free again only now that its upload is complete.
+      lease = detail::SlotLease{};
+      co_await _to_broadcast.async_send(boost::system::error_code{}, c, use_awaitable);
+    }
+  }
+
+  // Broadcast stage: every rank broadcasts the plan's chunks in order from rank 0's arena.
+  awaitable<void> broadcast_stage() {
+    const bool root = _transport.rank() == 0;
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      if (root) {
+        const std::size_t uploaded = co_await _to_broadcast.async_receive(use_awaitable);
+        if (uploaded != c) throw Error(Errc::internal, "chunks reached broadcast out of order");
+      }
+      const Chunk& chunk = _plan.chunks[c];
+      if (chunk.arena_contiguous) {
+        co_await wait(_transport.broadcast(_arena.data() + chunk.arena_offset, chunk.bytes, 0));
+      } else {
+        for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+          const Piece& piece = _plan.pieces[chunk.first_piece + p];
+          co_await wait(_transport.broadcast(_arena.data() + piece.arena_offset, piece.bytes, 0));
+        }
+      }
+      _last_progress = Clock::now();
+      for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+        const std::uint32_t t = _plan.pieces[chunk.first_piece + p].tensor;
+        if (++_landed[t] == _plan.tensor_piece_counts[t]) tensor_ready(t);
+      }
+    }
+    // The last stage to finish ends the watchdog (`||` would not cancel it on failure:
+    // it waits for one success; `&&` cancels every operand as soon as one fails).
+    _finished = true;
+    _watchdog_timer.cancel();
+  }
+
+  // Ends the load when no stage has made progress for `timeout`: nothing waits forever.
+  awaitable<void> watchdog() {
+    const auto tick = std::min<Clock::duration>(_options.timeout, std::chrono::seconds(1));
+    while (!_finished) {
+      _watchdog_timer.expires_after(tick);
+      boost::system::error_code ec;
+      co_await _watchdog_timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (_finished) co_return;
+      if (ec) throw boost::system::system_error(ec);  // cancelled: another stage failed
+      if (Clock::now() - _last_progress >= _options.timeout) {
+        throw Error(Errc::timeout,
+                    fmt::format("no progress for {} ms (timeout): the load stalled",
+                                _options.timeout.count()));
+      }
+    }
+  }
+
+  // Records the first stage failure. When one stage throws, the awaitable operators cancel
+  // the others and rethrow whichever operand comes first, which may be a cancellation.
+  awaitable<void> guarded(awaitable<void> stage) {
+    try {
+      co_await std::move(stage);
+    } catch (...) {
+      if (!_first_failure) _first_failure = std::current_exception();
+      throw;
+    }
+  }
+
+  // Polls an operation in flight on the device or transport.
+  awaitable<void> wait(std::unique_ptr<Pending> pending) {
+    if (!pending) co_return;
+    asio::steady_timer timer(_executor);
+    auto interval = std::chrono::microseconds(10);
+    while (!pending->test()) {
+      timer.expires_after(interval);
+      co_await timer.async_wait(use_awaitable);
+      interval = std::min(interval * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  void announce_zero_size_tensors() {
+    for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
+      if (_plan.tensor_piece_counts[t] == 0) tensor_ready(t);
+    }
+  }
+
+  void tensor_ready(std::uint32_t t) {
+    if (!_options.on_tensor_ready) return;
+    const TensorInfo& info = _catalogue.tensors[t];
+    std::byte* data = info.bytes == 0 ? nullptr : _arena.data() + _layout.tensor_offsets[t];
+    _options.on_tensor_ready(TensorView{&info, data, _arena.kind()});
+  }
+
+  [[nodiscard]] Error read_error(const ReadRequest& request) const {
+    const Chunk& chunk = _plan.chunks[_slot_chunk[request.user]];
+    const ShardInfo& shard = _catalogue.shards[chunk.shard];
+    const std::uint64_t offset = request.file_offset + request.bytes_done;
+    std::string tensor = "?";
+    for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+      const Piece& piece = _plan.pieces[chunk.first_piece + p];
+      if (offset < chunk.file_offset + piece.chunk_offset + piece.bytes) {
+        tensor = _catalogue.tensors[piece.tensor].name;
+        break;
+      }
+    }
+    if (request.end_of_file) {
+      return Error(Errc::io,
+                   fmt::format("{}: file ended at offset {} inside tensor '{}' (expected {} "
+                               "bytes): the shard shrank after its header was read",
+                               shard.name, offset, tensor, shard.file_bytes));
+    }
+    return system_error(Errc::io, request.error,
+                        fmt::format("{}: read failed at offset {} (tensor '{}')", shard.name,
+                                    offset, tensor));
+  }
+
+  asio::any_io_executor _executor;
+  const Catalogue& _catalogue;
+  const Plan& _plan;
+  const ArenaLayout& _layout;
+  Arena& _arena;
+  Device& _device;
+  Transport& _transport;
+  const LoadOptions& _options;
+  std::vector<std::uint32_t> _landed;  // pieces landed per tensor
+
+  std::optional<ShardFiles> _files;
+  std::optional<detail::StagingRing> _ring;
+  std::vector<std::unique_ptr<ReadyChannel>> _ready;  // per slot
+  std::vector<ReadRequest> _requests;                 // per slot
+  std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
+  std::optional<IndexChannel> _to_upload;             // slot indices, plan order
+  IndexChannel _to_broadcast;                         // chunk indices, plan order
+  std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring
+  Clock::time_point _last_progress;
+  asio::steady_timer _watchdog_timer{_executor};
+  bool _finished = false;
+  std::exception_ptr _first_failure;
+};
+
+}  // namespace
+
+awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport& transport,
+                                 LoadOptions options) {
+  auto executor = co_await asio::this_coro::executor;
+  LoadResult result;
+  result.catalogue = std::move(catalogue);
+  result.layout = layout_arena(result.catalogue, options.tensor_alignment);
+  const Plan plan = make_plan(result.catalogue, result.layout, options.chunk_bytes);
+  result.arena = device.allocate_arena(result.layout.arena_bytes);
+
+  const auto start = Clock::now();
+  Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
+                    transport, options);
+  std::exception_ptr failure;
+  try {
+    co_await pipeline.run();
+  } catch (...) {
+    failure = pipeline.first_failure() ? pipeline.first_failure() : std::current_exception();
+  }
+  pipeline.shut_down();
+  if (failure) std::rethrow_exception(failure);
+
+  result.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.stats.bytes = plan.total_bytes;
+  result.stats.chunks = plan.chunks.size();
+  result.stats.staging_bytes = pipeline.staging_bytes();
+  result.stats.reader = pipeline.reader_name();
+  result.stats.device = std::string(device.name());
+  result.stats.transport = std::string(transport.name());
+  co_return result;
+}
+
+LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
+                const LoadOptions& options) {
+  asio::io_context context(1);
+  std::optional<LoadResult> result;
+  std::exception_ptr failure;
+  asio::co_spawn(context, async_load(std::move(catalogue), device, transport, options),
+                 [&](std::exception_ptr e, LoadResult r) {
+                   if (e) {
+                     failure = e;
+                   } else {
+                     result.emplace(std::move(r));
+                   }
+                 });
+  context.run();
+  if (failure) std::rethrow_exception(failure);
+  if (!result) throw Error(Errc::internal, "the load ended without a result");
+  return std::move(*result);
+}
+
+LoadResult load(const std::filesystem::path& checkpoint, const LoadOptions& options) {
+  auto device = make_host_device();
+  auto transport = make_local_transport();
+  return load(open_checkpoint(checkpoint), *device, *transport, options);
+}
+
+std::future<LoadResult> load_async(std::filesystem::path checkpoint, LoadOptions options) {
+  return std::async(std::launch::async,
+                    [checkpoint = std::move(checkpoint), options = std::move(options)] {
+                      return load(checkpoint, options);
+                    });
+}
+
+}  // namespace weightcast

@@ -1,0 +1,201 @@
+// The pipeline on real files: every corpus tensor lands bit-exact, whatever the chunking.
+#include "weightcast/asio.hpp"
+#include "weightcast/digest.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/loader.hpp"
+
+#include "utils/paths.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace weightcast;
+using weightcast::test::corpus_dir;
+using weightcast::test::TempDir;
+
+namespace {
+
+nlohmann::json read_manifest() {
+  std::ifstream in(corpus_dir() / "real" / "MANIFEST.json");
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+void check_against_manifest(const LoadResult& result, const nlohmann::json& expected) {
+  REQUIRE(result.catalogue.tensors.size() == expected.size());
+  const auto digests = tensor_digests(result);
+  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+    const TensorInfo& tensor = result.catalogue.tensors[i];
+    INFO("tensor " << tensor.name);
+    REQUIRE(expected.contains(tensor.name));
+    CHECK(digest_hex(digests[i]) == expected[tensor.name]["xxh3"].get<std::string>());
+  }
+}
+
+// A safetensors file of `count` U8 tensors of random sizes with random bytes.
+std::filesystem::path write_random_checkpoint(const std::filesystem::path& dir, int count,
+                                              std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (int t = 0; t < count; ++t) {
+    const auto bytes = std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
+    const auto begin = data.size();
+    for (std::uint64_t b = 0; b < bytes; ++b) data.push_back(static_cast<char>(rng()));
+    header["t" + std::to_string(t)] = {{"dtype", "U8"},
+                                       {"shape", {bytes}},
+                                       {"data_offsets", {begin, data.size()}}};
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  auto path = dir / "random.safetensors";
+  std::ofstream out(path, std::ios::binary);
+  std::uint64_t n = json.size();
+  char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
+  out.write(le, 8);
+  out << json << data;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("every real corpus file loads bit-exact against the manifest", "[loader][corpus]") {
+  const auto manifest = read_manifest();
+  REQUIRE(manifest.size() >= 20);
+  for (const auto& [file, tensors] : manifest.items()) {
+    INFO("file " << file);
+    LoadOptions options;
+    options.chunk_bytes = 4096;
+    options.buffer_depth = 2;
+    const LoadResult result = load(corpus_dir() / "real" / file, options);
+    check_against_manifest(result, tensors);
+    CHECK(result.stats.bytes == result.catalogue.total_bytes());
+  }
+}
+
+TEST_CASE("tiny chunks, shallow and deep rings all deliver the same bytes", "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 60, 42);
+  LoadOptions reference_options;
+  reference_options.chunk_bytes = 1 << 20;
+  const auto reference = tensor_digests(load(path, reference_options));
+  for (std::uint64_t chunk : {61ull, 4096ull, 65537ull}) {
+    for (std::uint32_t depth : {1u, 2u, 5u}) {
+      for (std::uint32_t io_depth : {1u, 3u}) {
+        INFO("chunk " << chunk << " depth " << depth << " io_depth " << io_depth);
+        LoadOptions options;
+        options.chunk_bytes = chunk;
+        options.buffer_depth = depth;
+        options.io_depth = io_depth;
+        options.tensor_alignment = chunk == 61 ? 256 : 1;  // non-contiguous chunks too
+        const LoadResult result = load(path, options);
+        REQUIRE(tensor_digests(result) == reference);
+        REQUIRE(result.stats.staging_bytes <= depth * ((std::min<std::uint64_t>(chunk, 1 << 20) + 4095) / 4096 * 4096));
+      }
+    }
+  }
+}
+
+TEST_CASE("one-byte chunks deliver the same bytes", "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 4, 11);
+  const auto reference = tensor_digests(load(path));
+  LoadOptions options;
+  options.chunk_bytes = 1;
+  options.buffer_depth = 3;
+  CHECK(tensor_digests(load(path, options)) == reference);
+}
+
+TEST_CASE("on_tensor_ready fires once per tensor, after its bytes landed", "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 30, 9);
+  const auto expected = tensor_digests(load(path));
+  std::map<std::string, std::uint64_t> seen;
+  LoadOptions options;
+  options.chunk_bytes = 3000;
+  options.on_tensor_ready = [&](const TensorView& view) {
+    REQUIRE(seen.count(view.info->name) == 0);
+    seen[view.info->name] = xxh3_64(view.data, view.info->bytes);
+  };
+  const LoadResult result = load(path, options);
+  REQUIRE(seen.size() == result.catalogue.tensors.size());
+  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+    CHECK(seen[result.catalogue.tensors[i].name] == expected[i]);
+  }
+}
+
+TEST_CASE("a shard truncated after its header was read fails with 74 naming the tensor",
+          "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 10, 3);
+  Catalogue catalogue = open_checkpoint(path);
+  const TensorInfo* victim = nullptr;
+  for (const auto& t : catalogue.tensors) {
+    if (t.bytes > 100) victim = &t;  // the last sizeable tensor
+  }
+  REQUIRE(victim != nullptr);
+  const std::string victim_name = victim->name;
+  // Cut the file in the middle of that tensor, and make the catalogue's size agree so the
+  // reader itself meets the end of file.
+  const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
+  std::filesystem::resize_file(path, cut);
+  catalogue.shards[0].file_bytes = cut;
+  auto device = make_host_device();
+  auto transport = make_local_transport();
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  try {
+    load(catalogue, *device, *transport, options);
+    FAIL("load of a truncated shard succeeded");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                             Catch::Contains("random.safetensors") &&
+                             Catch::Contains("shrank"));
+  }
+}
+
+TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 5, 4);
+  Catalogue catalogue = open_checkpoint(path);
+  std::filesystem::resize_file(path, catalogue.shards[0].file_bytes - 1);
+  auto device = make_host_device();
+  auto transport = make_local_transport();
+  try {
+    load(catalogue, *device, *transport);
+    FAIL("load succeeded");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
+  }
+}
+
+TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loader]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 20, 5);
+  const auto expected = tensor_digests(load(path));
+  auto future = load_async(path);
+  CHECK(tensor_digests(future.get()) == expected);
+
+  boost::asio::io_context context;
+  auto device = make_host_device();
+  auto transport = make_local_transport();
+  std::optional<LoadResult> result;
+  boost::asio::co_spawn(context, async_load(open_checkpoint(path), *device, *transport),
+                        [&](std::exception_ptr e, LoadResult r) {
+                          REQUIRE(!e);
+                          result.emplace(std::move(r));
+                        });
+  context.run();
+  REQUIRE(result);
+  CHECK(tensor_digests(*result) == expected);
+}
