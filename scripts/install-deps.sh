@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libboost1.81-dev liburing-dev libfmt-dev catch2 libyaml-cpp-dev
-  libxxhash-dev libcli11-dev nlohmann-json3-dev
+  libxxhash-dev libcli11-dev nlohmann-json3-dev libspdlog-dev
   libopenmpi-dev openmpi-bin libseccomp-dev
   fio time
 )

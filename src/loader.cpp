@@ -360,6 +360,7 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
   } catch (...) {
     failure = pipeline.first_failure() ? pipeline.first_failure() : std::current_exception();
   }
+  result.stats.reader = pipeline.reader_name();
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);
 
@@ -367,7 +368,6 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
   result.stats.bytes = plan.total_bytes;
   result.stats.chunks = plan.chunks.size();
   result.stats.staging_bytes = pipeline.staging_bytes();
-  result.stats.reader = pipeline.reader_name();
   result.stats.device = std::string(device.name());
   result.stats.transport = std::string(transport.name());
   co_return result;

@@ -1,7 +1,110 @@
+// `weightcast run`: load a checkpoint on this rank as the config says, print a summary.
 #include "commands.hpp"
 
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
+#include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/loader.hpp"
+#include "weightcast/log.hpp"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sys/resource.h>
 
 namespace weightcast::cli {
-int run(const RunArgs&) { throw Error(Errc::internal, "run: not implemented yet"); }
+namespace {
+
+std::uint64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::unique_ptr<Device> choose_device(const Config& config) {
+  switch (config.device) {
+    case DeviceKind::cuda:
+      throw Error(Errc::unavailable,
+                  "device: cuda: this build of weightcast has no CUDA support (use device: host "
+                  "or auto)");
+    case DeviceKind::automatic:
+    case DeviceKind::host:
+      break;
+  }
+  return make_host_device();
+}
+
+std::unique_ptr<Transport> choose_transport(const Config& config) {
+  switch (config.transport) {
+    case TransportKind::mpi:
+    case TransportKind::nccl:
+      throw Error(Errc::unavailable,
+                  fmt::format("transport: {}: not available in this build (world size 1 uses "
+                              "transport: local or auto)",
+                              to_string(config.transport)));
+    case TransportKind::automatic:
+    case TransportKind::local:
+      break;
+  }
+  return make_local_transport();
+}
+
+void write_report(const std::string& path, const LoadResult& result, int rank, int world_size,
+                  std::uint64_t peak_rss) {
+  nlohmann::ordered_json report;
+  report["rank"] = rank;
+  report["world_size"] = world_size;
+  report["bytes"] = result.stats.bytes;
+  report["seconds"] = result.stats.seconds;
+  report["peak_rss_bytes"] = peak_rss;
+  auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
+  const auto digests = tensor_digests(result);
+  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+    const TensorInfo& tensor = result.catalogue.tensors[i];
+    tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
+                            {"shape", tensor.shape},
+                            {"xxh3", digest_hex(digests[i])}};
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << report.dump(1) << '\n';
+  out.close();
+  if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
+}
+
+}  // namespace
+
+int run(const RunArgs& args) {
+  const Config config = load_config(args.config_path, args.overrides);
+  configure_log(config.log_level);
+  fmt::print("# weightcast {} effective config\n{}", WEIGHTCAST_VERSION, config.to_yaml());
+  WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
+                    "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
+
+  auto device = choose_device(config);
+  auto transport = choose_transport(config);
+  const LoadOptions options = LoadOptions::from_config(config);
+
+  Catalogue catalogue = open_checkpoint(config.checkpoint);
+  const std::size_t shards = catalogue.shards.size();
+  const LoadResult result = load(std::move(catalogue), *device, *transport, options);
+  const std::uint64_t peak_rss = peak_rss_bytes();
+
+  fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
+             transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,
+             shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
+             result.stats.seconds, result.stats.gbps());
+  fmt::print("# reader {}, device {}, transport {}, {} chunks of <= {}, staging ring {} ({} x {})\n",
+             result.stats.reader, result.stats.device, result.stats.transport, result.stats.chunks,
+             format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
+             config.buffer_depth, format_bytes(config.chunk_bytes));
+  fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
+  if (!args.report_path.empty()) {
+    write_report(args.report_path, result, transport->rank(), transport->world_size(), peak_rss);
+    fmt::print("# report written to {}\n", args.report_path);
+  }
+  return 0;
+}
+
 }  // namespace weightcast::cli
