@@ -87,6 +87,18 @@ bool is_inside(const fs::path& dir, const fs::path& path) {
   return false;
 }
 
+/// True for the Hugging Face hub cache layout: the checkpoint directory is
+/// `<repo>/snapshots/<revision>`, the shard entry is a plain file name, and its symlink
+/// resolves into `<repo>/blobs`. The index cannot steer such a link (it names only the
+/// entry); the hub client made it, and refusing it would refuse every cached model.
+bool is_hub_blob(const fs::path& dir_canonical, const fs::path& relative,
+                 const fs::path& resolved) {
+  if (std::distance(relative.begin(), relative.end()) != 1) return false;
+  const fs::path snapshots = dir_canonical.parent_path();
+  if (snapshots.filename() != "snapshots") return false;
+  return is_inside(snapshots.parent_path() / "blobs", resolved);
+}
+
 bool ends_with(std::string_view text, std::string_view suffix) { return text.ends_with(suffix); }
 
 }  // namespace
@@ -169,11 +181,19 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
                     fmt::format("{}: cannot resolve shard path {}: {}", where, quote(shard),
                                 ec.message()));
       }
-      if (!is_inside(dir_canonical, resolved)) {
+      if (!is_inside(dir_canonical, resolved) && !is_hub_blob(dir_canonical, relative, resolved)) {
         throw Error(Errc::invalid_checkpoint,
                     fmt::format("{}: shard path {} leaves the checkpoint directory {} (it "
                                 "resolves to {})",
                                 where, quote(shard), dir_canonical.string(), resolved.string()));
+      }
+      // Shards sit directly in the checkpoint directory (transformers writes plain names);
+      // a name with directories is refused even when it stays inside.
+      if (std::distance(relative.begin(), relative.end()) != 1) {
+        throw Error(Errc::invalid_checkpoint,
+                    fmt::format("{}: shard path {} is not a plain file name; shards must sit "
+                                "directly in the checkpoint directory {}",
+                                where, quote(shard), dir_canonical.string()));
       }
       cached = resolved_shards.emplace(shard, std::move(resolved)).first;
     }

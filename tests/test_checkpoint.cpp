@@ -212,17 +212,6 @@ TEST_CASE("index: shards are ordered by name, whatever the index order", "[check
   CHECK(catalogue.tensors[1].shard == 1);
 }
 
-TEST_CASE("index: shards in a subdirectory and two spellings of one shard", "[checkpoint][index]") {
-  test::TempDir dir;
-  fs::create_directory(dir / "shards");
-  write_shard(dir / "shards" / "a.safetensors", {{"x", 1}, {"y", 2}});
-  write_index(dir / "model.safetensors.index.json",
-              {{"x", "shards/a.safetensors"}, {"y", "./shards/a.safetensors"}});
-  auto catalogue = open_checkpoint(dir.path());
-  CHECK(catalogue.shards.size() == 1);
-  CHECK(catalogue.tensors.size() == 2);
-}
-
 TEST_CASE("index: tensors a shard holds but the index omits stay in the catalogue",
           "[checkpoint][index]") {
   test::TempDir dir;
@@ -325,6 +314,41 @@ TEST_CASE("index: a symlink escaping the directory is rejected", "[checkpoint][i
   auto e = open_failure(outer / "ckpt", Errc::invalid_checkpoint);
   CHECK_THAT(e.what(), Contains("entry 'stolen'") && Contains("leaves the checkpoint directory") &&
                            Contains(fs::canonical(outer / "secret.safetensors").string()));
+}
+
+TEST_CASE("index: a shard name with directories is refused even inside", "[checkpoint][index]") {
+  test::TempDir dir;
+  fs::create_directory(dir / "sub");
+  write_shard(dir / "sub" / "a.safetensors", {{"x", 1}});
+  write_index(dir / "model.safetensors.index.json", {{"x", "sub/a.safetensors"}});
+  auto e = open_failure(dir.path(), Errc::invalid_checkpoint);
+  CHECK_THAT(e.what(), Contains("entry 'x'") && Contains("not a plain file name"));
+}
+
+TEST_CASE("index: the Hugging Face hub cache layout (snapshot symlinks into blobs) opens",
+          "[checkpoint][index]") {
+  // models--org--name/{blobs/<sha>, snapshots/<rev>/model-0000N-of-00002.safetensors -> ../../blobs/<sha>}
+  test::TempDir cache;
+  const auto repo = cache / "models--org--name";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots" / "abc123");
+  write_shard(repo / "blobs" / "sha1", {{"a", 3}});
+  write_shard(repo / "blobs" / "sha2", {{"b", 5}});
+  fs::create_symlink("../../blobs/sha1", repo / "snapshots" / "abc123" / "model-00001-of-00002.safetensors");
+  fs::create_symlink("../../blobs/sha2", repo / "snapshots" / "abc123" / "model-00002-of-00002.safetensors");
+  write_index(repo / "snapshots" / "abc123" / "model.safetensors.index.json",
+              {{"a", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}});
+  const Catalogue catalogue = open_checkpoint(repo / "snapshots" / "abc123");
+  REQUIRE(catalogue.tensors.size() == 2);
+  REQUIRE(catalogue.shards.size() == 2);
+
+  // A link from the snapshot to anywhere else is still refused.
+  write_shard(cache / "elsewhere.safetensors", {{"c", 1}});
+  fs::create_symlink(cache / "elsewhere.safetensors", repo / "snapshots" / "abc123" / "c.safetensors");
+  write_index(repo / "snapshots" / "abc123" / "model.safetensors.index.json",
+              {{"a", "model-00001-of-00002.safetensors"}, {"c", "c.safetensors"}});
+  auto e = open_failure(repo / "snapshots" / "abc123", Errc::invalid_checkpoint);
+  CHECK_THAT(e.what(), Contains("entry 'c'") && Contains("leaves the checkpoint directory"));
 }
 
 TEST_CASE("index: a missing shard names the first entry, in index order", "[checkpoint][index]") {

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang and runs each for FUZZ_SECONDS (default 60),
+# seeded from ../shared/corpus (or $WEIGHTCAST_CORPUS). Crashes land in build-fuzz/crashes/;
+# the script fails if any target finds one. Usage: bash scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${FUZZ_SECONDS:-60}
+corpus=${WEIGHTCAST_CORPUS:-../shared/corpus}
+[ -d "$corpus/real" ] || { echo "fuzz: corpus not found at $corpus" >&2; exit 66; }
+
+CC=clang CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja >/dev/null
+cmake --build build-fuzz
+
+seeds=build-fuzz/seeds
+rm -rf "$seeds" && mkdir -p "$seeds/header" "$seeds/index" build-fuzz/crashes
+find "$corpus" -name '*.safetensors' -size -1M -exec cp -t "$seeds/header" {} + 2>/dev/null || true
+find "$corpus" -name '*.index.json' -size -1M -exec sh -c 'for f; do cp "$f" "$0/$(echo "$f" | md5sum | cut -c1-16).json"; done' "$seeds/index" {} +
+export TMPDIR=${TMPDIR:-/tmp}
+status=0
+for target in header index; do
+  echo "fuzz: fuzz_${target/header/safetensors_header} for ${seconds}s"
+  if ! "build-fuzz/fuzz_${target/header/safetensors_header}" -max_total_time="$seconds" \
+      -timeout=10 -rss_limit_mb=2048 -dict=fuzz/safetensors.dict -artifact_prefix=build-fuzz/crashes/ \
+      -print_final_stats=1 "$seeds/$target" 2>build-fuzz/fuzz-$target.log; then
+    echo "fuzz: fuzz_$target found a failure:" >&2
+    tail -40 build-fuzz/fuzz-$target.log >&2
+    status=1
+  fi
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" build-fuzz/fuzz-$target.log || true
+done
+exit $status
