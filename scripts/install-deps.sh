@@ -9,6 +9,7 @@ packages=(
   libxxhash-dev libcli11-dev nlohmann-json3-dev libspdlog-dev
   libopenmpi-dev openmpi-bin libseccomp-dev
   fio time
+  clang libclang-rt-14-dev
 )
 
 missing=()
