@@ -310,8 +310,8 @@ std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64
   return static_cast<std::uint32_t>(value);
 }
 
-const std::array<KeySpec, 9>& key_table() {
-  static const std::array<KeySpec, 9> table{{
+const std::array<KeySpec, 10>& key_table() {
+  static const std::array<KeySpec, 10> table{{
       {"checkpoint",
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
@@ -360,6 +360,9 @@ const std::array<KeySpec, 9>& key_table() {
          c.timeout = d;
        },
        [](const Config& c) { return print_duration(c.timeout); }},
+      {"trace",
+       [](Config& c, std::string_view t) { c.trace = std::string(t); },
+       [](const Config& c) { return c.trace; }},
       {"log_level",
        [](Config& c, std::string_view t) {
          c.log_level = parse_choice(t, log_level_names, "error, warn, info, debug");

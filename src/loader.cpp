@@ -47,6 +47,15 @@ TensorView LoadResult::tensor(std::size_t index) const {
   return TensorView{&info, data, arena->kind()};
 }
 
+std::string_view to_string(Stage stage) noexcept {
+  switch (stage) {
+    case Stage::read: return "read";
+    case Stage::upload: return "upload";
+    case Stage::broadcast: return "broadcast";
+  }
+  return "read";
+}
+
 std::optional<TensorView> LoadResult::find(std::string_view name) const {
   for (std::size_t i = 0; i < catalogue.tensors.size(); ++i) {
     if (catalogue.tensors[i].name == name) return tensor(i);
@@ -124,6 +133,7 @@ class Pipeline {
         _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
       }
       _requests.resize(_ring->slots());
+      _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_uring_reader(std::max<std::uint32_t>(_options.io_depth, 1));
@@ -162,6 +172,7 @@ class Pipeline {
       request.bytes = chunk.bytes;
       request.file_offset = chunk.file_offset;
       request.user = slot;
+      _read_begin[slot] = Clock::now();
       _reader->submit(&request);
       co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
                                       use_awaitable);
@@ -183,6 +194,7 @@ class Pipeline {
         if (request->error != 0 || request->end_of_file) throw read_error(*request);
         _ready[request->user]->try_send(boost::system::error_code{});
         _last_progress = Clock::now();
+        stage_event(Stage::read, _slot_chunk[request->user], _read_begin[request->user]);
       }
     }
   }
@@ -193,6 +205,7 @@ class Pipeline {
       const std::size_t slot = co_await _to_upload->async_receive(use_awaitable);
       detail::SlotLease lease(&*_ring, slot);
       co_await _ready[slot]->async_receive(use_awaitable);
+      const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = lease.data();
       if (chunk.arena_contiguous) {
@@ -205,6 +218,7 @@ class Pipeline {
         }
       }
       _last_progress = Clock::now();
+      stage_event(Stage::upload, c, upload_begin);
       // The lease ends here: the slot is free again only now that its upload is complete.
       lease = detail::SlotLease{};
       co_await _to_broadcast.async_send(boost::system::error_code{}, c, use_awaitable);
@@ -220,6 +234,7 @@ class Pipeline {
         if (uploaded != c) throw Error(Errc::internal, "chunks reached broadcast out of order");
       }
       const Chunk& chunk = _plan.chunks[c];
+      const auto broadcast_begin = Clock::now();
       if (chunk.arena_contiguous) {
         co_await wait(_transport.broadcast(_arena.data() + chunk.arena_offset, chunk.bytes, 0));
       } else {
@@ -229,10 +244,12 @@ class Pipeline {
         }
       }
       _last_progress = Clock::now();
+      stage_event(Stage::broadcast, c, broadcast_begin);
       for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
         const std::uint32_t t = _plan.pieces[chunk.first_piece + p].tensor;
         if (++_landed[t] == _plan.tensor_piece_counts[t]) tensor_ready(t);
       }
+      report_progress(c);
     }
     // The last stage to finish ends the watchdog (`||` would not cancel it on failure:
     // it waits for one success; `&&` cancels every operand as soon as one fails).
@@ -278,6 +295,25 @@ class Pipeline {
       co_await timer.async_wait(use_awaitable);
       interval = std::min(interval * 2, std::chrono::microseconds(1000));
     }
+  }
+
+  // Tells the trace hook that `stage` finished chunk `c`, which it began at `begin`.
+  void stage_event(Stage stage, std::size_t c, Clock::time_point begin) const {
+    if (!_options.on_stage_event) return;
+    const Chunk& chunk = _plan.chunks[c];
+    _options.on_stage_event(StageEvent{stage, c, chunk.shard, chunk.bytes, begin, Clock::now()});
+  }
+
+  // Tells the progress hook that chunk `c` has landed (chunks land in plan order).
+  void report_progress(std::size_t c) {
+    const Chunk& chunk = _plan.chunks[c];
+    _bytes_landed += chunk.bytes;
+    if (!_options.on_progress) return;
+    const ShardInfo& shard = _catalogue.shards[chunk.shard];
+    _options.on_progress(LoadProgress{
+        _bytes_landed, _plan.total_bytes, c + 1, _plan.chunks.size(), chunk.shard,
+        static_cast<std::uint32_t>(_catalogue.shards.size()), shard.name,
+        std::chrono::duration<double>(Clock::now() - _started).count()});
   }
 
   void announce_zero_size_tensors() {
@@ -331,6 +367,9 @@ class Pipeline {
   std::vector<std::unique_ptr<ReadyChannel>> _ready;  // per slot
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
+  std::vector<Clock::time_point> _read_begin;         // per slot: when its read was submitted
+  const Clock::time_point _started = Clock::now();    // for LoadProgress::seconds
+  std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
   std::optional<IndexChannel> _to_upload;             // slot indices, plan order
   IndexChannel _to_broadcast;                         // chunk indices, plan order
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring

@@ -12,6 +12,9 @@ struct RunArgs {
   std::string config_path;             ///< YAML config; empty for built-in defaults.
   std::vector<std::string> overrides;  ///< --set key=value, in order.
   std::string report_path;             ///< --report PATH; empty for none.
+  std::string trace_path;              ///< --trace PATH (wins over `trace:`); empty for none.
+  bool quiet = false;                  ///< --quiet: no config, no progress, no notices.
+  bool json = false;                   ///< --json: the summary as JSON on stdout.
 };
 int run(const RunArgs& args);
 

@@ -7,11 +7,15 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
+#include "weightcast/trace.hpp"
+
+#include "progress.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <optional>
 #include <sys/resource.h>
 
 namespace weightcast::cli {
@@ -73,23 +77,102 @@ void write_report(const std::string& path, const LoadResult& result, int rank, i
   if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
 }
 
+// `run --json`: the summary as one JSON object on stdout (the effective config went to
+// stderr), so `weightcast run --json ... | python3 -m json.tool` works.
+void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
+                        int rank, int world_size, std::uint64_t peak_rss) {
+  nlohmann::ordered_json summary;
+  summary["rank"] = rank;
+  summary["world_size"] = world_size;
+  summary["checkpoint"] = config.checkpoint;
+  summary["tensors"] = result.catalogue.tensors.size();
+  summary["shards"] = shards;
+  summary["bytes"] = result.stats.bytes;
+  summary["seconds"] = result.stats.seconds;
+  summary["gbps"] = result.stats.gbps();
+  summary["reader"] = result.stats.reader;
+  summary["device"] = result.stats.device;
+  summary["transport"] = result.stats.transport;
+  summary["chunks"] = result.stats.chunks;
+  summary["chunk_size_bytes"] = config.chunk_bytes;
+  summary["buffer_depth"] = config.buffer_depth;
+  summary["io_depth"] = config.io_depth;
+  summary["staging_bytes"] = result.stats.staging_bytes;
+  summary["peak_rss_bytes"] = peak_rss;
+  if (!config.trace.empty()) {
+    summary["trace"] = trace_path_for_rank(config.trace, rank, world_size).string();
+  }
+  fmt::print("{}\n", summary.dump());
+  std::fflush(stdout);
+}
+
+// Writes the trace if one was asked for. On failure too: a trace of a load that failed or
+// stalled shows which stage stopped. @p failing: only warn if the trace cannot be written,
+// so the load's own error is the one reported.
+void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
+                 int world_size, bool failing) {
+  if (!trace) return;
+  const auto path = trace_path_for_rank(config.trace, rank, world_size);
+  try {
+    trace->write(path);
+    spdlog::info("trace ({} events) written to {}", trace->size(), path.string());
+  } catch (const Error& e) {
+    if (!failing) throw;
+    spdlog::warn("{}", e.what());
+  }
+}
+
 }  // namespace
 
 int run(const RunArgs& args) {
-  const Config config = load_config(args.config_path, args.overrides);
-  configure_log(config.log_level);
-  fmt::print("# weightcast {} effective config\n{}", WEIGHTCAST_VERSION, config.to_yaml());
+  Config config = load_config(args.config_path, args.overrides);
+  if (!args.trace_path.empty()) config.trace = args.trace_path;  // --trace wins
+  // --quiet: errors only, then the summary; --json keeps stdout for the JSON summary alone.
+  configure_log(args.quiet ? LogLevel::error : config.log_level);
+  if (!args.quiet) {
+    fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}",
+               WEIGHTCAST_VERSION, config.to_yaml());
+  }
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
   auto device = choose_device(config);
   auto transport = choose_transport(config);
-  const LoadOptions options = LoadOptions::from_config(config);
+  LoadOptions options = LoadOptions::from_config(config);
 
   Catalogue catalogue = open_checkpoint(config.checkpoint);
   const std::size_t shards = catalogue.shards.size();
-  const LoadResult result = load(std::move(catalogue), *device, *transport, options);
+  std::optional<ProgressRenderer> progress;
+  if (!args.quiet && transport->rank() == 0) {
+    progress.emplace(stderr, ProgressRenderer::mode_for(stderr));
+    options.on_progress = [&progress](const LoadProgress& p) { progress->update(p); };
+  }
+  std::optional<TraceRecorder> trace;
+  if (!config.trace.empty()) {
+    trace.emplace(transport->rank());
+    options.on_stage_event = trace->hook();
+  }
+  LoadResult result;
+  try {
+    result = load(std::move(catalogue), *device, *transport, options);
+  } catch (...) {
+    if (progress) progress->finish();
+    write_trace(trace, config, transport->rank(), transport->world_size(), true);
+    throw;
+  }
+  if (progress) progress->finish();
+  write_trace(trace, config, transport->rank(), transport->world_size(), false);
   const std::uint64_t peak_rss = peak_rss_bytes();
+
+  if (args.json) {
+    print_json_summary(result, config, shards, transport->rank(), transport->world_size(),
+                       peak_rss);
+    if (!args.report_path.empty()) {
+      write_report(args.report_path, result, transport->rank(), transport->world_size(),
+                   peak_rss);
+    }
+    return 0;
+  }
 
   fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
              transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,

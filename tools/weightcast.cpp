@@ -22,6 +22,12 @@ int main(int argc, char** argv) {
       ->take_all();
   run->add_option("--report", run_args.report_path,
                   "write a JSON report (per-tensor XXH3-64 of the delivered bytes)");
+  run->add_option("--trace", run_args.trace_path,
+                  "write a Chrome trace-event JSON of the pipeline (open in ui.perfetto.dev)");
+  run->add_flag("-q,--quiet", run_args.quiet,
+                "print only errors and the summary (no config, no progress, no notices)");
+  run->add_flag("--json", run_args.json,
+                "print the summary as one JSON object on stdout (the config goes to stderr)");
 
   cli::InspectArgs inspect_args;
   auto* inspect = app.add_subcommand("inspect", "list and validate a checkpoint's tensors");

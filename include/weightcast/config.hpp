@@ -36,6 +36,7 @@ struct Config {
   std::uint32_t io_depth = 4;                       ///< io_uring reads in flight (≥ 1).
   DirectIo direct_io = DirectIo::automatic;         ///< O_DIRECT policy.
   std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
+  std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;
 
   /// @return the config as YAML, one `key: value` line per key (the "effective config").

@@ -41,6 +41,38 @@ struct TensorView {
   MemoryKind memory = MemoryKind::host;  ///< Whether `data` is a host or a device address.
 };
 
+/// A stage of the pipeline, as reported to `LoadOptions::on_stage_event`.
+enum class Stage : std::uint8_t {
+  read,       ///< Rank 0: a chunk's read, from its submission to its completion signal.
+  upload,     ///< Rank 0: a chunk's copy from its staging slot into the arena.
+  broadcast,  ///< Every rank: a chunk's broadcast from rank 0's arena.
+};
+
+/// @return "read", "upload" or "broadcast".
+std::string_view to_string(Stage stage) noexcept;
+
+/// One stage's work on one chunk: the unit of a pipeline trace (`weightcast/trace.hpp`).
+struct StageEvent {
+  Stage stage = Stage::read;
+  std::uint64_t chunk = 0;   ///< Index into the plan's chunks.
+  std::uint32_t shard = 0;   ///< Index into the catalogue's shards.
+  std::uint64_t bytes = 0;   ///< The chunk's bytes.
+  std::chrono::steady_clock::time_point begin;  ///< When the stage started on the chunk.
+  std::chrono::steady_clock::time_point end;    ///< When it finished (≥ begin).
+};
+
+/// How far a load has come on this rank, as reported to `LoadOptions::on_progress`.
+struct LoadProgress {
+  std::uint64_t bytes_done = 0;     ///< Tensor bytes broadcast (landed on this rank) so far.
+  std::uint64_t bytes_total = 0;    ///< Tensor bytes of the whole plan.
+  std::uint64_t chunks_done = 0;    ///< Chunks landed so far.
+  std::uint64_t chunks_total = 0;   ///< Chunks in the plan.
+  std::uint32_t shard = 0;          ///< Shard of the chunk that just landed.
+  std::uint32_t shards = 0;         ///< Shards in the catalogue.
+  std::string_view shard_name;      ///< Its file name; valid only during the call.
+  double seconds = 0;               ///< Since the pipeline started.
+};
+
 /// Tuning and hooks of one load. Defaults match `configs/default.yaml`.
 struct LoadOptions {
   std::uint64_t chunk_bytes = 16ull << 20;  ///< `chunk_size`: bytes per chunk (> 0).
@@ -51,6 +83,12 @@ struct LoadOptions {
   /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
   /// tensors first). Must not throw; must not block for long (it stalls the pipeline).
   std::function<void(const TensorView&)> on_tensor_ready;
+  /// Called on the loader's thread after each chunk has landed on this rank (its broadcast
+  /// completed), in plan order. Must not throw; keep it cheap (rate-limit any printing).
+  std::function<void(const LoadProgress&)> on_progress;
+  /// Called on the loader's thread when a stage finishes a chunk (one call per chunk per
+  /// stage this rank runs). Must not throw; keep it cheap: its time counts in the stage.
+  std::function<void(const StageEvent&)> on_stage_event;
 
   /// @return the options a `Config` asks for.
   static LoadOptions from_config(const Config& config);
