@@ -1,8 +1,10 @@
 #include "weightcast/device.hpp"
 
 #include "weightcast/error.hpp"
+#include "weightcast/gpu_info.hpp"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <cstring>
@@ -52,10 +54,47 @@ class HostDevice final : public Device {
 
 }  // namespace
 
+void Arena::read_back(std::uint64_t offset, std::uint64_t bytes,
+                      const std::function<void(const std::byte*, std::size_t)>& consume) const {
+  WEIGHTCAST_EXPECT(kind() == MemoryKind::host, Errc::internal,
+                    "read_back: this device arena does not implement it");
+  WEIGHTCAST_EXPECT(offset <= this->bytes() && bytes <= this->bytes() - offset, Errc::internal,
+                    fmt::format("read_back: [{}, +{}) leaves the arena of {} bytes", offset, bytes,
+                                this->bytes()));
+  if (bytes > 0) consume(data() + offset, bytes);
+}
+
 std::shared_ptr<Arena> make_host_arena(std::uint64_t bytes) {
   return std::make_shared<HostArena>(bytes);
 }
 
 std::unique_ptr<Device> make_host_device() { return std::make_unique<HostDevice>(); }
+
+int cuda_device_count() noexcept { return probe_cuda().device_count; }
+
+#ifndef WEIGHTCAST_HAVE_CUDA
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
+  throw Error(Errc::unavailable,
+              fmt::format("cuda:{}: this build has no CUDA (rebuild with -DWEIGHTCAST_CUDA=ON, or "
+                          "use device: host or auto)",
+                          ordinal));
+}
+#endif
+
+std::unique_ptr<Device> make_device(DeviceKind kind, int local_rank) {
+  switch (kind) {
+    case DeviceKind::host:
+      return make_host_device();
+    case DeviceKind::cuda:
+      return make_cuda_device(local_rank);
+    case DeviceKind::automatic:
+      break;
+  }
+  const CudaProbe probe = probe_cuda();
+  if (probe.device_count > 0) return make_cuda_device(local_rank);
+  spdlog::info("device: auto: using host memory: {}",
+               probe.error.empty() ? std::string("no CUDA device") : probe.error);
+  return make_host_device();
+}
 
 }  // namespace weightcast

@@ -6,6 +6,8 @@
 #include <fmt/core.h>
 #include <xxhash.h>
 
+#include <memory>
+
 namespace weightcast {
 
 std::uint64_t xxh3_64(const void* data, std::size_t bytes) noexcept {
@@ -15,13 +17,28 @@ std::uint64_t xxh3_64(const void* data, std::size_t bytes) noexcept {
 std::string digest_hex(std::uint64_t digest) { return fmt::format("{:016x}", digest); }
 
 std::vector<std::uint64_t> tensor_digests(const LoadResult& result) {
-  WEIGHTCAST_EXPECT(result.arena->kind() == MemoryKind::host, Errc::internal,
-                    "tensor digests of a device arena are not supported yet");
   std::vector<std::uint64_t> digests;
   digests.reserve(result.catalogue.tensors.size());
+  if (result.arena->kind() == MemoryKind::host) {
+    for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+      const TensorView view = result.tensor(i);
+      digests.push_back(xxh3_64(view.data, view.info->bytes));
+    }
+    return digests;
+  }
+  // Device memory: stream each tensor through the arena's pinned bounce buffer. The
+  // streaming XXH3 state gives the same digest as the one-shot form over the same bytes.
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                   &XXH3_freeState);
+  WEIGHTCAST_EXPECT(state != nullptr, Errc::internal, "XXH3_createState: out of memory");
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
-    const TensorView view = result.tensor(i);
-    digests.push_back(xxh3_64(view.data, view.info->bytes));
+    const TensorInfo& tensor = result.catalogue.tensors[i];
+    XXH3_64bits_reset(state.get());
+    result.arena->read_back(tensor.bytes == 0 ? 0 : result.layout.tensor_offsets.at(i),
+                            tensor.bytes, [&](const std::byte* data, std::size_t bytes) {
+                              XXH3_64bits_update(state.get(), data, bytes);
+                            });
+    digests.push_back(XXH3_64bits_digest(state.get()));
   }
   return digests;
 }

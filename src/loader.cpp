@@ -127,7 +127,7 @@ class Pipeline {
       for (const Chunk& chunk : _plan.chunks) largest = std::max(largest, chunk.bytes);
       _files.emplace(_catalogue);
       _ring.emplace(_executor, std::min<std::size_t>(_options.buffer_depth, _plan.chunks.size()),
-                    largest);
+                    largest, &_device);
       _ready.clear();
       for (std::size_t i = 0; i < _ring->slots(); ++i) {
         _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
@@ -211,11 +211,14 @@ class Pipeline {
       if (chunk.arena_contiguous) {
         co_await wait(_device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
       } else {
+        // Issue every piece's copy, then wait: a cuda device queues them on one stream.
+        std::vector<std::unique_ptr<Pending>> copies;
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          co_await wait(_device.upload(source + piece.chunk_offset,
-                                       _arena.data() + piece.arena_offset, piece.bytes));
+          copies.push_back(_device.upload(source + piece.chunk_offset,
+                                          _arena.data() + piece.arena_offset, piece.bytes));
         }
+        for (auto& copy : copies) co_await wait(std::move(copy));
       }
       _last_progress = Clock::now();
       stage_event(Stage::upload, c, upload_begin);
@@ -235,14 +238,18 @@ class Pipeline {
       }
       const Chunk& chunk = _plan.chunks[c];
       const auto broadcast_begin = Clock::now();
+      // One grouped broadcast per chunk, ordered after the uploads so far on rank 0 (for
+      // nccl: cudaStreamWaitEvent on the device's upload event).
+      _ranges.clear();
       if (chunk.arena_contiguous) {
-        co_await wait(_transport.broadcast(_arena.data() + chunk.arena_offset, chunk.bytes, 0));
+        _ranges.push_back({_arena.data() + chunk.arena_offset, chunk.bytes});
       } else {
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          co_await wait(_transport.broadcast(_arena.data() + piece.arena_offset, piece.bytes, 0));
+          _ranges.push_back({_arena.data() + piece.arena_offset, piece.bytes});
         }
       }
+      co_await wait(_transport.broadcast_group(_ranges, 0, root ? _device.upload_event() : nullptr));
       _last_progress = Clock::now();
       stage_event(Stage::broadcast, c, broadcast_begin);
       for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
@@ -372,6 +379,7 @@ class Pipeline {
   std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
   std::optional<IndexChannel> _to_upload;             // slot indices, plan order
   IndexChannel _to_broadcast;                         // chunk indices, plan order
+  std::vector<Transport::Range> _ranges;              // the chunk being broadcast
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring
   Clock::time_point _last_progress;
   asio::steady_timer _watchdog_timer{_executor};

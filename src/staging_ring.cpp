@@ -1,12 +1,15 @@
 #include "weightcast/detail/staging_ring.hpp"
 
+#include "weightcast/device.hpp"
 #include "weightcast/error.hpp"
 
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <string>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -29,7 +32,7 @@ SlotLease::~SlotLease() {
 std::byte* SlotLease::data() const noexcept { return _ring->slot_data(_index); }
 
 StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
-                         std::uint64_t slot_bytes)
+                         std::uint64_t slot_bytes, weightcast::Device* device)
     : _slots(slots == 0 ? 1 : slots), _free(executor, _slots) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   _slot_bytes = (std::max<std::uint64_t>(slot_bytes, 1) + page - 1) / page * page;
@@ -41,11 +44,43 @@ StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size
                                    _slots, _slot_bytes));
   }
   _memory = static_cast<std::byte*>(p);
+  if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
   for (std::size_t i = 0; i < _slots; ++i) _free.try_send(boost::system::error_code{}, i);
 }
 
+// Fewer pinned slots beat pageable ones: an async H2D copy from pageable memory goes through
+// a driver bounce buffer and does not overlap with the read stage.
+void StagingRing::pin_slots(weightcast::Device& device) {
+  std::string first_refusal;
+  for (std::size_t slots = _slots; slots >= 1; slots /= 2) {
+    try {
+      device.pin(_memory, slots * _slot_bytes);
+    } catch (const Error& e) {
+      if (first_refusal.empty()) first_refusal = e.what();
+      continue;
+    }
+    _pinned_by = &device;
+    if (slots < _slots) {
+      spdlog::warn("pinned host memory: could not pin {} staging slots of {} bytes ({}); "
+                   "staging with {} pinned slot{} instead (raise `ulimit -l` or lower "
+                   "buffer_depth / chunk_size)",
+                   _slots, _slot_bytes, first_refusal, slots, slots == 1 ? "" : "s");
+      munmap(_memory + slots * _slot_bytes, (_slots - slots) * _slot_bytes);
+      _slots = slots;
+    }
+    return;
+  }
+  spdlog::warn("pinned host memory: could not pin even one staging slot of {} bytes ({}); "
+               "staging from pageable host memory: H2D copies will be slower (raise `ulimit "
+               "-l` or lower chunk_size)",
+               _slot_bytes, first_refusal);
+}
+
 StagingRing::~StagingRing() {
-  if (_memory != nullptr) munmap(_memory, _slots * _slot_bytes);
+  if (_memory == nullptr) return;
+  // Every lease is back, so no copy reads a slot any more: safe to unpin.
+  if (_pinned_by != nullptr) _pinned_by->unpin(_memory);
+  munmap(_memory, _slots * _slot_bytes);
 }
 
 boost::asio::awaitable<SlotLease> StagingRing::acquire() {

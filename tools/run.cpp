@@ -14,6 +14,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sys/resource.h>
@@ -27,17 +28,25 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// LOCAL_RANK (torchrun, `weightcast launch`) picks the GPU. TODO(#5): take World::local_rank
+// from weightcast/world.hpp once world detection has landed.
+int local_rank_from_env() {
+  const char* text = std::getenv("LOCAL_RANK");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  WEIGHTCAST_EXPECT(*end == '\0' && value >= 0 && value < 1 << 20, Errc::config,
+                    fmt::format("LOCAL_RANK={}: not a rank (a non-negative integer)", text));
+  return static_cast<int>(value);
+}
+
 std::unique_ptr<Device> choose_device(const Config& config) {
-  switch (config.device) {
-    case DeviceKind::cuda:
-      throw Error(Errc::unavailable,
-                  "device: cuda: this build of weightcast has no CUDA support (use device: host "
-                  "or auto)");
-    case DeviceKind::automatic:
-    case DeviceKind::host:
-      break;
+  try {
+    return make_device(config.device, local_rank_from_env());
+  } catch (const Error& e) {
+    if (e.code() != Errc::unavailable) throw;
+    throw Error(e.code(), fmt::format("device: {}: {}", to_string(config.device), e.what()));
   }
-  return make_host_device();
 }
 
 std::unique_ptr<Transport> choose_transport(const Config& config) {
@@ -139,6 +148,8 @@ int run(const RunArgs& args) {
   auto device = choose_device(config);
   auto transport = choose_transport(config);
   LoadOptions options = LoadOptions::from_config(config);
+  // 256 B: cudaMalloc's own alignment, so every tensor view suits vectorised kernels.
+  if (device->name() != "host") options.tensor_alignment = 256;
 
   Catalogue catalogue = open_checkpoint(config.checkpoint);
   const std::size_t shards = catalogue.shards.size();

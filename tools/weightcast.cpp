@@ -2,18 +2,26 @@
 #include "commands.hpp"
 
 #include "weightcast/error.hpp"
+#include "weightcast/gpu_info.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <string>
 
 int main(int argc, char** argv) {
   using namespace weightcast;
   CLI::App app{"weightcast: stream a safetensors checkpoint from rank 0 to every rank"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "weightcast " WEIGHTCAST_VERSION);
+  // --version also says what GPU support is compiled in and what this machine offers.
+  app.set_version_flag("--version", std::function<std::string()>([] {
+    std::string text = "weightcast " WEIGHTCAST_VERSION "\n" + gpu_support_report();
+    text.pop_back();  // CLI11 adds the final newline
+    return text;
+  }));
 
   cli::RunArgs run_args;
   auto* run = app.add_subcommand("run", "load a checkpoint on this rank, as the config says");

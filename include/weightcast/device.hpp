@@ -3,15 +3,21 @@
  * @brief Where tensors land: the arena, and the upload from a staging slot into it.
  *
  * `host` (DESIGN.md layer 7): the arena is page-aligned host memory and an upload is a
- * `memcpy`, finished when `upload()` returns. A `cuda` device (later) uploads with
- * `cudaMemcpyAsync` on a copy stream and completes through a CUDA event.
+ * `memcpy`, finished when `upload()` returns. `cuda`: the arena is `cudaMalloc` memory, an
+ * upload is a `cudaMemcpyAsync` on a non-blocking copy stream of the device's own, and it
+ * completes when a CUDA event recorded after the copy has completed (polled, `Pending`).
+ *
+ * The factories exist in every build; without CUDA compiled in, the cuda ones throw
+ * `Errc::unavailable`, so callers need no `#ifdef`.
  */
 #pragma once
 
+#include "weightcast/config.hpp"
 #include "weightcast/pending.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -28,7 +34,21 @@ class Arena {
   [[nodiscard]] virtual std::byte* data() const noexcept = 0;
   /// @return the arena size, bytes.
   [[nodiscard]] virtual std::uint64_t bytes() const noexcept = 0;
+  /// @return where `data()` points: host or CUDA device memory.
   [[nodiscard]] virtual MemoryKind kind() const noexcept = 0;
+
+  /**
+   * @brief Hands the arena bytes [@p offset, @p offset + @p bytes) to @p consume as host
+   *        memory, in order, in one or more calls (for digests and checks, not the load path).
+   *
+   * Host arenas make one call pointing into the arena. Device arenas copy through a small
+   * pinned bounce buffer, a chunk at a time, synchronously on a stream of their own; the
+   * caller must have waited for every upload and broadcast into the range.
+   * @throws Error `internal` when the range leaves the arena; `unavailable`/`internal` when a
+   *         CUDA copy fails (names the call and the CUDA error).
+   */
+  virtual void read_back(std::uint64_t offset, std::uint64_t bytes,
+                         const std::function<void(const std::byte*, std::size_t)>& consume) const;
 };
 
 /**
@@ -53,9 +73,60 @@ class Device {
    */
   virtual std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                           std::uint64_t bytes) = 0;
+
+  /// @return true when staging slots should be page-locked with `pin()` before use: `cuda`
+  ///         (an async H2D copy from pageable memory is staged by the driver, CUDA
+  ///         Programming Guide, "Page-Locked Host Memory"). False for `host`.
+  [[nodiscard]] virtual bool wants_pinned_staging() const noexcept { return false; }
+  /**
+   * @brief Page-locks @p bytes of host memory at @p host (page-aligned) for this device.
+   * @throws Error `unavailable` when the driver refuses (e.g. `ulimit -l`, out of pinnable
+   *         memory); the caller may retry with less or stage from pageable memory.
+   * @note Pair every successful `pin` with `unpin(host)` once no copy reads the memory.
+   */
+  virtual void pin(std::byte* host, std::uint64_t bytes) {
+    static_cast<void>(host);
+    static_cast<void>(bytes);
+  }
+  /// Undoes `pin(host, ...)`. Never throws (logs a failure).
+  virtual void unpin(std::byte* host) noexcept { static_cast<void>(host); }
+  /**
+   * @return the CUDA event (a `cudaEvent_t`) recorded on the copy stream after the most
+   *         recent upload, or null when uploads complete synchronously (`host`).
+   * @note CUDA stream order: a stream that `cudaStreamWaitEvent`s on it runs after every
+   *       upload issued so far, the last one included. The event is re-recorded by the next
+   *       upload, so use it right away, on the thread that issues the uploads.
+   */
+  [[nodiscard]] virtual void* upload_event() const noexcept { return nullptr; }
 };
 
 /// @return the host device: `memcpy` uploads into a host arena.
 std::unique_ptr<Device> make_host_device();
+
+/// @return the number of CUDA devices this process can use; 0 when the build has no CUDA
+///         or `cudaGetDeviceCount` fails (no driver, no device, `CUDA_VISIBLE_DEVICES=`).
+int cuda_device_count() noexcept;
+
+/**
+ * @brief The CUDA device @p ordinal: `cudaMalloc` arenas, pinned staging, H2D copies on a
+ *        non-blocking copy stream.
+ * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`), usually `LOCAL_RANK`.
+ * @throws Error `unavailable` (69) when the build has no CUDA ("this build has no CUDA"),
+ *         when there is no such device, or when the CUDA runtime cannot start (names the
+ *         CUDA error).
+ * @note Creates its stream on construction and releases it in the destructor; do not keep
+ *       a device in a static (CUDA resources must not be released from static destructors).
+ */
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+
+/**
+ * @brief The device the config's `device` key asks for.
+ *
+ * `host` → host; `cuda` → `make_cuda_device(local_rank)`; `auto` → cuda when the build has
+ * CUDA and `cudaGetDeviceCount` > 0, else host with a notice on the log saying why.
+ * @param local_rank this process's rank on its node (`LOCAL_RANK`), the GPU it uses.
+ * @throws Error `unavailable` as `make_cuda_device` does (for `cuda` only).
+ */
+std::unique_ptr<Device> make_device(DeviceKind kind, int local_rank);
 
 }  // namespace weightcast

@@ -24,7 +24,12 @@ std::string digest_hex(std::uint64_t digest);
 
 /**
  * @brief XXH3-64 of every tensor of @p result, in catalogue order.
- * @throws Error `internal` when the arena is device memory (not yet supported here).
+ *
+ * Host arenas are hashed in place. Device (cuda) arenas are copied back a chunk at a time
+ * through a small pinned buffer (`Arena::read_back`) and hashed on the host, so the digests
+ * say what landed in GPU memory, in the same format as the host path.
+ * @throws Error as `Arena::read_back` does when a copy back fails.
+ * @note Call it after the load has returned: every upload and broadcast has completed.
  */
 std::vector<std::uint64_t> tensor_digests(const LoadResult& result);
 

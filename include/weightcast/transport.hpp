@@ -2,17 +2,24 @@
  * @file transport.hpp
  * @brief The data plane: broadcasts each chunk from the root rank into every rank's arena.
  *
- * `local` (world size 1) does nothing; `mpi` (host memory) and `nccl` (device memory) come
- * with the multi-rank work (DESIGN.md layer 8). Every rank calls `broadcast` for the same
- * chunks in the same order (the plan), as NCCL and MPI collectives require.
+ * `local` (world size 1) does nothing; `mpi` (host memory) comes with the multi-rank work;
+ * `nccl` (device memory, DESIGN.md layer 8) broadcasts on a dedicated comm stream. Every
+ * rank calls `broadcast` for the same chunks in the same order (the plan), as NCCL and MPI
+ * collectives require.
+ *
+ * The nccl factories exist in every build; without CUDA compiled in they throw
+ * `Errc::unavailable`, so callers need no `#ifdef`.
  */
 #pragma once
 
 #include "weightcast/pending.hpp"
 
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 namespace weightcast {
@@ -33,9 +40,62 @@ class Transport {
    */
   virtual std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes,
                                              int root) = 0;
+
+  /// One arena range of a grouped broadcast.
+  struct Range {
+    std::byte* data = nullptr;  ///< Arena memory: source on the root, destination elsewhere.
+    std::uint64_t bytes = 0;    ///< Length, bytes.
+  };
+  /**
+   * @brief Broadcasts several ranges (the pieces of one chunk) from @p root as one operation.
+   *
+   * The default calls `broadcast` for each range. `nccl` issues one `ncclBroadcast` per range
+   * inside `ncclGroupStart/End` (NCCL docs, "Group Calls": aggregated operations launch
+   * together) on its comm stream.
+   * @param ready_event a `cudaEvent_t` (from `Device::upload_event()`) the broadcast must
+   *        follow in CUDA stream order, or null. Transports that work on host memory ignore it
+   *        (their uploads have completed when this is called).
+   * @return null when already complete, else the whole group in flight.
+   * @throws Error as `broadcast` does.
+   */
+  virtual std::unique_ptr<Pending> broadcast_group(std::span<const Range> ranges, int root,
+                                                   void* ready_event);
 };
 
 /// @return the world-size-1 transport: broadcast is a no-op.
 std::unique_ptr<Transport> make_local_transport();
+
+/// Size of an `ncclUniqueId` (`NCCL_UNIQUE_ID_BYTES` in nccl.h), bytes.
+inline constexpr std::size_t nccl_unique_id_bytes = 128;
+/// An `ncclUniqueId` as raw bytes: what the control plane carries from rank 0 to every rank.
+using NcclUniqueId = std::array<std::byte, nccl_unique_id_bytes>;
+
+/**
+ * @brief A fresh `ncclUniqueId` (`ncclGetUniqueId`); call it on rank 0 only, then send it to
+ *        every rank before any of them calls `make_nccl_transport`.
+ * @throws Error `unavailable` when the build has no CUDA or NCCL fails (names the NCCL error
+ *         and `ncclGetLastError`).
+ */
+NcclUniqueId nccl_unique_id();
+
+/**
+ * @brief Joins the NCCL communicator of @p world_size ranks named by @p unique_id.
+ *
+ * Non-blocking communicator (`ncclCommInitRankConfig` with `config.blocking = 0`): creation
+ * is polled with `ncclCommGetAsyncError` until it leaves `ncclInProgress`, at most
+ * @p timeout, so a rank whose peers never come fails instead of hanging; and a watchdog can
+ * `ncclCommAbort` a collective in flight (NCCL docs, "Error handling and communicator
+ * abort"). Broadcasts run on a non-blocking comm stream of the transport's own. Any failure,
+ * and destroying the transport while a broadcast is in flight, aborts the communicator.
+ * @param rank this rank, 0 ≤ rank < @p world_size.
+ * @param local_rank the CUDA device to use (`cudaSetDevice`), the cuda device's ordinal.
+ * @param timeout bound on communicator creation.
+ * @throws Error `unavailable` (69) when the build has no CUDA, the device cannot be used or
+ *         NCCL fails (names the NCCL error and `ncclGetLastError`); `timeout` (75) when the
+ *         communicator is not ready within @p timeout (the communicator is aborted).
+ */
+std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
+                                               const NcclUniqueId& unique_id,
+                                               std::chrono::milliseconds timeout);
 
 }  // namespace weightcast

@@ -16,6 +16,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace weightcast {
+class Device;
+}  // namespace weightcast
+
 namespace weightcast::detail {
 
 class StagingRing;
@@ -51,10 +55,15 @@ class StagingRing {
   /**
    * @param slots number of slots (`buffer_depth`, ≥ 1).
    * @param slot_bytes bytes per slot, rounded up to the page size.
+   * @param device when not null and it `wants_pinned_staging()` (cuda), the slots are pinned
+   *        with `device->pin`. If pinning is refused (`ulimit -l`, the driver), the ring
+   *        retries with half the slots down to one, then stages from pageable memory; each
+   *        step logs a notice about pinned host memory. `slots()` says how many remain.
+   *        The device must outlive the ring.
    * @throws Error `unavailable` when the memory cannot be mapped.
    */
   StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
-              std::uint64_t slot_bytes);
+              std::uint64_t slot_bytes, weightcast::Device* device = nullptr);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -69,16 +78,20 @@ class StagingRing {
   [[nodiscard]] std::size_t slots() const noexcept { return _slots; }
   /// @return host memory held by the ring, bytes.
   [[nodiscard]] std::uint64_t total_bytes() const noexcept { return _slots * _slot_bytes; }
+  /// @return true when the slots are pinned (page-locked) for the device.
+  [[nodiscard]] bool pinned() const noexcept { return _pinned_by != nullptr; }
 
  private:
   friend class SlotLease;
   void give_back(std::size_t index) noexcept;
+  void pin_slots(weightcast::Device& device);
 
   using FreeChannel =
       boost::asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
   std::size_t _slots;
   std::uint64_t _slot_bytes;
   std::byte* _memory = nullptr;
+  weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
   FreeChannel _free;
 };
 

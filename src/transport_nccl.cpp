@@ -1,0 +1,263 @@
+// The nccl data plane: one ncclBroadcast (ncclUint8: every dtype moves as raw bytes) per
+// range, grouped per chunk, on a comm stream of the transport's own, after the chunk's H2D.
+//
+// Non-blocking communicator (NCCL docs, "Creating a communicator with options" and
+// "Nonblocking group operation"): every NCCL call may return ncclInProgress while NCCL is
+// still enqueueing; the communicator's state must be polled with ncclCommGetAsyncError until
+// it is ncclSuccess before its results are used or another call is made on it. That polling
+// is what lets a stalled rank be aborted (ncclCommAbort) instead of hanging in a blocking
+// call.
+#include "weightcast/transport.hpp"
+
+#include "weightcast/detail/cuda_check.hpp"
+#include "weightcast/detail/cuda_resources.hpp"
+#include "weightcast/error.hpp"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace weightcast {
+
+namespace detail {
+
+void throw_nccl_error(ncclResult_t status, const char* call, ncclComm_t comm) {
+  const Errc code = status == ncclInvalidArgument || status == ncclInvalidUsage
+                        ? Errc::internal
+                        : Errc::unavailable;
+  const char* last = ncclGetLastError(comm);
+  throw Error(code, fmt::format("{} failed: {}{}{}", call, ncclGetErrorString(status),
+                                last != nullptr && *last != '\0' ? "; last NCCL error: " : "",
+                                last != nullptr ? last : ""));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::CudaEvent;
+using detail::CudaStream;
+using Clock = std::chrono::steady_clock;
+
+/// The communicator, aborted unless it was finalised cleanly.
+class Communicator {
+ public:
+  Communicator() = default;
+  ~Communicator() {
+    if (_comm == nullptr) return;
+    if (_healthy) {
+      // ncclCommFinalize flushes outstanding work; on a non-blocking communicator it may
+      // return ncclInProgress: poll, bounded, then destroy (NCCL docs, "Finalizing a
+      // communicator"). Any trouble: abort instead, which never waits for peers.
+      ncclResult_t state = ncclCommFinalize(_comm);
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (state == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(_comm, &state) != ncclSuccess) state = ncclInternalError;
+      }
+      if (state == ncclSuccess && ncclCommDestroy(_comm) == ncclSuccess) return;
+      spdlog::warn("nccl: communicator did not finalise cleanly ({}); aborting it",
+                   ncclGetErrorString(state));
+    }
+    abort();
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ncclComm_t* out() noexcept { return &_comm; }
+  [[nodiscard]] ncclComm_t get() const noexcept { return _comm; }
+
+  /// @return the communicator's state: ncclSuccess, ncclInProgress or an error.
+  [[nodiscard]] ncclResult_t state() const noexcept {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t status = ncclCommGetAsyncError(_comm, &async);
+    return status != ncclSuccess ? status : async;
+  }
+
+  /// Aborts the communicator: in-flight collectives end, peers see an error instead of
+  /// waiting forever. Idempotent; never throws.
+  void abort() noexcept {
+    if (_comm == nullptr) return;
+    const ncclResult_t status = ncclCommAbort(_comm);
+    if (status != ncclSuccess && status != ncclInProgress) {
+      spdlog::warn("ncclCommAbort failed: {}", ncclGetErrorString(status));
+    }
+    _comm = nullptr;
+    _healthy = false;
+  }
+  void mark_failed() noexcept { _healthy = false; }
+
+ private:
+  ncclComm_t _comm = nullptr;
+  bool _healthy = true;
+};
+
+/// A group of broadcasts in flight on the comm stream.
+class NcclBroadcast final : public Pending {
+ public:
+  NcclBroadcast(Communicator& comm, cudaStream_t stream, std::uint64_t bytes)
+      : _comm(comm), _stream(stream), _bytes(bytes) {}
+  ~NcclBroadcast() override {
+    if (_done) return;
+    // Abandoned in flight (a stage failed, the watchdog fired): a broadcast may wait on a
+    // peer forever, so abort the communicator (which ends its kernels), then let the stream
+    // drain before the arena it writes can be freed.
+    spdlog::warn("nccl: broadcast of {} bytes abandoned in flight: aborting the communicator",
+                 _bytes);
+    _comm.abort();
+    if (_recorded) {
+      detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
+    } else {
+      detail::log_cuda_release(cudaStreamSynchronize(_stream), "cudaStreamSynchronize");
+    }
+  }
+  NcclBroadcast(const NcclBroadcast&) = delete;
+  NcclBroadcast& operator=(const NcclBroadcast&) = delete;
+
+  bool test() override {
+    if (_comm.get() == nullptr) {
+      _done = true;
+      throw Error(Errc::unavailable, "nccl: the communicator was aborted");
+    }
+    const ncclResult_t state = _comm.state();
+    if (state == ncclInProgress) return false;  // NCCL is still enqueueing the group
+    if (state != ncclSuccess) {
+      _done = true;
+      _comm.mark_failed();
+      detail::throw_nccl_error(state, "ncclBroadcast (ncclCommGetAsyncError)", _comm.get());
+    }
+    if (!_recorded) {
+      // Only now are the kernels in the stream: the event must be recorded after them.
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(_event.get(), _stream));
+      _recorded = true;
+    }
+    const cudaError_t status = cudaEventQuery(_event.get());
+    if (status == cudaErrorNotReady) return false;
+    _done = true;
+    if (status != cudaSuccess) {
+      _comm.mark_failed();
+      detail::throw_cuda_error(
+          status, fmt::format("ncclBroadcast of {} bytes (cudaEventQuery)", _bytes).c_str());
+    }
+    return true;
+  }
+
+ private:
+  Communicator& _comm;
+  cudaStream_t _stream;
+  std::uint64_t _bytes;
+  CudaEvent _event;
+  bool _recorded = false;
+  bool _done = false;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(int rank, int world_size, int local_rank, const NcclUniqueId& unique_id,
+                std::chrono::milliseconds timeout)
+      : _rank(rank), _world_size(world_size), _local_rank(local_rank) {
+    detail::set_cuda_device(local_rank);
+    _stream.emplace();
+    ncclUniqueId id;
+    static_assert(sizeof(id.internal) == nccl_unique_id_bytes);
+    std::memcpy(id.internal, unique_id.data(), unique_id.size());
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    WEIGHTCAST_NCCL_TRY(ncclCommInitRankConfig(_comm.out(), world_size, id, rank, &config),
+                        nullptr);
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const ncclResult_t state = _comm.state();
+      if (state == ncclSuccess) break;
+      if (state != ncclInProgress) {
+        _comm.mark_failed();
+        detail::throw_nccl_error(state, "ncclCommInitRankConfig", _comm.get());
+      }
+      if (Clock::now() >= deadline) {
+        _comm.abort();
+        throw Error(Errc::timeout,
+                    fmt::format("nccl: rank {} of {}: the communicator was not ready after {} ms "
+                                "(timeout): a peer did not join",
+                                rank, world_size, timeout.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // Members release in reverse order: the communicator (finalise or abort) before the stream.
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "nccl"; }
+  [[nodiscard]] int rank() const noexcept override { return _rank; }
+  [[nodiscard]] int world_size() const noexcept override { return _world_size; }
+
+  std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
+    const Range range{data, bytes};
+    return broadcast_group(std::span<const Range>(&range, 1), root, nullptr);
+  }
+
+  std::unique_ptr<Pending> broadcast_group(std::span<const Range> ranges, int root,
+                                           void* ready_event) override {
+    WEIGHTCAST_EXPECT(_comm.get() != nullptr, Errc::unavailable,
+                      "nccl: the communicator was aborted after an earlier failure");
+    detail::set_cuda_device(_local_rank);
+    // CUDA stream order: the broadcast reads (on the root) what the copy stream wrote.
+    if (ready_event != nullptr) {
+      WEIGHTCAST_CUDA_TRY(
+          cudaStreamWaitEvent(_stream->get(), static_cast<cudaEvent_t>(ready_event), 0));
+    }
+    std::uint64_t total = 0;
+    WEIGHTCAST_NCCL_TRY(ncclGroupStart(), _comm.get());
+    try {
+      for (const Range& range : ranges) {
+        if (range.bytes == 0) continue;
+        // In place: on the root send and receive buffers are the same (NCCL docs,
+        // "In-place Operations").
+        WEIGHTCAST_NCCL_TRY(ncclBroadcast(range.data, range.data, range.bytes, ncclUint8, root,
+                                          _comm.get(), _stream->get()),
+                            _comm.get());
+        total += range.bytes;
+      }
+    } catch (...) {
+      static_cast<void>(ncclGroupEnd());
+      _comm.mark_failed();
+      throw;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (end != ncclSuccess && end != ncclInProgress) {
+      _comm.mark_failed();
+      detail::throw_nccl_error(end, "ncclGroupEnd", _comm.get());
+    }
+    return std::make_unique<NcclBroadcast>(_comm, _stream->get(), total);
+  }
+
+ private:
+  int _rank;
+  int _world_size;
+  int _local_rank;
+  std::optional<CudaStream> _stream;  // the comm stream; after set_cuda_device
+  Communicator _comm;
+};
+
+}  // namespace
+
+NcclUniqueId nccl_unique_id() {
+  ncclUniqueId id;
+  WEIGHTCAST_NCCL_TRY(ncclGetUniqueId(&id), nullptr);
+  NcclUniqueId bytes;
+  std::memcpy(bytes.data(), id.internal, bytes.size());
+  return bytes;
+}
+
+std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
+                                               const NcclUniqueId& unique_id,
+                                               std::chrono::milliseconds timeout) {
+  WEIGHTCAST_EXPECT(world_size >= 1 && rank >= 0 && rank < world_size, Errc::internal,
+                    fmt::format("nccl: rank {} of world size {}", rank, world_size));
+  return std::make_unique<NcclTransport>(rank, world_size, local_rank, unique_id, timeout);
+}
+
+}  // namespace weightcast

@@ -1,0 +1,419 @@
+// The GPU path: cuda device, pinned staging and its fallbacks, device digests, nccl.
+//
+// Tests tagged [gpu] need a CUDA device: where `cudaGetDeviceCount` finds none (or the build
+// has no CUDA) they WARN the reason and return — never a fake pass, never a mock of CUDA.
+// The others run everywhere: --version, the errors and fallbacks of a machine without a GPU,
+// and the staging ring's pinning fallback driven through the Device interface.
+#include "weightcast/detail/staging_ring.hpp"
+#include "weightcast/device.hpp"
+#include "weightcast/digest.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/gpu_info.hpp"
+#include "weightcast/loader.hpp"
+#include "weightcast/transport.hpp"
+
+#include "utils/paths.hpp"
+#include "utils/process.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <vector>
+
+using namespace weightcast;
+using namespace weightcast::test;
+
+namespace {
+
+// True when a CUDA device is usable; otherwise WARNs why the calling [gpu] test is skipped.
+bool gpu_available() {
+  const CudaProbe probe = probe_cuda();
+  if (probe.device_count > 0) return true;
+  WARN("skipped: needs a CUDA device: " << (probe.error.empty() ? "none found" : probe.error));
+  return false;
+}
+#define WEIGHTCAST_REQUIRE_GPU() \
+  if (!gpu_available()) return
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+// U8 tensors of the given sizes with random bytes, in one safetensors file.
+std::filesystem::path write_checkpoint(const std::filesystem::path& dir,
+                                       const std::vector<std::uint64_t>& sizes,
+                                       std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto begin = data.size();
+    for (std::uint64_t b = 0; b < sizes[t]; ++b) data.push_back(static_cast<char>(rng()));
+    header["t" + std::to_string(t)] = {
+        {"dtype", "U8"}, {"shape", {sizes[t]}}, {"data_offsets", {begin, data.size()}}};
+  }
+  std::string json = header.dump();
+  while (json.size() % 8 != 0) json.push_back(' ');
+  const auto path = dir / "gpu.safetensors";
+  std::ofstream out(path, std::ios::binary);
+  const std::uint64_t n = json.size();
+  char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
+  out.write(le, 8);
+  out << json << data;
+  return path;
+}
+
+// Sizes that make chunks of several pieces, a zero-size tensor, and one tensor larger than
+// the 8 MiB read-back buffer (digests of device arenas copy back in chunks).
+std::vector<std::uint64_t> mixed_sizes() {
+  std::vector<std::uint64_t> sizes{0, 1, 255, 256, 257, 4096, (20ull << 20) + 3};
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 40; ++i) sizes.push_back(rng() % 70000);
+  return sizes;
+}
+
+// A device that forwards to another one but refuses to pin more than `pin_limit_bytes` at a
+// time, the way the driver refuses under `ulimit -l`: drives the ring's fallback through the
+// real Device interface (the inner device does the real work, host or cuda).
+class PinLimitedDevice final : public Device {
+ public:
+  PinLimitedDevice(std::unique_ptr<Device> inner, std::uint64_t pin_limit_bytes)
+      : _inner(std::move(inner)), _limit(pin_limit_bytes) {}
+  [[nodiscard]] std::string_view name() const noexcept override { return _inner->name(); }
+  std::shared_ptr<Arena> allocate_arena(std::uint64_t bytes) override {
+    return _inner->allocate_arena(bytes);
+  }
+  std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
+                                  std::uint64_t bytes) override {
+    return _inner->upload(source, destination, bytes);
+  }
+  [[nodiscard]] bool wants_pinned_staging() const noexcept override { return true; }
+  void pin(std::byte* host, std::uint64_t bytes) override {
+    attempts.push_back(bytes);
+    if (bytes > _limit) throw Error(Errc::unavailable, "refused: over the pin limit");
+    if (_inner->wants_pinned_staging()) _inner->pin(host, bytes);
+    pinned_bytes = bytes;
+  }
+  void unpin(std::byte* host) noexcept override {
+    if (_inner->wants_pinned_staging()) _inner->unpin(host);
+    ++unpins;
+  }
+  [[nodiscard]] void* upload_event() const noexcept override { return _inner->upload_event(); }
+
+  std::vector<std::uint64_t> attempts;
+  std::uint64_t pinned_bytes = 0;
+  int unpins = 0;
+
+ private:
+  std::unique_ptr<Device> _inner;
+  std::uint64_t _limit;
+};
+
+std::vector<std::uint64_t> host_digests(const std::filesystem::path& checkpoint) {
+  LoadOptions options;
+  options.chunk_bytes = 1 << 20;
+  return tensor_digests(load(checkpoint, options));
+}
+
+}  // namespace
+
+// ---- everywhere ------------------------------------------------------------------------
+
+TEST_CASE("--version says what GPU support is compiled in and what was found", "[cli][gpu-info]") {
+  const auto r = run_cli({"--version"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::StartsWith("weightcast ") && Catch::Contains("compiled in: ") &&
+                        Catch::Contains("run time: "));
+  if (built_with_cuda()) {
+    CHECK_THAT(r.out, Catch::Contains("CUDA runtime 13.") && Catch::Contains("NCCL 2."));
+    const CudaProbe probe = probe_cuda();
+    if (probe.device_count == 0) CHECK_THAT(r.out, Catch::Contains("no CUDA device (cuda"));
+  } else {
+    CHECK_THAT(r.out, Catch::Contains("no CUDA"));
+  }
+}
+
+TEST_CASE("device: cuda without a usable GPU exits 69 saying why", "[run][gpu-info]") {
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a CUDA device (the [gpu] tests cover device: cuda)");
+    return;
+  }
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "device=cuda"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.err, Catch::Contains("device: cuda: cuda:0: "));
+  if (built_with_cuda()) {
+    CHECK_THAT(r.err, Catch::Contains("no usable CUDA device (cuda"));
+  } else {
+    CHECK_THAT(r.err, Catch::Contains("this build has no CUDA"));
+  }
+}
+
+TEST_CASE("device: auto without a GPU falls back to host with a notice", "[run][gpu-info]") {
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a CUDA device, so auto picks it");
+    return;
+  }
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "device=auto"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.err, Catch::Contains("device: auto: using host memory: "));
+  CHECK_THAT(r.out, Catch::Contains("device host"));
+}
+
+TEST_CASE("cuda and nccl factories without a GPU throw unavailable", "[gpu-info]") {
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a CUDA device");
+    return;
+  }
+  try {
+    make_cuda_device(0);
+    FAIL("make_cuda_device succeeded without a device");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Catch::Contains("cuda:0"));
+  }
+  CHECK(make_device(DeviceKind::automatic, 0)->name() == "host");
+  if (!built_with_cuda()) {
+    CHECK_THROWS_MATCHES(nccl_unique_id(), Error,
+                         Catch::Matchers::Predicate<Error>([](const Error& e) {
+                           return e.code() == Errc::unavailable &&
+                                  std::string(e.what()).find("no CUDA") != std::string::npos;
+                         }));
+  }
+}
+
+TEST_CASE("staging ring: refused pinning retries with fewer slots, then pageable",
+          "[staging][pinned]") {
+  boost::asio::io_context context;
+  const std::uint64_t slot = 1 << 20;
+  SECTION("all slots pin") {
+    PinLimitedDevice device(make_host_device(), 8 * slot);
+    {
+      detail::StagingRing ring(context.get_executor(), 8, slot, &device);
+      CHECK(ring.slots() == 8);
+      CHECK(ring.pinned());
+      CHECK(device.attempts == std::vector<std::uint64_t>{8 * slot});
+    }
+    CHECK(device.unpins == 1);
+  }
+  SECTION("half the slots, then a quarter") {
+    PinLimitedDevice device(make_host_device(), 2 * slot + 1);
+    {
+      detail::StagingRing ring(context.get_executor(), 8, slot, &device);
+      CHECK(ring.slots() == 2);
+      CHECK(ring.total_bytes() == 2 * slot);
+      CHECK(ring.pinned());
+      CHECK(device.attempts == std::vector<std::uint64_t>{8 * slot, 4 * slot, 2 * slot});
+    }
+    CHECK(device.unpins == 1);
+  }
+  SECTION("nothing pins: pageable staging, every slot kept") {
+    PinLimitedDevice device(make_host_device(), 0);
+    {
+      detail::StagingRing ring(context.get_executor(), 5, slot, &device);
+      CHECK(ring.slots() == 5);
+      CHECK_FALSE(ring.pinned());
+      CHECK(device.attempts == std::vector<std::uint64_t>{5 * slot, 2 * slot, 1 * slot});
+    }
+    CHECK(device.unpins == 0);
+  }
+  SECTION("a host device never pins") {
+    auto device = make_host_device();
+    detail::StagingRing ring(context.get_executor(), 3, slot, device.get());
+    CHECK_FALSE(ring.pinned());
+  }
+}
+
+TEST_CASE("a load whose pinning is refused still delivers every byte", "[loader][pinned]") {
+  TempDir dir;
+  const auto path = write_checkpoint(dir.path(), mixed_sizes(), 3);
+  const auto reference = host_digests(path);
+  for (std::uint64_t limit : {0ull, 64ull << 10, 1ull << 30}) {
+    INFO("pin limit " << limit);
+    PinLimitedDevice device(make_host_device(), limit);
+    auto transport = make_local_transport();
+    LoadOptions options;
+    options.chunk_bytes = 64 << 10;
+    options.buffer_depth = 4;
+    const LoadResult result = load(open_checkpoint(path), device, *transport, options);
+    CHECK(tensor_digests(result) == reference);
+    CHECK(result.stats.staging_bytes <= 4 * (64 << 10));
+  }
+}
+
+TEST_CASE("Arena::read_back hands host arena bytes over in place", "[device]") {
+  auto arena = make_host_arena(1000);
+  for (int i = 0; i < 1000; ++i) arena->data()[i] = static_cast<std::byte>(i);
+  std::vector<std::byte> seen;
+  arena->read_back(10, 20, [&](const std::byte* data, std::size_t bytes) {
+    CHECK(data == arena->data() + 10);
+    seen.insert(seen.end(), data, data + bytes);
+  });
+  REQUIRE(seen.size() == 20);
+  CHECK(seen[0] == std::byte{10});
+  CHECK_THROWS_AS(arena->read_back(990, 20, [](const std::byte*, std::size_t) {}), Error);
+}
+
+TEST_CASE("Transport::broadcast_group defaults to one broadcast per range", "[transport]") {
+  class CountingTransport final : public Transport {
+   public:
+    [[nodiscard]] std::string_view name() const noexcept override { return "counting"; }
+    [[nodiscard]] int rank() const noexcept override { return 0; }
+    [[nodiscard]] int world_size() const noexcept override { return 1; }
+    std::unique_ptr<Pending> broadcast(std::byte*, std::uint64_t bytes, int) override {
+      seen.push_back(bytes);
+      return nullptr;
+    }
+    std::vector<std::uint64_t> seen;
+  } transport;
+  std::byte memory[8];
+  const Transport::Range ranges[] = {{memory, 3}, {memory + 3, 5}};
+  CHECK(transport.broadcast_group(ranges, 0, nullptr) == nullptr);
+  CHECK(transport.seen == std::vector<std::uint64_t>{3, 5});
+}
+
+// ---- [gpu]: need a CUDA device -----------------------------------------------------------
+
+TEST_CASE("cuda: every real corpus file lands bit-exact in device memory", "[gpu][corpus]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  auto device = make_cuda_device(0);
+  auto transport = make_local_transport();
+  for (const auto& [file, tensors] : manifest.items()) {
+    INFO("file " << file);
+    LoadOptions options;
+    options.chunk_bytes = 4096;
+    options.buffer_depth = 3;
+    options.tensor_alignment = 256;
+    const LoadResult result =
+        load(open_checkpoint(corpus_dir() / "real" / file), *device, *transport, options);
+    CHECK(result.arena->kind() == MemoryKind::cuda);
+    CHECK(result.stats.device == "cuda:0");
+    const auto digests = tensor_digests(result);
+    for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+      const TensorInfo& tensor = result.catalogue.tensors[i];
+      INFO("tensor " << tensor.name);
+      CHECK(result.tensor(i).memory == MemoryKind::cuda);
+      CHECK(digest_hex(digests[i]) == tensors[tensor.name]["xxh3"].get<std::string>());
+    }
+  }
+}
+
+TEST_CASE("cuda: device digests copied back equal the host digests", "[gpu][digest]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  TempDir dir;
+  const auto path = write_checkpoint(dir.path(), mixed_sizes(), 5);
+  const auto reference = host_digests(path);
+  auto device = make_cuda_device(0);
+  auto transport = make_local_transport();
+  for (std::uint64_t chunk : {61ull, 65536ull, 16ull << 20}) {
+    for (std::uint64_t alignment : {1ull, 256ull}) {
+      INFO("chunk " << chunk << " alignment " << alignment);
+      LoadOptions options;
+      options.chunk_bytes = chunk;
+      options.tensor_alignment = alignment;
+      const LoadResult result = load(open_checkpoint(path), *device, *transport, options);
+      CHECK(tensor_digests(result) == reference);
+    }
+  }
+}
+
+TEST_CASE("cuda: staging slots are pinned; refused pinning falls back", "[gpu][pinned]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  TempDir dir;
+  const auto path = write_checkpoint(dir.path(), mixed_sizes(), 9);
+  const auto reference = host_digests(path);
+  {
+    auto device = make_cuda_device(0);
+    boost::asio::io_context context;
+    detail::StagingRing ring(context.get_executor(), 4, 1 << 20, device.get());
+    CHECK(ring.pinned());
+    CHECK(ring.slots() == 4);
+  }
+  auto transport = make_local_transport();
+  for (std::uint64_t limit : {0ull, 1ull << 20, 1ull << 30}) {
+    INFO("pin limit " << limit);
+    PinLimitedDevice device(make_cuda_device(0), limit);
+    LoadOptions options;
+    options.chunk_bytes = 1 << 20;
+    options.buffer_depth = 4;
+    const LoadResult result = load(open_checkpoint(path), device, *transport, options);
+    CHECK(tensor_digests(result) == reference);
+  }
+}
+
+TEST_CASE("cuda: device auto picks the GPU, LOCAL_RANK out of range is refused", "[gpu]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  CHECK(make_device(DeviceKind::automatic, 0)->name() == "cuda:0");
+  CHECK(make_device(DeviceKind::host, 0)->name() == "host");
+  try {
+    make_cuda_device(cuda_device_count());
+    FAIL("a device ordinal past the last device was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Catch::Contains("no such device"));
+  }
+}
+
+TEST_CASE("nccl: world size 1 broadcast delivers every byte", "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  TempDir dir;
+  const auto path = write_checkpoint(dir.path(), mixed_sizes(), 13);
+  const auto reference = host_digests(path);
+  auto device = make_cuda_device(0);
+  auto transport = make_nccl_transport(0, 1, 0, nccl_unique_id(), std::chrono::seconds(60));
+  CHECK(transport->name() == "nccl");
+  for (std::uint64_t alignment : {1ull, 256ull}) {
+    LoadOptions options;
+    options.chunk_bytes = 65536;
+    options.tensor_alignment = alignment;
+    const LoadResult result = load(open_checkpoint(path), *device, *transport, options);
+    CHECK(result.stats.transport == "nccl");
+    CHECK(tensor_digests(result) == reference);
+  }
+}
+
+TEST_CASE("nccl: a peer that never joins times out with 75, nothing hangs", "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    make_nccl_transport(0, 2, 0, nccl_unique_id(), std::chrono::seconds(3));
+    FAIL("a communicator of 2 formed with one rank");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK((e.code() == Errc::timeout || e.code() == Errc::unavailable));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("run: device: cuda, report digests equal the manifest", "[gpu][run][corpus]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  TempDir dir;
+  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  for (const auto& [file, tensors] : manifest.items()) {
+    INFO("file " << file);
+    const auto report_path = dir / "report.json";
+    const auto r = run_cli({"run", "--set", "checkpoint=" + (corpus_dir() / "real" / file).string(),
+                            "--set", "device=cuda", "--set", "chunk_size=4KiB", "--report",
+                            report_path.string()});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK_THAT(r.out, Catch::Contains("device cuda:0"));
+    const auto report = read_json(report_path);
+    for (const auto& [name, expected] : tensors.items()) {
+      INFO("tensor " << name);
+      CHECK(report["tensors"][name]["xxh3"] == expected["xxh3"]);
+    }
+  }
+}
