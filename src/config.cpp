@@ -55,6 +55,23 @@ std::string_view to_string(DirectIo mode) noexcept {
   return "auto";
 }
 
+std::string_view to_string(ReaderKind kind) noexcept {
+  switch (kind) {
+    case ReaderKind::automatic: return "auto";
+    case ReaderKind::uring: return "uring";
+    case ReaderKind::pread: return "pread";
+  }
+  return "auto";
+}
+
+std::string_view to_string(Destination destination) noexcept {
+  switch (destination) {
+    case Destination::arena: return "arena";
+    case Destination::discard: return "discard";
+  }
+  return "arena";
+}
+
 std::string_view to_string(LogLevel level) noexcept {
   switch (level) {
     case LogLevel::error: return "error";
@@ -297,6 +314,11 @@ constexpr std::array<std::pair<std::string_view, DirectIo>, 7> direct_io_names{{
     {"auto", DirectIo::automatic}, {"on", DirectIo::on}, {"off", DirectIo::off},
     {"true", DirectIo::on}, {"false", DirectIo::off}, {"yes", DirectIo::on},
     {"no", DirectIo::off}}};
+constexpr std::array<std::pair<std::string_view, ReaderKind>, 4> reader_names{{
+    {"auto", ReaderKind::automatic}, {"uring", ReaderKind::uring},
+    {"io_uring", ReaderKind::uring}, {"pread", ReaderKind::pread}}};
+constexpr std::array<std::pair<std::string_view, Destination>, 2> destination_names{{
+    {"arena", Destination::arena}, {"discard", Destination::discard}}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 5> log_level_names{{
     {"error", LogLevel::error}, {"warn", LogLevel::warn}, {"warning", LogLevel::warn},
     {"info", LogLevel::info}, {"debug", LogLevel::debug}}};
@@ -310,8 +332,8 @@ std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64
   return static_cast<std::uint32_t>(value);
 }
 
-const std::array<KeySpec, 10>& key_table() {
-  static const std::array<KeySpec, 10> table{{
+const std::array<KeySpec, 12>& key_table() {
+  static const std::array<KeySpec, 12> table{{
       {"checkpoint",
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
@@ -350,6 +372,16 @@ const std::array<KeySpec, 10>& key_table() {
          c.direct_io = parse_choice(t, direct_io_names, "auto, on, off (or true, false)");
        },
        [](const Config& c) { return std::string(to_string(c.direct_io)); }},
+      {"reader",
+       [](Config& c, std::string_view t) {
+         c.reader = parse_choice(t, reader_names, "auto, uring, pread");
+       },
+       [](const Config& c) { return std::string(to_string(c.reader)); }},
+      {"destination",
+       [](Config& c, std::string_view t) {
+         c.destination = parse_choice(t, destination_names, "arena, discard");
+       },
+       [](const Config& c) { return std::string(to_string(c.destination)); }},
       {"timeout",
        [](Config& c, std::string_view t) {
          auto d = parse_duration_value(t);

@@ -2,7 +2,9 @@
 #include "weightcast/asio.hpp"
 #include "weightcast/loader.hpp"
 
+#include "weightcast/detail/shard_files.hpp"
 #include "weightcast/detail/staging_ring.hpp"
+#include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/reader.hpp"
 
@@ -16,8 +18,10 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <span>
 #include <cerrno>
 #include <fcntl.h>
 #include <stdexcept>
@@ -38,12 +42,18 @@ LoadOptions LoadOptions::from_config(const Config& config) {
   options.buffer_depth = config.buffer_depth;
   options.io_depth = config.io_depth;
   options.timeout = config.timeout;
+  options.direct_io = config.direct_io;
+  options.reader = config.reader;
+  options.destination = config.destination;
   return options;
 }
 
 TensorView LoadResult::tensor(std::size_t index) const {
   const TensorInfo& info = catalogue.tensors.at(index);
-  std::byte* data = info.bytes == 0 ? nullptr : arena->data() + layout.tensor_offsets.at(index);
+  // A discarded load has no arena: its views have no data.
+  std::byte* data = info.bytes == 0 || arena->data() == nullptr
+                        ? nullptr
+                        : arena->data() + layout.tensor_offsets.at(index);
   return TensorView{&info, data, arena->kind()};
 }
 
@@ -64,38 +74,6 @@ std::optional<TensorView> LoadResult::find(std::string_view name) const {
 }
 
 namespace {
-
-/// The shard files, opened by rank 0 only.
-class ShardFiles {
- public:
-  explicit ShardFiles(const Catalogue& catalogue) {
-    _fds.reserve(catalogue.shards.size());
-    for (const ShardInfo& shard : catalogue.shards) {
-      int fd = ::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        int err = errno;
-        throw system_error(err == ENOENT ? Errc::missing_input : Errc::io, err,
-                           fmt::format("{}: cannot open shard", shard.path.string()));
-      }
-      _fds.push_back(fd);
-      struct stat st {};
-      if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {
-        throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} bytes "
-                                          "then, {} bytes now",
-                                          shard.name, shard.file_bytes, st.st_size));
-      }
-    }
-  }
-  ~ShardFiles() {
-    for (int fd : _fds) ::close(fd);
-  }
-  ShardFiles(const ShardFiles&) = delete;
-  ShardFiles& operator=(const ShardFiles&) = delete;
-  [[nodiscard]] int fd(std::uint32_t shard) const { return _fds.at(shard); }
-
- private:
-  std::vector<int> _fds;
-};
 
 /// One-shot signal per staging slot: the read into it has finished.
 using ReadyChannel = asio::experimental::channel<void(boost::system::error_code)>;
@@ -125,9 +103,13 @@ class Pipeline {
     if (_transport.rank() == 0) {
       std::uint64_t largest = 0;
       for (const Chunk& chunk : _plan.chunks) largest = std::max(largest, chunk.bytes);
-      _files.emplace(_catalogue);
+      _files.emplace(_catalogue, _options.direct_io);
+      // O_DIRECT reads an aligned superset of each chunk: up to one alignment unit before
+      // it and one after (DESIGN.md: slots are chunk_size + O_DIRECT alignment).
+      const std::uint32_t alignment = _files->max_alignment();
+      const std::uint64_t slot_bytes = largest + (alignment > 1 ? 2ull * alignment : 0);
       _ring.emplace(_executor, std::min<std::size_t>(_options.buffer_depth, _plan.chunks.size()),
-                    largest, &_device);
+                    slot_bytes, &_device);
       _ready.clear();
       for (std::size_t i = 0; i < _ring->slots(); ++i) {
         _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
@@ -135,8 +117,18 @@ class Pipeline {
       _requests.resize(_ring->slots());
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
+      _slot_head.resize(_ring->slots());
+      if (discarding()) _digests.emplace(_catalogue.tensors.size());
       _to_upload.emplace(_executor, _ring->slots());
-      _reader = make_uring_reader(std::max<std::uint32_t>(_options.io_depth, 1));
+      _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
+      std::vector<std::span<std::byte>> slots;
+      for (std::size_t i = 0; i < _ring->slots(); ++i) {
+        slots.emplace_back(_ring->slot_data(i), _ring->slot_bytes());
+      }
+      const bool fixed_buffers = _reader->register_buffers(slots);
+      const bool fixed_files = _reader->register_files(_files->fds());
+      spdlog::debug("{} reader, {} reads; registered buffers: {}, registered files: {}",
+                    _reader->name(), _files->mode(), fixed_buffers, fixed_files);
       co_await (guarded(read_stage()) && guarded(completion_stage()) &&
                 guarded(upload_stage()) && guarded(broadcast_stage()) && guarded(watchdog()));
     } else {
@@ -152,6 +144,11 @@ class Pipeline {
   }
   [[nodiscard]] std::string reader_name() const {
     return _reader ? std::string(_reader->name()) : std::string();
+  }
+  [[nodiscard]] std::string io_mode() const { return _files ? _files->mode() : std::string(); }
+  /// @return the streamed digests (`destination: discard`), empty otherwise.
+  [[nodiscard]] std::vector<std::uint64_t> digests() const {
+    return _digests ? _digests->digests() : std::vector<std::uint64_t>{};
   }
 
   /// Frees the reader before the ring: in-flight reads must finish before slots go away.
@@ -169,8 +166,18 @@ class Pipeline {
       request = ReadRequest{};
       request.fd = _files->fd(chunk.shard);
       request.destination = lease.data();
-      request.bytes = chunk.bytes;
-      request.file_offset = chunk.file_offset;
+      // O_DIRECT: offset and length rounded out to the alignment; the chunk's bytes start
+      // `head` bytes into the slot. The rounded end may lie past the end of the file: only
+      // the chunk's own bytes must arrive.
+      const std::uint64_t alignment = _files->alignment(chunk.shard);
+      const std::uint64_t begin = chunk.file_offset / alignment * alignment;
+      const std::uint64_t end = (chunk.file_offset + chunk.bytes + alignment - 1) / alignment *
+                                alignment;
+      _slot_head[slot] = chunk.file_offset - begin;
+      request.bytes = end - begin;
+      request.file_offset = begin;
+      request.required_bytes = chunk.file_offset + chunk.bytes - begin;
+      request.alignment = static_cast<std::uint32_t>(alignment);
       request.user = slot;
       _read_begin[slot] = Clock::now();
       _reader->submit(&request);
@@ -207,8 +214,17 @@ class Pipeline {
       co_await _ready[slot]->async_receive(use_awaitable);
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
-      const std::byte* source = lease.data();
-      if (chunk.arena_contiguous) {
+      const std::byte* source = lease.data() + _slot_head[slot];
+      if (_digests) {
+        // destination: discard: hash the pieces as they pass; nothing is kept.
+        for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+          const Piece& piece = _plan.pieces[chunk.first_piece + p];
+          _digests->update(piece.tensor, source + piece.chunk_offset, piece.bytes);
+          if (piece.tensor_offset + piece.bytes == _catalogue.tensors[piece.tensor].bytes) {
+            _digests->finish(piece.tensor);
+          }
+        }
+      } else if (chunk.arena_contiguous) {
         co_await wait(_device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
       } else {
         // Issue every piece's copy, then wait: a cuda device queues them on one stream.
@@ -249,7 +265,10 @@ class Pipeline {
           _ranges.push_back({_arena.data() + piece.arena_offset, piece.bytes});
         }
       }
-      co_await wait(_transport.broadcast_group(_ranges, 0, root ? _device.upload_event() : nullptr));
+      if (!discarding()) {
+        co_await wait(
+            _transport.broadcast_group(_ranges, 0, root ? _device.upload_event() : nullptr));
+      }
       _last_progress = Clock::now();
       stage_event(Stage::broadcast, c, broadcast_begin);
       for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
@@ -329,10 +348,16 @@ class Pipeline {
     }
   }
 
+  [[nodiscard]] bool discarding() const noexcept {
+    return _options.destination == Destination::discard;
+  }
+
   void tensor_ready(std::uint32_t t) {
     if (!_options.on_tensor_ready) return;
     const TensorInfo& info = _catalogue.tensors[t];
-    std::byte* data = info.bytes == 0 ? nullptr : _arena.data() + _layout.tensor_offsets[t];
+    std::byte* data = info.bytes == 0 || discarding()
+                          ? nullptr
+                          : _arena.data() + _layout.tensor_offsets[t];
     _options.on_tensor_ready(TensorView{&info, data, _arena.kind()});
   }
 
@@ -369,11 +394,13 @@ class Pipeline {
   const LoadOptions& _options;
   std::vector<std::uint32_t> _landed;  // pieces landed per tensor
 
-  std::optional<ShardFiles> _files;
+  std::optional<detail::ShardFiles> _files;
   std::optional<detail::StagingRing> _ring;
   std::vector<std::unique_ptr<ReadyChannel>> _ready;  // per slot
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
+  std::vector<std::uint64_t> _slot_head;              // per slot: O_DIRECT bytes before it
+  std::optional<StreamingDigests> _digests;           // destination: discard
   std::vector<Clock::time_point> _read_begin;         // per slot: when its read was submitted
   const Clock::time_point _started = Clock::now();    // for LoadProgress::seconds
   std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
@@ -396,7 +423,13 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
   result.catalogue = std::move(catalogue);
   result.layout = layout_arena(result.catalogue, options.tensor_alignment);
   const Plan plan = make_plan(result.catalogue, result.layout, options.chunk_bytes);
-  result.arena = device.allocate_arena(result.layout.arena_bytes);
+  const bool discard = options.destination == Destination::discard;
+  // Discarding keeps nothing, so there is nothing for other ranks to receive either.
+  WEIGHTCAST_EXPECT(!discard || transport.world_size() == 1, Errc::config,
+                    fmt::format("destination: discard: needs world size 1 (got {}); it checks "
+                                "and times rank 0's reads only",
+                                transport.world_size()));
+  result.arena = discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
 
   const auto start = Clock::now();
   Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
@@ -408,6 +441,8 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
     failure = pipeline.first_failure() ? pipeline.first_failure() : std::current_exception();
   }
   result.stats.reader = pipeline.reader_name();
+  result.stats.io_mode = pipeline.io_mode();
+  result.digests = pipeline.digests();
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);
 

@@ -1,27 +1,75 @@
+// The io_uring reader, the shared short-read rule, and the back-end choice (`reader:`).
 #include "weightcast/reader.hpp"
 
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>
 #include <liburing.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 namespace weightcast {
+
+namespace detail {
+
+ReadStep advance(ReadRequest& request, long long res) noexcept {
+  const std::uint64_t required = request.required_bytes == 0 ? request.bytes
+                                                             : request.required_bytes;
+  if (res == -EINTR || res == -EAGAIN) return ReadStep::again;
+  if (res < 0) {
+    request.error = static_cast<int>(-res);
+    return ReadStep::finished;
+  }
+  if (res == 0) {
+    request.end_of_file = request.bytes_done < required;
+    return ReadStep::finished;
+  }
+  request.bytes_done += static_cast<std::uint64_t>(res);
+  if (request.bytes_done >= request.bytes) return ReadStep::finished;
+  // A short read. With O_DIRECT it ends off the alignment only at the end of the file, and
+  // asking again from there would fail with EINVAL rather than report the end.
+  const std::uint32_t alignment = std::max<std::uint32_t>(request.alignment, 1);
+  if (request.bytes_done % alignment != 0) {
+    request.end_of_file = request.bytes_done < required;
+    return ReadStep::finished;
+  }
+  return ReadStep::again;
+}
+
+}  // namespace detail
+
 namespace {
 
 // The kernel caps one read at 0x7ffff000 bytes; stay well below so a chunk of any size works.
+// A multiple of every O_DIRECT alignment, so the pieces of a large read stay aligned.
 constexpr std::uint64_t max_read_bytes = 1ull << 30;
+// io_uring refuses a registered buffer over 1 GiB.
+constexpr std::uint64_t max_fixed_buffer_bytes = 1ull << 30;
 
 class UringReader final : public Reader {
  public:
   explicit UringReader(unsigned queue_depth) : _depth(queue_depth == 0 ? 1 : queue_depth) {
     int rc = io_uring_queue_init(_depth, &_ring, 0);
     if (rc < 0) throw system_error(Errc::unavailable, -rc, "io_uring unavailable: io_uring_setup");
+    // Probe before relying on an opcode: IORING_OP_READ came in 5.6, READ_FIXED in 5.1.
+    if (io_uring_probe* probe = io_uring_get_probe_ring(&_ring)) {
+      const bool read_ok = io_uring_opcode_supported(probe, IORING_OP_READ) != 0;
+      _read_fixed_ok = io_uring_opcode_supported(probe, IORING_OP_READ_FIXED) != 0;
+      io_uring_free_probe(probe);
+      if (!read_ok) {
+        io_uring_queue_exit(&_ring);
+        throw Error(Errc::unavailable,
+                    "io_uring unavailable: the kernel lacks IORING_OP_READ (Linux < 5.6)");
+      }
+    }
     _event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (_event_fd < 0) {
       int err = errno;
@@ -50,7 +98,7 @@ class UringReader final : public Reader {
       io_uring_cqe_seen(&_ring, cqe);
       --_in_flight;
     }
-    io_uring_queue_exit(&_ring);
+    io_uring_queue_exit(&_ring);  // also drops registered buffers and files
     close(_event_fd);
   }
 
@@ -60,6 +108,44 @@ class UringReader final : public Reader {
   [[nodiscard]] std::string_view name() const noexcept override { return "io_uring"; }
   [[nodiscard]] int completion_fd() const noexcept override { return _event_fd; }
   [[nodiscard]] std::size_t pending() const noexcept override { return _pending; }
+
+  bool register_buffers(std::span<const std::span<std::byte>> buffers) override {
+    if (!_read_fixed_ok || buffers.empty()) return false;
+    std::vector<iovec> iovecs;
+    for (const auto& buffer : buffers) {
+      if (buffer.size() > max_fixed_buffer_bytes) {
+        spdlog::debug("io_uring: staging slots of {} bytes exceed the 1 GiB of a fixed buffer; "
+                      "reading without registered buffers",
+                      buffer.size());
+        return false;
+      }
+      iovecs.push_back(iovec{buffer.data(), buffer.size()});
+    }
+    // Registration pins the pages and counts them against RLIMIT_MEMLOCK (without
+    // CAP_IPC_LOCK); a refusal only costs the per-read pinning it would have saved.
+    const int rc = io_uring_register_buffers(&_ring, iovecs.data(),
+                                             static_cast<unsigned>(iovecs.size()));
+    if (rc < 0) {
+      spdlog::debug("io_uring: registering {} staging slots failed ({}); reading without "
+                    "registered buffers",
+                    iovecs.size(), std::strerror(-rc));
+      return false;
+    }
+    _buffers.assign(buffers.begin(), buffers.end());
+    return true;
+  }
+
+  bool register_files(std::span<const int> fds) override {
+    if (fds.empty()) return false;
+    const int rc = io_uring_register_files(&_ring, fds.data(), static_cast<unsigned>(fds.size()));
+    if (rc < 0) {
+      spdlog::debug("io_uring: registering {} shard files failed ({}); using plain fds",
+                    fds.size(), std::strerror(-rc));
+      return false;
+    }
+    _files.assign(fds.begin(), fds.end());
+    return true;
+  }
 
   void submit(ReadRequest* request) override {
     request->bytes_done = 0;
@@ -81,24 +167,11 @@ class UringReader final : public Reader {
       const int res = cqe->res;
       io_uring_cqe_seen(&_ring, cqe);
       --_in_flight;
-      if (res == -EINTR || res == -EAGAIN) {
-        _backlog.push_front(request);  // retried as is
-      } else if (res < 0) {
-        request->error = -res;
-        finished.push_back(request);
-        ++appended;
-      } else if (res == 0) {
-        request->end_of_file = true;
-        finished.push_back(request);
-        ++appended;
+      if (detail::advance(*request, res) == detail::ReadStep::again) {
+        _backlog.push_front(request);  // the rest (or a retry) goes again, first
       } else {
-        request->bytes_done += static_cast<std::uint64_t>(res);
-        if (request->bytes_done < request->bytes) {
-          _backlog.push_front(request);  // short read: the rest goes again
-        } else {
-          finished.push_back(request);
-          ++appended;
-        }
+        finished.push_back(request);
+        ++appended;
       }
     }
     _pending -= appended;
@@ -107,6 +180,22 @@ class UringReader final : public Reader {
   }
 
  private:
+  // @return the registered buffer holding [data, data + bytes), or -1.
+  [[nodiscard]] int buffer_index(const std::byte* data, std::uint64_t bytes) const noexcept {
+    for (std::size_t i = 0; i < _buffers.size(); ++i) {
+      const std::byte* begin = _buffers[i].data();
+      if (data >= begin && data + bytes <= begin + _buffers[i].size()) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  [[nodiscard]] int file_index(int fd) const noexcept {
+    for (std::size_t i = 0; i < _files.size(); ++i) {
+      if (_files[i] == fd) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
   void fill_and_submit() {
     unsigned queued = 0;
     while (_in_flight < _depth && !_backlog.empty()) {
@@ -115,9 +204,18 @@ class UringReader final : public Reader {
       ReadRequest* request = _backlog.front();
       _backlog.pop_front();
       const std::uint64_t left = request->bytes - request->bytes_done;
-      io_uring_prep_read(sqe, request->fd, request->destination + request->bytes_done,
-                         static_cast<unsigned>(std::min(left, max_read_bytes)),
-                         request->file_offset + request->bytes_done);
+      const auto bytes = static_cast<unsigned>(std::min(left, max_read_bytes));
+      std::byte* destination = request->destination + request->bytes_done;
+      const std::uint64_t offset = request->file_offset + request->bytes_done;
+      const int file = file_index(request->fd);
+      const int fd = file >= 0 ? file : request->fd;
+      const int buffer = buffer_index(destination, bytes);
+      if (buffer >= 0) {
+        io_uring_prep_read_fixed(sqe, fd, destination, bytes, offset, buffer);
+      } else {
+        io_uring_prep_read(sqe, fd, destination, bytes, offset);
+      }
+      if (file >= 0) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data(sqe, request);
       ++_in_flight;
       ++queued;
@@ -133,15 +231,42 @@ class UringReader final : public Reader {
   io_uring _ring{};
   int _event_fd = -1;
   unsigned _depth;
+  bool _read_fixed_ok = false;
   unsigned _in_flight = 0;   // SQEs the kernel owns
   std::size_t _pending = 0;  // requests submitted and not yet reaped
   std::deque<ReadRequest*> _backlog;
+  std::vector<std::span<std::byte>> _buffers;  // registered, by buffer index
+  std::vector<int> _files;                     // registered, by file index
 };
 
 }  // namespace
 
 std::unique_ptr<Reader> make_uring_reader(unsigned queue_depth) {
   return std::make_unique<UringReader>(queue_depth);
+}
+
+std::unique_ptr<Reader> make_reader(ReaderKind kind, unsigned queue_depth) {
+  switch (kind) {
+    case ReaderKind::uring:
+      try {
+        return make_uring_reader(queue_depth);
+      } catch (const Error& e) {
+        if (e.code() != Errc::unavailable) throw;
+        throw Error(Errc::unavailable,
+                    fmt::format("reader: uring: {} (use reader: auto or pread)", e.what()));
+      }
+    case ReaderKind::pread:
+      return make_pread_reader(queue_depth);
+    case ReaderKind::automatic:
+      break;
+  }
+  try {
+    return make_uring_reader(queue_depth);
+  } catch (const Error& e) {
+    if (e.code() != Errc::unavailable) throw;
+    spdlog::warn("{}; reading with a pread thread pool instead", e.what());
+    return make_pread_reader(queue_depth);
+  }
 }
 
 }  // namespace weightcast

@@ -100,6 +100,8 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   summary["seconds"] = result.stats.seconds;
   summary["gbps"] = result.stats.gbps();
   summary["reader"] = result.stats.reader;
+  summary["io_mode"] = result.stats.io_mode;
+  summary["destination"] = std::string(to_string(config.destination));
   summary["device"] = result.stats.device;
   summary["transport"] = result.stats.transport;
   summary["chunks"] = result.stats.chunks;
@@ -189,8 +191,10 @@ int run(const RunArgs& args) {
              transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
-  fmt::print("# reader {}, device {}, transport {}, {} chunks of <= {}, staging ring {} ({} x {})\n",
-             result.stats.reader, result.stats.device, result.stats.transport, result.stats.chunks,
+  fmt::print("# reader {} ({} reads), destination {}, device {}, transport {}, {} chunks of <= "
+             "{}, staging ring {} ({} x {})\n",
+             result.stats.reader, result.stats.io_mode, to_string(config.destination),
+             result.stats.device, result.stats.transport, result.stats.chunks,
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth, format_bytes(config.chunk_bytes));
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);

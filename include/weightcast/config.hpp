@@ -19,11 +19,17 @@ namespace weightcast {
 enum class DeviceKind { automatic, host, cuda };
 enum class TransportKind { automatic, local, mpi, nccl };
 enum class DirectIo { automatic, on, off };
+/// `reader:` the read back end (reader.hpp): io_uring, a pread thread pool, or auto.
+enum class ReaderKind { automatic, uring, pread };
+/// `destination:` where tensor bytes go: an arena, or nowhere (digested and dropped).
+enum class Destination { arena, discard };
 enum class LogLevel { error, warn, info, debug };
 
 std::string_view to_string(DeviceKind) noexcept;
 std::string_view to_string(TransportKind) noexcept;
 std::string_view to_string(DirectIo) noexcept;
+std::string_view to_string(ReaderKind) noexcept;
+std::string_view to_string(Destination) noexcept;
 std::string_view to_string(LogLevel) noexcept;
 
 /// Effective configuration of one rank. Defaults are the built-in defaults.
@@ -35,6 +41,9 @@ struct Config {
   std::uint32_t buffer_depth = 4;                   ///< Staging ring slots (≥ 1).
   std::uint32_t io_depth = 4;                       ///< io_uring reads in flight (≥ 1).
   DirectIo direct_io = DirectIo::automatic;         ///< O_DIRECT policy.
+  ReaderKind reader = ReaderKind::automatic;        ///< `reader`: `auto|uring|pread`.
+  /// `destination`: `arena` (load), or `discard` (read and digest every tensor, keep nothing).
+  Destination destination = Destination::arena;
   std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;

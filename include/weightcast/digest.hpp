@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,38 @@ std::string digest_hex(std::uint64_t digest);
  * @note Call it after the load has returned: every upload and broadcast has completed.
  */
 std::vector<std::uint64_t> tensor_digests(const LoadResult& result);
+
+/**
+ * @brief XXH3-64 digests computed as tensor bytes stream past, without keeping them.
+ *
+ * Feed each tensor's pieces in order (the plan delivers them in order); `finish` closes a
+ * tensor. The digest equals `xxh3_64` of the whole tensor. At most a few tensors are open at
+ * a time (chunks follow file order), so the hashing state stays small whatever the model.
+ * Used by `destination: discard`; reusable wherever digests are wanted while loading.
+ */
+class StreamingDigests {
+ public:
+  /// @param tensors number of tensors (catalogue order); each digest starts as that of no bytes.
+  explicit StreamingDigests(std::size_t tensors);
+  ~StreamingDigests();
+  StreamingDigests(StreamingDigests&&) noexcept;
+  StreamingDigests& operator=(StreamingDigests&&) noexcept;
+  StreamingDigests(const StreamingDigests&) = delete;
+  StreamingDigests& operator=(const StreamingDigests&) = delete;
+
+  /// Hashes the next @p bytes bytes of @p tensor at @p data (host memory).
+  /// @throws Error `internal` when the hashing state cannot be allocated.
+  void update(std::uint32_t tensor, const void* data, std::size_t bytes);
+  /// Ends @p tensor: its digest is final and its state freed.
+  void finish(std::uint32_t tensor);
+  /// @return every tensor's digest, catalogue order (finished tensors only are meaningful).
+  [[nodiscard]] const std::vector<std::uint64_t>& digests() const noexcept { return _digests; }
+
+ private:
+  struct State;
+  std::vector<std::uint64_t> _digests;
+  // Per tensor, non-null while it has bytes and is not finished.
+  std::vector<std::unique_ptr<State>> _open;
+};
 
 }  // namespace weightcast

@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace weightcast {
 
@@ -80,6 +81,15 @@ struct LoadOptions {
   std::uint32_t io_depth = 4;               ///< Reads in flight (≥ 1).
   std::chrono::milliseconds timeout{300'000};  ///< No stage may make no progress longer.
   std::uint64_t tensor_alignment = 1;       ///< Arena offset alignment, bytes (power of 2).
+  /// `direct_io`: O_DIRECT reads (aligned supersets of each chunk) on `on`; buffered on
+  /// `off`; on `auto`, buffered for a shard mostly in the page cache or on a filesystem that
+  /// refuses O_DIRECT (one notice), else O_DIRECT.
+  DirectIo direct_io = DirectIo::automatic;
+  /// `reader`: io_uring, a pread thread pool, or auto (io_uring, else pread with a warning).
+  ReaderKind reader = ReaderKind::automatic;
+  /// `destination`: `arena`, or `discard`: no arena; each tensor's XXH3-64 is computed as its
+  /// bytes pass through the staging ring (`LoadResult::digests`). World size 1 only.
+  Destination destination = Destination::arena;
   /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
   /// tensors first). Must not throw; must not block for long (it stalls the pipeline).
   std::function<void(const TensorView&)> on_tensor_ready;
@@ -101,6 +111,8 @@ struct LoadStats {
   double seconds = 0;               ///< Wall time of the pipeline (files open to last byte).
   std::uint64_t staging_bytes = 0;  ///< Host memory of the staging ring (0 off rank 0).
   std::string reader;               ///< Read back end, e.g. "io_uring" ("" off rank 0).
+  /// How rank 0 read: "direct" (O_DIRECT), "buffered", or "direct+buffered" ("" off rank 0).
+  std::string io_mode;
   std::string device;               ///< "host" or "cuda:N".
   std::string transport;            ///< "local", "mpi" or "nccl".
   /// @return bytes / seconds in GB/s (1 GB = 1e9 B), 0 when nothing was timed.
@@ -113,6 +125,9 @@ struct LoadResult {
   ArenaLayout layout;
   std::shared_ptr<Arena> arena;  ///< Keeps the tensor memory alive; views point into it.
   LoadStats stats;
+  /// `destination: discard` only: each tensor's XXH3-64 (catalogue order), computed as its
+  /// bytes streamed past; the arena is then empty. Empty otherwise.
+  std::vector<std::uint64_t> digests;
 
   /// @return tensor @p index (catalogue order). @throws std::out_of_range.
   [[nodiscard]] TensorView tensor(std::size_t index) const;

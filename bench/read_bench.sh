@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Rank 0's read stage against fio on the same file, and a chunk/ring/queue sweep.
+#
+#   bench/read_bench.sh [compare|sweep|all] [FILE]
+#
+# compare: fio (io_uring engine, block size = chunk_size, iodepth = io_depth) and
+#          `weightcast run --set destination=discard` (read stage + XXH3 of every tensor,
+#          nothing kept) on the same file, alternating, REPS times each, in two modes:
+#            buffered/warm: the file is read once first, both read it from the page cache;
+#            direct/cold:   the file's pages are dropped (posix_fadvise DONTNEED) before every
+#                           run, both read with O_DIRECT.
+#          Prints GB/s (1 GB = 1e9 B) of each run, the medians and the ratio weightcast/fio.
+# sweep:   weightcast alone over chunk_size {1,4,16,64} MiB x buffer_depth {2,4,8} x
+#          io_depth {1,4,16}, both modes, one run each, as a table.
+#
+# FILE defaults to a single-file 1B-parameter synthetic checkpoint (~2 GB) written to
+# $BENCH_DIR (default /tmp/weightcast-read-bench). Environment: WEIGHTCAST (the launcher, default
+# build/weightcast), REPS (default 3), CHUNK (default 16MiB), BUFFER_DEPTH (4), IO_DEPTH (4).
+set -euo pipefail
+
+what=${1:-all}
+here=$(cd "$(dirname "$0")/.." && pwd)
+weightcast=${WEIGHTCAST:-$here/build/weightcast}
+reps=${REPS:-3}
+chunk=${CHUNK:-16MiB}
+buffer_depth=${BUFFER_DEPTH:-4}
+io_depth=${IO_DEPTH:-4}
+bench_dir=${BENCH_DIR:-/tmp/weightcast-read-bench}
+
+command -v fio >/dev/null || { echo "read_bench: fio not found (bash scripts/install-deps.sh)" >&2; exit 69; }
+[ -x "$weightcast" ] || { echo "read_bench: $weightcast not built (cmake --build build)" >&2; exit 66; }
+
+file=${2:-}
+if [ -z "$file" ]; then
+  file=$bench_dir/model.safetensors
+  if [ ! -f "$file" ]; then
+    mkdir -p "$bench_dir"
+    "$weightcast" synth "$bench_dir" --params 1B --shard-size 64GiB --seed 1 >/dev/null
+  fi
+fi
+file_bytes=$(stat -c %s "$file")
+
+bytes_of() {  # 16MiB -> 16777216
+  python3 -c "import sys,re; m=re.fullmatch(r'(\d+)(KiB|MiB|GiB)?', sys.argv[1]); \
+print(int(m[1]) * {None:1,'KiB':1<<10,'MiB':1<<20,'GiB':1<<30}[m[2]])" "$1"
+}
+
+evict() {  # drop the file's pages: the next read comes from the disk
+  python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fdatasync(fd); \
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)" "$file"
+}
+
+warm() { cat "$file" >/dev/null; }
+
+# fio GB/s: whole file, sequential, one job.
+fio_gbps() {  # direct(0|1) chunk io_depth
+  fio --name=read --filename="$file" --readonly --rw=read --ioengine=io_uring \
+      --direct="$1" --bs="$(bytes_of "$2")" --iodepth="$3" --size="$file_bytes" \
+      --numjobs=1 --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['read']; \
+print(f\"{j['io_bytes'] / (j['runtime'] / 1e3) / 1e9:.3f}\")"
+}
+
+# weightcast GB/s: tensor bytes / pipeline seconds, destination discard; and peak RSS (MiB).
+weightcast_gbps() {  # direct_io(on|off) chunk buffer_depth io_depth
+  "$weightcast" run --json --quiet --set checkpoint="$file" --set destination=discard \
+      --set direct_io="$1" --set chunk_size="$2" --set buffer_depth="$3" --set io_depth="$4" |
+    python3 -c "import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); \
+print(f\"{j['gbps']:.3f} {j['peak_rss_bytes'] / 2**20:.0f} {j['io_mode']}\")"
+}
+
+median() { python3 -c "import statistics,sys; print(f'{statistics.median(map(float, sys.argv[1:])):.3f}')" "$@"; }
+
+machine() {
+  echo "# machine: $(nproc) CPUs, kernel $(uname -r), $(free -g | awk '/Mem:/ {print $2}') GiB RAM"
+  echo "# file: $file ($file_bytes B) on $(stat -f -c %T "$file") ($(df -h "$file" | awk 'NR==2 {print $1}'))"
+}
+
+compare() {
+  machine
+  echo "# compare: chunk_size=$chunk buffer_depth=$buffer_depth io_depth=$io_depth, $reps reps"
+  printf '%-14s %4s %10s %14s %8s %9s\n' mode rep fio_GB/s weightcast_GB/s ratio rss_MiB
+  for mode in buffered direct; do
+    local f=() w=()
+    [ "$mode" = buffered ] && warm
+    for ((r = 1; r <= reps; r++)); do
+      if [ "$mode" = buffered ]; then
+        fg=$(fio_gbps 0 "$chunk" "$io_depth"); read -r wg rss io < <(weightcast_gbps off "$chunk" "$buffer_depth" "$io_depth")
+      else
+        evict; fg=$(fio_gbps 1 "$chunk" "$io_depth")
+        evict; read -r wg rss io < <(weightcast_gbps on "$chunk" "$buffer_depth" "$io_depth")
+      fi
+      f+=("$fg"); w+=("$wg")
+      printf '%-14s %4d %10s %14s %8.3f %9s\n' "$mode" "$r" "$fg" "$wg" \
+        "$(python3 -c "print($wg / $fg)")" "$rss"
+    done
+    mf=$(median "${f[@]}"); mw=$(median "${w[@]}")
+    printf '%-14s %4s %10s %14s %8.3f\n' "$mode" median "$mf" "$mw" "$(python3 -c "print($mw / $mf)")"
+  done
+}
+
+sweep() {
+  machine
+  echo "# sweep: weightcast run --set destination=discard, one run per cell"
+  printf '%-9s %6s %6s %10s %9s %10s %9s\n' chunk depth io_dep warm_GB/s warm_rss cold_GB/s cold_rss
+  for c in 1MiB 4MiB 16MiB 64MiB; do
+    for d in 2 4 8; do
+      for q in 1 4 16; do
+        warm; read -r bg brss _ < <(weightcast_gbps off "$c" "$d" "$q")
+        evict; read -r dg drss _ < <(weightcast_gbps on "$c" "$d" "$q")
+        printf '%-9s %6s %6s %10s %9s %10s %9s\n' "$c" "$d" "$q" "$bg" "$brss" "$dg" "$drss"
+      done
+    done
+  done
+}
+
+case $what in
+  compare) compare ;;
+  sweep) sweep ;;
+  all) compare; sweep ;;
+  *) echo "usage: $0 [compare|sweep|all] [FILE]" >&2; exit 64 ;;
+esac

@@ -1,0 +1,75 @@
+/**
+ * @file shard_files.hpp
+ * @brief Rank 0's open shard files, each buffered or O_DIRECT as `direct_io` decides.
+ *
+ * Internal (no Asio). O_DIRECT reads bypass the page cache, so a cold checkpoint streams at
+ * the disk's speed without evicting the trainer's memory into page cache; a checkpoint that
+ * is already cached reads faster buffered (a memory copy, no device I/O). `auto` therefore
+ * picks per shard: buffered when most of the shard's pages are resident, else O_DIRECT, and
+ * buffered again where the filesystem refuses O_DIRECT.
+ */
+#pragma once
+
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weightcast::detail {
+
+/// The DIO alignment used when the kernel does not report one (`statx` STATX_DIOALIGN, Linux
+/// 6.1+): 4096 bytes satisfies every logical block size in use.
+constexpr std::uint32_t fallback_direct_alignment = 4096;
+
+/**
+ * @brief Fraction (0..1) of the first @p file_bytes of @p fd resident in the page cache.
+ *
+ * Uses the `cachestat` syscall (Linux 6.5+); elsewhere `mincore` on a read-only mapping,
+ * sampling at most 4096 pages evenly. @return -1 when neither works.
+ */
+double page_cache_fraction(int fd, std::uint64_t file_bytes) noexcept;
+
+/**
+ * @brief The O_DIRECT alignment of @p fd, bytes: max(stx_dio_offset_align, stx_dio_mem_align)
+ *        from `statx` STATX_DIOALIGN where the kernel reports it, else the file's block size
+ *        (st_blksize), else `fallback_direct_alignment`. Always a power of two ≥ 512.
+ */
+std::uint32_t direct_io_alignment(int fd) noexcept;
+
+/// The shard files of a catalogue, opened by rank 0 only.
+class ShardFiles {
+ public:
+  /**
+   * @brief Opens every shard of @p catalogue as @p policy says.
+   * @throws Error `missing_input` (66) for a shard that does not exist; `io` (74) for one that
+   *         cannot be opened, whose size changed since its header was read, or (`direct_io:
+   *         on`) whose filesystem refuses O_DIRECT, naming the file.
+   * @note `auto` logs one notice per load when it falls back to buffered reads.
+   */
+  ShardFiles(const Catalogue& catalogue, DirectIo policy);
+  ~ShardFiles();
+  ShardFiles(const ShardFiles&) = delete;
+  ShardFiles& operator=(const ShardFiles&) = delete;
+
+  [[nodiscard]] int fd(std::uint32_t shard) const { return _fds.at(shard); }
+  [[nodiscard]] const std::vector<int>& fds() const noexcept { return _fds; }
+  /// @return true when @p shard is read with O_DIRECT.
+  [[nodiscard]] bool direct(std::uint32_t shard) const { return _alignments.at(shard) > 1; }
+  /// @return the read alignment of @p shard, bytes: its DIO alignment, or 1 when buffered.
+  [[nodiscard]] std::uint32_t alignment(std::uint32_t shard) const {
+    return _alignments.at(shard);
+  }
+  /// @return the largest alignment of any shard (sizes the staging slots).
+  [[nodiscard]] std::uint32_t max_alignment() const noexcept { return _max_alignment; }
+  /// @return "direct", "buffered", or "direct+buffered" when shards differ.
+  [[nodiscard]] std::string mode() const;
+
+ private:
+  std::vector<int> _fds;
+  std::vector<std::uint32_t> _alignments;  // per shard; 1 = buffered
+  std::uint32_t _max_alignment = 1;
+};
+
+}  // namespace weightcast::detail
