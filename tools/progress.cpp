@@ -17,7 +17,7 @@ namespace {
 // anything measurable (the hook runs on the loader's thread).
 constexpr auto bar_interval = std::chrono::milliseconds(100);
 // A log line at most every 2 s, so a load of a few seconds does not fill a CI log, and a
-// heartbeat every 30 s so a stalled load still shows it is alive.
+// line at least every 30 s while chunks still land, so a crawling load shows it is alive.
 constexpr auto line_interval = std::chrono::seconds(2);
 constexpr auto heartbeat_interval = std::chrono::seconds(30);
 constexpr int bar_cells = 24;

@@ -19,7 +19,9 @@ class ProgressRenderer {
   enum class Mode {
     bar,    ///< A terminal: one line redrawn in place (`\r`), at most 10 times a second.
     lines,  ///< A file or pipe: a plain line at each further 10% done, at most one per 2 s
-            ///< (none for a load that ends sooner), and one per 30 s if the load stalls.
+            ///< (none for a load that ends sooner), and at least one per 30 s while chunks
+            ///< still land (it is driven by chunk completions: a load where none lands
+            ///< prints nothing until the `timeout` error).
   };
 
   /// @return `bar` when @p out is a terminal (`isatty`), else `lines`.
