@@ -332,8 +332,18 @@ std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64
   return static_cast<std::uint32_t>(value);
 }
 
-const std::array<KeySpec, 12>& key_table() {
-  static const std::array<KeySpec, 12> table{{
+/// An integer in [@p lo, @p hi], or `auto` (returned as @p automatic).
+int parse_auto_int(std::string_view text, std::uint64_t lo, std::uint64_t hi, int automatic) {
+  if (lowercase(trim(text)) == "auto") return automatic;
+  return static_cast<int>(parse_bounded(text, lo, hi, "a whole number or auto"));
+}
+
+std::string print_auto_int(int value, int automatic) {
+  return value == automatic ? std::string("auto") : fmt::format("{}", value);
+}
+
+const std::array<KeySpec, 18>& key_table() {
+  static const std::array<KeySpec, 18> table{{
       {"checkpoint",
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
@@ -400,6 +410,39 @@ const std::array<KeySpec, 12>& key_table() {
          c.log_level = parse_choice(t, log_level_names, "error, warn, info, debug");
        },
        [](const Config& c) { return std::string(to_string(c.log_level)); }},
+      // The world (world.hpp): `auto` defers to the launcher's environment.
+      {"world.rank",
+       [](Config& c, std::string_view t) { c.world_rank = parse_auto_int(t, 0, 1 << 20, -1); },
+       [](const Config& c) { return print_auto_int(c.world_rank, -1); }},
+      {"world.size",
+       [](Config& c, std::string_view t) { c.world_size = parse_auto_int(t, 1, 1 << 20, 0); },
+       [](const Config& c) { return print_auto_int(c.world_size, 0); }},
+      {"world.local_rank",
+       [](Config& c, std::string_view t) {
+         c.world_local_rank = parse_auto_int(t, 0, 1 << 20, -1);
+       },
+       [](const Config& c) { return print_auto_int(c.world_local_rank, -1); }},
+      // The control plane (control_plane.hpp).
+      {"rendezvous.address",
+       [](Config& c, std::string_view t) {
+         std::string v(trim(t));
+         c.rendezvous_address = lowercase(v) == "auto" ? std::string() : v;
+       },
+       [](const Config& c) {
+         return c.rendezvous_address.empty() ? std::string("auto") : c.rendezvous_address;
+       }},
+      {"rendezvous.port",
+       [](Config& c, std::string_view t) {
+         c.rendezvous_port = static_cast<std::uint16_t>(parse_bounded(t, 1, 65535, "TCP port"));
+       },
+       [](const Config& c) { return fmt::format("{}", c.rendezvous_port); }},
+      // The token is a secret shared by the job: the effective config shows only whether
+      // one is set, so logs can be shared.
+      {"rendezvous.token",
+       [](Config& c, std::string_view t) { c.rendezvous_token = std::string(t); },
+       [](const Config& c) {
+         return c.rendezvous_token.empty() ? std::string() : std::string("(set)");
+       }},
   }};
   return table;
 }

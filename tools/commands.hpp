@@ -17,6 +17,28 @@ struct RunArgs {
   bool json = false;                   ///< --json: the summary as JSON on stdout.
 };
 int run(const RunArgs& args);
+}  // namespace weightcast::cli
+
+namespace weightcast {
+struct Config;
+struct World;
+}  // namespace weightcast
+
+namespace weightcast::cli {
+/// `run` when the world has more than one rank (tools/run_ranks.cpp): control plane, data
+/// plane, final report compared on rank 0.
+int run_ranks(const RunArgs& args, const Config& config, const World& world);
+
+struct LaunchArgs {
+  int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
+  std::string config_path;             ///< YAML config passed to every rank.
+  std::vector<std::string> overrides;  ///< --set key=value, passed to every rank.
+  std::string report_path;             ///< --report PATH, passed to every rank.
+  std::string spawner = "auto";        ///< --spawner auto|mpirun|local.
+  double grace_s = 5;                  ///< --grace: SIGTERM → SIGKILL delay, seconds.
+};
+/// `weightcast launch` (tools/launch.cpp): starts N ranks of `weightcast run`.
+int launch(const LaunchArgs& args);
 
 struct InspectArgs {
   std::string path;  ///< Checkpoint file, directory or index.

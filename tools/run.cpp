@@ -8,6 +8,7 @@
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
 #include "weightcast/trace.hpp"
+#include "weightcast/world.hpp"
 
 #include "progress.hpp"
 
@@ -139,11 +140,14 @@ int run(const RunArgs& args) {
   Config config = load_config(args.config_path, args.overrides);
   if (!args.trace_path.empty()) config.trace = args.trace_path;  // --trace wins
   // --quiet: errors only, then the summary; --json keeps stdout for the JSON summary alone.
-  configure_log(args.quiet ? LogLevel::error : config.log_level);
+  const World world = detect_world(config);
+  configure_log(args.quiet ? LogLevel::error : config.log_level,
+                world.world_size > 1 ? world.rank : -1);
   if (!args.quiet) {
-    fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}",
-               WEIGHTCAST_VERSION, config.to_yaml());
+    fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}# world: {}\n",
+               WEIGHTCAST_VERSION, config.to_yaml(), world.describe());
   }
+  if (world.world_size > 1) return run_ranks(args, config, world);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 

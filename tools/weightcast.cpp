@@ -37,6 +37,26 @@ int main(int argc, char** argv) {
   run->add_flag("--json", run_args.json,
                 "print the summary as one JSON object on stdout (the config goes to stderr)");
 
+  cli::LaunchArgs launch_args;
+  auto* launch = app.add_subcommand(
+      "launch", "start N ranks of `weightcast run` (mpirun for mpi, else local processes)");
+  launch->add_option("-n,--ranks", launch_args.ranks, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  launch->add_option("config", launch_args.config_path, "YAML config for every rank");
+  launch->add_option("--set", launch_args.overrides, "override a config key on every rank")
+      ->take_all();
+  launch->add_option("--report", launch_args.report_path,
+                     "per-rank JSON report; {rank} in PATH becomes the rank");
+  launch->add_option("--spawner", launch_args.spawner,
+                     "auto (mpirun for transport mpi, else local), mpirun, or local")
+      ->check(CLI::IsMember({"auto", "mpirun", "local"}))
+      ->capture_default_str();
+  launch->add_option("--grace", launch_args.grace_s,
+                     "seconds between SIGTERM and SIGKILL when ending the other ranks")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+
   cli::InspectArgs inspect_args;
   auto* inspect = app.add_subcommand("inspect", "list and validate a checkpoint's tensors");
   inspect->add_option("path", inspect_args.path, "checkpoint file, directory or index")
@@ -63,6 +83,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return cli::run(run_args);
+    if (*launch) return cli::launch(launch_args);
     if (*inspect) return cli::inspect(inspect_args);
     if (*synth) return cli::synth(synth_args);
   } catch (const Error& e) {

@@ -47,6 +47,22 @@ struct Config {
   std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;
+  /// `world.rank`: this process's rank; -1 (`auto`) takes it from the launcher's environment
+  /// (see world.hpp for the order). Set with `world.size`.
+  int world_rank = -1;
+  /// `world.size`: number of ranks; 0 (`auto`) takes it from the environment.
+  int world_size = 0;
+  /// `world.local_rank`: rank among this node's processes; -1 (`auto`): environment, else rank.
+  int world_local_rank = -1;
+  /// `rendezvous.address`: where rank 0 listens and the others connect. Empty (`auto`):
+  /// `$MASTER_ADDR` when set, else 127.0.0.1. Rank 0 binds only this address.
+  std::string rendezvous_address;
+  /// `rendezvous.port`: rank 0's control-plane TCP port (1 to 65535). Default 29555, apart from
+  /// torchrun's `MASTER_PORT` (29500), which its own store may be using.
+  std::uint16_t rendezvous_port = 29555;
+  /// `rendezvous.token`: the job token every rank must present. Empty: `$WEIGHTCAST_TOKEN`,
+  /// else no token (any peer of the right world size is accepted). Printed masked.
+  std::string rendezvous_token;
 
   /// @return the config as YAML, one `key: value` line per key (the "effective config").
   [[nodiscard]] std::string to_yaml() const;

@@ -1,0 +1,133 @@
+/**
+ * @file control_plane.hpp
+ * @brief The control plane: TCP between rank 0 and every other rank (DESIGN.md layer 9).
+ *
+ * Rank 0 listens on `rendezvous.address:rendezvous.port`; the other ranks connect, retrying
+ * with backoff until `timeout`, and introduce themselves (protocol version, rank, world size,
+ * job token). Rank 0 checks the token first and refuses a wrong one (logged on both sides).
+ * The connection then carries, as framed messages (type u8, length u32 ≤ 64 MiB + 4 KiB,
+ * payload; little-endian):
+ *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id);
+ *  - ABORT(status, message): any failure on any rank ends every rank with that message and
+ *    exit status; rank 0 relays a peer's ABORT to the others;
+ *  - each rank's final report (per-tensor digests) and rank 0's verdict.
+ *
+ * From the end of the rendezvous a background thread reads every connection. An ABORT, or a
+ * connection lost before the verdict (a dead process), ends the process at once with
+ * `_exit(status)` after printing `weightcast: error: MESSAGE`: a rank blocked in an MPI or
+ * NCCL call cannot be unwound (an `MPI_Ibcast` in flight cannot be cancelled), so the exit is
+ * the only bounded way out; the launcher or mpirun then reaps the rest. Every wait is bounded
+ * by `timeout`.
+ *
+ * Boost.Asio stays inside control_plane.cpp (pimpl), so this header is cheap to include.
+ */
+#pragma once
+
+#include "weightcast/error.hpp"
+#include "weightcast/world.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace weightcast {
+
+/// Where and how ranks meet. `rendezvous_options()` fills it from a config and the world.
+struct RendezvousOptions {
+  std::string address = "127.0.0.1";  ///< IP address (or host name) rank 0 binds and peers dial.
+  std::uint16_t port = 29555;         ///< TCP port of rank 0's listener.
+  std::string token;                  ///< Job token every peer must present ("" = none).
+  std::chrono::milliseconds timeout{300'000};  ///< Bound on every wait.
+};
+
+/// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
+///         (`world.master_addr`), else 127.0.0.1; token `rendezvous.token`, else
+///         `$WEIGHTCAST_TOKEN`, else none.
+RendezvousOptions rendezvous_options(const Config& config, const World& world);
+
+/// One rank's final report: what landed there.
+struct RankReport {
+  int rank = 0;
+  std::uint64_t bytes = 0;              ///< Tensor bytes delivered.
+  double seconds = 0;                   ///< Load wall time.
+  std::vector<std::uint64_t> digests;   ///< XXH3-64 per tensor, catalogue order.
+};
+
+/// An ABORT that came from another rank: its message already names the failing rank; pass
+/// it on unchanged (do not prefix it or send it back).
+class RemoteAbort : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The job's outcome as rank 0 decides it.
+struct Verdict {
+  int status = 0;       ///< Exit status every rank ends with.
+  std::string message;  ///< Summary line (e.g. "3 ranks × 291 tensors bit-exact").
+};
+
+class ControlPlane {
+ public:
+  /**
+   * @brief Rendezvous: rank 0 accepts `world_size - 1` peers; the others connect to rank 0.
+   *
+   * Blocks at most `options.timeout`. Starts the background reader on success.
+   * @throws Error `unavailable` (69) when rank 0 cannot listen (names address and port) or a
+   *         peer cannot reach rank 0 in time; `config` (78) on the peer when rank 0 refuses it
+   *         (wrong token, world size, rank taken); `timeout` (75) on rank 0 when some rank did
+   *         not join in time (names the ranks, and any refused connection).
+   */
+  ControlPlane(const World& world, const RendezvousOptions& options);
+  /// Closes every connection and joins the reader. Never blocks longer than a moment.
+  ~ControlPlane();
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
+
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int world_size() const noexcept;
+
+  /**
+   * @brief Rank 0 sends @p bytes to every rank; the others receive what rank 0 sent.
+   * Calls must match in number and order on every rank (e.g. catalogue, then NCCL id).
+   * @return @p bytes on rank 0, rank 0's bytes elsewhere.
+   * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
+   *         `unavailable` when the payload is over 64 MiB.
+   */
+  std::string share(std::string bytes);
+
+  /**
+   * @brief Tells every rank this rank failed with @p error (whose message should name the
+   *        rank), so each ends with the same message and status. Rank 0 then waits (at most
+   *        `timeout`, and 10 s) for the others to hang up. Never throws.
+   */
+  void abort(const Error& error) noexcept;
+
+  /**
+   * @brief Sends this rank's report to rank 0; on rank 0 collects everyone's.
+   * @return on rank 0 the reports of every rank, indexed by rank; elsewhere empty.
+   * @throws Error `timeout` (75) on rank 0 naming the ranks whose report did not arrive.
+   */
+  std::vector<RankReport> gather(RankReport mine);
+
+  /**
+   * @brief Rank 0 tells every rank the outcome; the others wait for it.
+   * @param verdict rank 0's verdict (ignored elsewhere).
+   * @return rank 0's verdict, on every rank.
+   * @throws Error `timeout` (75) when no verdict arrives in `timeout`.
+   */
+  Verdict finish(Verdict verdict);
+
+  /// @return true once an ABORT from this rank has been sent (the caller should not resend).
+  [[nodiscard]] bool aborted() const noexcept;
+
+  /// Implementation (Boost.Asio), in control_plane.cpp.
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> _impl;
+};
+
+}  // namespace weightcast

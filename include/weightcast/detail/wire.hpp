@@ -1,0 +1,88 @@
+/**
+ * @file detail/wire.hpp
+ * @brief Little-endian byte writer and a bounds-checked reader for control-plane payloads.
+ *
+ * The reader never trusts its input: every read checks the bytes left first and a failure
+ * throws `Error` (`unavailable`: a peer sent something weightcast cannot use) naming what was
+ * being read.
+ */
+#pragma once
+
+#include "weightcast/error.hpp"
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace weightcast::detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "the control-plane wire format is little-endian; add byte swaps for this host");
+
+/// Appends fixed-width little-endian integers and length-prefixed strings.
+class WireWriter {
+ public:
+  template <typename T>
+    requires std::is_integral_v<T>
+  void put(T value) {
+    const auto* bytes = reinterpret_cast<const char*>(&value);
+    _bytes.append(bytes, sizeof value);
+  }
+  /// A string as a u32 byte count and the bytes.
+  void put_string(std::string_view text) {
+    put(static_cast<std::uint32_t>(text.size()));
+    _bytes.append(text);
+  }
+  [[nodiscard]] std::string& bytes() noexcept { return _bytes; }
+
+ private:
+  std::string _bytes;
+};
+
+/// Reads what `WireWriter` wrote, checking every length against the bytes left.
+class WireReader {
+ public:
+  /// @param what names the payload in messages, e.g. "catalogue from rank 0".
+  WireReader(std::string_view bytes, std::string_view what) : _left(bytes), _what(what) {}
+
+  template <typename T>
+    requires std::is_integral_v<T>
+  T get(std::string_view field) {
+    need(sizeof(T), field);
+    T value;
+    std::memcpy(&value, _left.data(), sizeof value);
+    _left.remove_prefix(sizeof value);
+    return value;
+  }
+  std::string get_string(std::string_view field) {
+    const auto size = get<std::uint32_t>(field);
+    need(size, field);
+    std::string text(_left.substr(0, size));
+    _left.remove_prefix(size);
+    return text;
+  }
+  /// Checks that @p count items of at least @p min_item_bytes each can still follow, before a
+  /// caller reserves memory for them: a hostile count cannot make us allocate.
+  void need_items(std::uint64_t count, std::uint64_t min_item_bytes, std::string_view field) {
+    if (min_item_bytes != 0 && count > _left.size() / min_item_bytes) {
+      fail(field, "claims more entries than the payload holds");
+    }
+  }
+  [[nodiscard]] std::size_t left() const noexcept { return _left.size(); }
+  [[noreturn]] void fail(std::string_view field, std::string_view why) const {
+    throw Error(Errc::unavailable, std::string(_what) + ": " + std::string(field) + ": " +
+                                       std::string(why));
+  }
+
+ private:
+  void need(std::uint64_t bytes, std::string_view field) {
+    if (bytes > _left.size()) fail(field, "truncated");
+  }
+  std::string_view _left;
+  std::string_view _what;
+};
+
+}  // namespace weightcast::detail

@@ -1,0 +1,49 @@
+/**
+ * @file world.hpp
+ * @brief Who this process is in the job: rank, world size, local rank, and where that came from.
+ *
+ * DESIGN.md layer 9. The first source that names a rank wins:
+ *  1. the config (`world.rank`, `world.size`, `world.local_rank`);
+ *  2. torchrun's environment: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (and `MASTER_ADDR`, used as
+ *     the default rendezvous address);
+ *  3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`;
+ *  4. Open MPI's mpirun: `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
+ *     `OMPI_COMM_WORLD_LOCAL_RANK`;
+ *  5. otherwise a world of one rank.
+ * A source counts only when both its rank and its size variables are set.
+ */
+#pragma once
+
+#include "weightcast/config.hpp"
+
+#include <string>
+#include <string_view>
+
+namespace weightcast {
+
+/// Where the world came from.
+enum class WorldSource { config, torchrun, slurm, openmpi, single };
+
+/// @return "config", "torchrun", "slurm", "openmpi" or "single".
+std::string_view to_string(WorldSource source) noexcept;
+
+/// This process's place in the job.
+struct World {
+  int rank = 0;        ///< 0 ≤ rank < world_size; rank 0 reads the checkpoint.
+  int world_size = 1;  ///< Number of ranks (≥ 1).
+  int local_rank = 0;  ///< Rank among the processes of this node (the CUDA device ordinal).
+  WorldSource source = WorldSource::single;
+  std::string master_addr;  ///< `$MASTER_ADDR`, or empty when not set.
+
+  /// @return e.g. "rank 1 of 3 (local rank 1) from torchrun (RANK, WORLD_SIZE)".
+  [[nodiscard]] std::string describe() const;
+};
+
+/**
+ * @brief Finds the world from @p config, else from the environment (the order above).
+ * @throws Error `config` (78) naming the key or variable when a value is not a whole number,
+ *         the rank is not below the size, or `world.rank` and `world.size` are not set together.
+ */
+World detect_world(const Config& config);
+
+}  // namespace weightcast

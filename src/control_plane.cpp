@@ -1,0 +1,703 @@
+// The control plane over TCP: rendezvous with a job token, rank 0's shared bytes, ABORT,
+// final reports. Boost.Asio lives here only (it is slow to compile).
+#include "weightcast/control_plane.hpp"
+
+#include "weightcast/detail/wire.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <poll.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+namespace weightcast {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+RendezvousOptions rendezvous_options(const Config& config, const World& world) {
+  RendezvousOptions options;
+  if (!config.rendezvous_address.empty()) {
+    options.address = config.rendezvous_address;
+  } else if (!world.master_addr.empty()) {
+    options.address = world.master_addr;
+  }
+  options.port = config.rendezvous_port;
+  options.token = config.rendezvous_token;
+  if (options.token.empty()) {
+    if (const char* token = std::getenv("WEIGHTCAST_TOKEN")) options.token = token;
+  }
+  options.timeout = config.timeout;
+  return options;
+}
+
+namespace {
+
+enum class Frame : std::uint8_t {
+  hello = 1,    // peer → 0: magic, version, rank, world size, token
+  welcome = 2,  // 0 → peer: accepted
+  reject = 3,   // 0 → peer: reason
+  share = 4,    // 0 → peer: opaque bytes (catalogue, NCCL id)
+  abort = 5,    // any → any: status, message
+  report = 6,   // peer → 0: final report
+  done = 7,     // 0 → peer: verdict
+};
+constexpr std::size_t header_bytes = 5;  // type u8, length u32
+constexpr std::uint32_t max_payload_bytes = (64u << 20) + 4096;
+constexpr std::uint32_t max_hello_bytes = 4096;
+constexpr std::uint32_t hello_magic = 0x4f4c4548;  // "HELO"
+constexpr std::uint32_t protocol_version = 1;
+// How long rank 0 waits for the others to hang up after an ABORT: long enough for them to
+// print it, short enough that a stopped peer does not hold the job.
+constexpr std::chrono::milliseconds abort_grace{10'000};
+
+std::string frame_bytes(Frame type, std::string_view payload) {
+  std::string bytes(header_bytes, '\0');
+  bytes[0] = static_cast<char>(type);
+  const auto length = static_cast<std::uint32_t>(payload.size());
+  std::memcpy(bytes.data() + 1, &length, 4);
+  bytes.append(payload);
+  return bytes;
+}
+
+std::string milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
+
+// Sends a whole frame before @p deadline; the socket may be non-blocking (Asio's reactor).
+void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int peer_rank) {
+  while (!bytes.empty()) {
+    const ssize_t sent = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent > 0) {
+      bytes.remove_prefix(static_cast<std::size_t>(sent));
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                              Clock::now());
+      if (left.count() <= 0) {
+        throw Error(Errc::timeout,
+                    fmt::format("control plane: rank {} did not take a message within the "
+                                "timeout (stalled?)",
+                                peer_rank));
+      }
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+      continue;
+    }
+    throw system_error(Errc::unavailable, errno,
+                       fmt::format("control plane: sending to rank {}", peer_rank));
+  }
+}
+
+// Reads one frame before @p deadline (rendezvous only; later the reader thread reads).
+std::optional<std::pair<Frame, std::string>> recv_frame(int fd, Clock::time_point deadline,
+                                                        std::uint32_t max_bytes) {
+  auto read_exact = [&](char* out, std::size_t bytes) {
+    while (bytes > 0) {
+      const ssize_t got = ::recv(fd, out, bytes, MSG_DONTWAIT);
+      if (got > 0) {
+        out += got;
+        bytes -= static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return false;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                              Clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd, POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    }
+    return true;
+  };
+  std::array<char, header_bytes> header{};
+  if (!read_exact(header.data(), header.size())) return std::nullopt;
+  std::uint32_t length = 0;
+  std::memcpy(&length, header.data() + 1, 4);
+  if (length > max_bytes) return std::nullopt;
+  std::string payload(length, '\0');
+  if (!read_exact(payload.data(), length)) return std::nullopt;
+  return std::make_pair(static_cast<Frame>(header[0]), std::move(payload));
+}
+
+std::string encode_status(int status, std::string_view message) {
+  detail::WireWriter out;
+  out.put(static_cast<std::int32_t>(status));
+  out.put_string(message.substr(0, 60'000));
+  return std::move(out.bytes());
+}
+
+std::pair<int, std::string> decode_status(std::string_view payload, std::string_view what) {
+  detail::WireReader in(payload, what);
+  const auto status = in.get<std::int32_t>("status");
+  std::string message = in.get_string("message");
+  // A status outside 0..125 would read as a signal to the shell.
+  return {status >= 0 && status < 126 ? status : exit_status(Errc::unavailable),
+          std::move(message)};
+}
+
+tcp::endpoint resolve(const RendezvousOptions& options) {
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(options.address, ec);
+  if (!ec) return tcp::endpoint(address, options.port);
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(options.address, std::to_string(options.port), ec);
+  if (ec || results.empty()) {
+    throw Error(Errc::unavailable,
+                fmt::format("rendezvous: cannot resolve rendezvous.address '{}': {}",
+                            options.address, ec.message()));
+  }
+  return results.begin()->endpoint();
+}
+
+// Moves a connected socket from the rendezvous io_context to the long-lived one.
+tcp::socket rehome(tcp::socket& socket, asio::io_context& io) {
+  const auto protocol = socket.local_endpoint().protocol();
+  const int fd = socket.release();
+  return tcp::socket(io, protocol, fd);
+}
+
+
+}  // namespace
+
+/// One rank 0 ⇄ peer connection.
+struct Connection {
+  Connection(int peer_rank, tcp::socket s) : rank(peer_rank), socket(std::move(s)) {}
+  int rank;
+  tcp::socket socket;
+  std::mutex write_mutex;
+  bool closed = false;  // guarded by Impl::mutex
+  std::array<char, header_bytes> header{};
+  std::string payload;
+};
+
+struct ControlPlane::Impl {
+  World world;
+  RendezvousOptions options;
+  asio::io_context io;
+  // Rank 0: index = peer rank (0 unused). Others: one connection, to rank 0, at index 0.
+  std::vector<std::unique_ptr<Connection>> connections;
+  std::thread reader;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::string> shared;                  // peers: SHARE payloads not yet taken
+  std::vector<std::optional<RankReport>> reports;  // rank 0
+  std::optional<Verdict> verdict;                  // peers: rank 0's verdict
+  bool finished = false;     // rank 0: verdict sent; hang-ups are expected now
+  bool terminating = false;  // an ABORT is being spread; hang-ups are expected now
+  bool sent_abort = false;
+  bool reader_terminating = false;  // the reader thread ends the process (not the main thread)
+  std::optional<asio::steady_timer> grace_timer;
+  std::pair<int, std::string> termination;  // status, message, while terminating
+
+  Impl(const World& w, const RendezvousOptions& o) : world(w), options(o) {}
+
+  // ---- rendezvous ------------------------------------------------------------------------
+
+  void accept_peers() {
+    const tcp::endpoint endpoint = resolve(options);
+    asio::io_context rendezvous_io;
+    tcp::acceptor acceptor(rendezvous_io);
+    boost::system::error_code ec;
+    acceptor.open(endpoint.protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(endpoint, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      throw Error(Errc::unavailable,
+                  fmt::format("rendezvous: cannot listen on {}:{}: {} (another job on this "
+                              "port? set rendezvous.port or rendezvous.address)",
+                              options.address, options.port, ec.message()));
+    }
+    spdlog::debug("rendezvous: listening on {}:{} for {} peer(s)", options.address,
+                  options.port, world.world_size - 1);
+    connections.resize(world.world_size);
+    const auto deadline = Clock::now() + options.timeout;
+    int joined = 0;
+    int refused = 0;
+    std::string last_refusal;
+
+    struct Greeting {
+      explicit Greeting(tcp::socket s) : socket(std::move(s)) {}
+      tcp::socket socket;
+      std::array<char, header_bytes> header{};
+      std::string payload;
+      std::string from;
+    };
+    auto refuse = [&](Greeting& g, const std::string& reason) {
+      ++refused;
+      last_refusal = fmt::format("from {}: {}", g.from, reason);
+      spdlog::warn("rendezvous: refused a connection {}", last_refusal);
+      try {
+        send_all(g.socket.native_handle(), frame_bytes(Frame::reject, reason),
+                 Clock::now() + std::chrono::seconds(1), -1);
+      } catch (const Error&) {
+        // The refused peer learns by the closed connection instead.
+      }
+      g.socket.close();
+    };
+    auto on_hello = [&](Greeting& g) {
+      detail::WireReader in(g.payload, "hello from " + g.from);
+      std::int32_t rank = -1;
+      std::int32_t size = 0;
+      std::string token;
+      try {
+        if (in.get<std::uint32_t>("magic") != hello_magic) return refuse(g, "not weightcast");
+        if (const auto v = in.get<std::uint32_t>("version"); v != protocol_version) {
+          return refuse(g, fmt::format("protocol version {}, rank 0 speaks {}", v,
+                                       protocol_version));
+        }
+        rank = in.get<std::int32_t>("rank");
+        size = in.get<std::int32_t>("world size");
+        token = in.get_string("token");
+      } catch (const Error& e) {
+        return refuse(g, e.what());
+      }
+      // The token first: a stranger learns nothing about this job's shape.
+      if (token != options.token) {
+        return refuse(g, "wrong job token (give every rank the same rendezvous.token or "
+                         "WEIGHTCAST_TOKEN)");
+      }
+      if (size != world.world_size) {
+        return refuse(g, fmt::format("world size {}, rank 0 has {}", size, world.world_size));
+      }
+      if (rank <= 0 || rank >= world.world_size) {
+        return refuse(g, fmt::format("rank {} is not a peer rank of a world of {}", rank,
+                                     world.world_size));
+      }
+      if (connections[rank]) return refuse(g, fmt::format("rank {} already joined", rank));
+      try {
+        send_all(g.socket.native_handle(), frame_bytes(Frame::welcome, {}), deadline, rank);
+      } catch (const Error&) {
+        g.socket.close();
+        return;
+      }
+      connections[rank] = std::make_unique<Connection>(rank, rehome(g.socket, io));
+      ++joined;
+      spdlog::debug("rendezvous: rank {} joined from {}", rank, g.from);
+    };
+    std::function<void()> accept_next = [&] {
+      acceptor.async_accept([&](boost::system::error_code error, tcp::socket socket) {
+        if (error) return;  // the acceptor closed
+        auto g = std::make_shared<Greeting>(std::move(socket));
+        boost::system::error_code peer_error;
+        auto remote = g->socket.remote_endpoint(peer_error);
+        g->from = peer_error ? std::string("?")
+                             : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+        asio::async_read(g->socket, asio::buffer(g->header), [&, g](auto error2, std::size_t) {
+          if (error2) return;
+          std::uint32_t length = 0;
+          std::memcpy(&length, g->header.data() + 1, 4);
+          if (static_cast<Frame>(g->header[0]) != Frame::hello || length > max_hello_bytes) {
+            return refuse(*g, "not a weightcast hello");
+          }
+          g->payload.resize(length);
+          asio::async_read(g->socket, asio::buffer(g->payload), [&, g](auto error3, std::size_t) {
+            if (!error3) on_hello(*g);
+          });
+        });
+        accept_next();
+      });
+    };
+    accept_next();
+    while (joined < world.world_size - 1 && Clock::now() < deadline) {
+      rendezvous_io.run_one_until(deadline);
+    }
+    acceptor.close();
+    if (joined == world.world_size - 1) return;
+
+    std::string missing;
+    for (int r = 1; r < world.world_size; ++r) {
+      if (!connections[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    std::string message = fmt::format(
+        "rendezvous: rank(s) {} did not join rank 0 at {}:{} within {}", missing,
+        options.address, options.port, milliseconds(options.timeout));
+    if (refused > 0) {
+      message += fmt::format("; refused {} connection(s), last {}", refused, last_refusal);
+    }
+    const std::string abort_message = fmt::format("rank 0: {}", message);
+    for (auto& connection : connections) {
+      if (!connection) continue;
+      try {
+        send_all(connection->socket.native_handle(),
+                 frame_bytes(Frame::abort,
+                             encode_status(exit_status(Errc::timeout), abort_message)),
+                 Clock::now() + std::chrono::seconds(1), connection->rank);
+      } catch (const Error&) {
+      }
+    }
+    throw Error(Errc::timeout, message);
+  }
+
+  void connect_to_root() {
+    const tcp::endpoint endpoint = resolve(options);
+    const auto deadline = Clock::now() + options.timeout;
+    auto backoff = std::chrono::milliseconds(50);
+    std::string last_error = "no attempt";
+    while (Clock::now() < deadline) {
+      asio::io_context connect_io;
+      tcp::socket socket(connect_io);
+      boost::system::error_code result = asio::error::would_block;
+      socket.async_connect(endpoint, [&](boost::system::error_code ec) { result = ec; });
+      connect_io.run_until(std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+      if (result == asio::error::would_block) {
+        last_error = "connect timed out";
+        continue;
+      }
+      if (result) {
+        last_error = result.message();
+        std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+        continue;
+      }
+      detail::WireWriter hello;
+      hello.put(hello_magic);
+      hello.put(protocol_version);
+      hello.put(static_cast<std::int32_t>(world.rank));
+      hello.put(static_cast<std::int32_t>(world.world_size));
+      hello.put_string(options.token);
+      send_all(socket.native_handle(), frame_bytes(Frame::hello, hello.bytes()), deadline, 0);
+      auto reply = recv_frame(socket.native_handle(), deadline, max_payload_bytes);
+      if (!reply) {
+        last_error = "rank 0 closed the connection during the rendezvous";
+        continue;
+      }
+      switch (reply->first) {
+        case Frame::welcome:
+          connections.push_back(std::make_unique<Connection>(0, rehome(socket, io)));
+          return;
+        case Frame::reject:
+          throw Error(Errc::config,
+                      fmt::format("rendezvous: rank 0 at {}:{} refused this rank: {}",
+                                  options.address, options.port, reply->second));
+        case Frame::abort: {
+          auto [status, message] = decode_status(reply->second, "abort from rank 0");
+          throw RemoteAbort(static_cast<Errc>(status == 0 ? 69 : status), message);
+        }
+        default:
+          throw Error(Errc::unavailable, "rendezvous: rank 0 answered with an unknown message");
+      }
+    }
+    throw Error(Errc::unavailable,
+                fmt::format("rendezvous: cannot reach rank 0 at {}:{} within {}: {} (is rank 0 "
+                            "running? check rendezvous.address and rendezvous.port)",
+                            options.address, options.port, milliseconds(options.timeout),
+                            last_error));
+  }
+
+  // ---- the reader thread -----------------------------------------------------------------
+
+  void start_reader() {
+    reports.resize(world.world_size);
+    for (auto& connection : connections) {
+      if (connection) read_next(*connection);
+    }
+    reader = std::thread([this] { io.run(); });
+  }
+
+  void read_next(Connection& c) {
+    asio::async_read(c.socket, asio::buffer(c.header), [this, &c](auto ec, std::size_t) {
+      if (ec) return lost(c, "its control connection closed (the process died or was killed)");
+      std::uint32_t length = 0;
+      std::memcpy(&length, c.header.data() + 1, 4);
+      if (length > max_payload_bytes) return lost(c, "it sent a malformed control message");
+      c.payload.resize(length);
+      asio::async_read(c.socket, asio::buffer(c.payload), [this, &c](auto ec2, std::size_t) {
+        if (ec2) return lost(c, "its control connection closed (the process died or was killed)");
+        try {
+          dispatch(c, static_cast<Frame>(c.header[0]));
+        } catch (const Error& e) {
+          return lost(c, fmt::format("it sent a malformed control message ({})", e.what()));
+        }
+        read_next(c);
+      });
+    });
+  }
+
+  void dispatch(Connection& c, Frame type) {
+    const std::string what = fmt::format("message from rank {}", c.rank);
+    switch (type) {
+      case Frame::share: {
+        std::lock_guard lock(mutex);
+        shared.push_back(std::move(c.payload));
+        changed.notify_all();
+        return;
+      }
+      case Frame::report: {
+        detail::WireReader in(c.payload, what);
+        RankReport report;
+        report.rank = in.get<std::int32_t>("rank");
+        report.bytes = in.get<std::uint64_t>("bytes");
+        const auto seconds_bits = in.get<std::uint64_t>("seconds");
+        std::memcpy(&report.seconds, &seconds_bits, 8);
+        const auto count = in.get<std::uint32_t>("digest count");
+        in.need_items(count, 8, "digests");
+        report.digests.resize(count);
+        for (auto& d : report.digests) d = in.get<std::uint64_t>("digest");
+        if (report.rank != c.rank) in.fail("rank", "does not match the connection's rank");
+        std::lock_guard lock(mutex);
+        reports[c.rank] = std::move(report);
+        changed.notify_all();
+        return;
+      }
+      case Frame::done: {
+        auto [status, message] = decode_status(c.payload, what);
+        std::lock_guard lock(mutex);
+        verdict = Verdict{status, std::move(message)};
+        changed.notify_all();
+        return;
+      }
+      case Frame::abort: {
+        auto [status, message] = decode_status(c.payload, what);
+        terminate(status == 0 ? exit_status(Errc::unavailable) : status, message, c.rank);
+        return;
+      }
+      default:
+        throw Error(Errc::unavailable, fmt::format("unexpected message type {}",
+                                                   static_cast<int>(type)));
+    }
+  }
+
+  // A connection ended or misbehaved: unless that was expected, the job is over.
+  void lost(Connection& c, const std::string& why) {
+    bool expected = false;
+    {
+      std::lock_guard lock(mutex);
+      c.closed = true;
+      expected = finished || terminating || (world.rank != 0 && verdict.has_value());
+      changed.notify_all();
+    }
+    boost::system::error_code ignored;
+    c.socket.close(ignored);
+    if (reader_terminating) {
+      maybe_exit();
+      return;
+    }
+    if (expected) return;
+    terminate(exit_status(Errc::unavailable), fmt::format("rank {} is gone: {}", c.rank, why),
+              c.rank);
+  }
+
+  // Ends this process with @p status: on rank 0 after telling every other rank (except
+  // @p origin) and waiting a bounded grace for them to hang up.
+  void terminate(int status, const std::string& message, int origin) {
+    if (world.rank != 0) {
+      // Print, then hang up (rank 0 counts that as "told"), then linger a moment before the
+      // exit: the first non-zero exit makes mpirun tear the job down and drop output it has
+      // not forwarded yet, and every rank's message should reach the user.
+      std::fflush(stdout);
+      std::fprintf(stderr, "weightcast: error: %s\n", message.c_str());
+      std::fflush(stderr);
+      for (auto& connection : connections) {
+        if (connection) ::shutdown(connection->socket.native_handle(), SHUT_RDWR);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::_exit(status);
+    }
+    {
+      std::lock_guard lock(mutex);
+      if (terminating) return;  // the main thread is already spreading its own failure
+      terminating = true;
+      reader_terminating = true;
+      termination = {status, message};
+    }
+    const std::string frame = frame_bytes(Frame::abort, encode_status(status, message));
+    for (auto& connection : connections) {
+      if (!connection || connection->rank == origin) continue;
+      send_quietly(*connection, frame);
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr, "weightcast: error: %s\n", message.c_str());
+    std::fflush(stderr);
+    grace_timer.emplace(io, std::min<Clock::duration>(options.timeout, abort_grace));
+    grace_timer->async_wait([this](auto) { ::_exit(termination.first); });
+    maybe_exit();
+  }
+
+  void maybe_exit() {
+    std::lock_guard lock(mutex);
+    for (auto& connection : connections) {
+      if (connection && !connection->closed) return;
+    }
+    ::_exit(termination.first);
+  }
+
+  void send_quietly(Connection& c, const std::string& frame) noexcept {
+    try {
+      std::lock_guard lock(c.write_mutex);
+      send_all(c.socket.native_handle(), frame, Clock::now() + std::chrono::seconds(2), c.rank);
+    } catch (...) {
+      // A peer that cannot take the ABORT is dead or stalled; the launcher reaps it.
+    }
+  }
+
+  void send(Connection& c, Frame type, std::string_view payload) {
+    std::lock_guard lock(c.write_mutex);
+    send_all(c.socket.native_handle(), frame_bytes(type, payload),
+             Clock::now() + options.timeout, c.rank);
+  }
+};
+
+ControlPlane::ControlPlane(const World& world, const RendezvousOptions& options)
+    : _impl(std::make_unique<Impl>(world, options)) {
+  if (world.world_size <= 1) return;
+  if (world.rank == 0) {
+    _impl->accept_peers();
+  } else {
+    _impl->connect_to_root();
+  }
+  _impl->start_reader();
+}
+
+ControlPlane::~ControlPlane() {
+  if (!_impl) return;
+  _impl->io.stop();
+  if (_impl->reader.joinable()) _impl->reader.join();
+}
+
+int ControlPlane::rank() const noexcept { return _impl->world.rank; }
+int ControlPlane::world_size() const noexcept { return _impl->world.world_size; }
+
+bool ControlPlane::aborted() const noexcept {
+  std::lock_guard lock(_impl->mutex);
+  return _impl->sent_abort;
+}
+
+std::string ControlPlane::share(std::string bytes) {
+  Impl& impl = *_impl;
+  if (impl.world.world_size <= 1) return bytes;
+  if (bytes.size() > max_payload_bytes) {
+    throw Error(Errc::unavailable, fmt::format("control plane: {} bytes to share, over the "
+                                               "limit of {}",
+                                               bytes.size(), max_payload_bytes));
+  }
+  if (impl.world.rank == 0) {
+    for (auto& connection : impl.connections) {
+      if (connection) impl.send(*connection, Frame::share, bytes);
+    }
+    return bytes;
+  }
+  std::unique_lock lock(impl.mutex);
+  if (!impl.changed.wait_for(lock, impl.options.timeout, [&] { return !impl.shared.empty(); })) {
+    throw Error(Errc::timeout, fmt::format("control plane: nothing from rank 0 within {} "
+                                           "(rank 0 stalled?)",
+                                           milliseconds(impl.options.timeout)));
+  }
+  std::string front = std::move(impl.shared.front());
+  impl.shared.pop_front();
+  return front;
+}
+
+void ControlPlane::abort(const Error& error) noexcept {
+  Impl& impl = *_impl;
+  if (impl.world.world_size <= 1) return;
+  const std::string frame =
+      frame_bytes(Frame::abort, encode_status(exit_status(error.code()), error.what()));
+  {
+    std::lock_guard lock(impl.mutex);
+    if (impl.sent_abort) return;
+    impl.sent_abort = true;
+    if (impl.world.rank == 0 && impl.terminating) return;  // the reader is already on it
+    if (impl.world.rank == 0) {
+      impl.terminating = true;
+      impl.termination = {exit_status(error.code()), error.what()};
+    }
+  }
+  for (auto& connection : impl.connections) {
+    if (connection) impl.send_quietly(*connection, frame);
+  }
+  if (impl.world.rank != 0) return;
+  // Let the others print the message before the launcher tears the job down.
+  std::unique_lock lock(impl.mutex);
+  impl.changed.wait_for(lock, std::min<Clock::duration>(impl.options.timeout, abort_grace), [&] {
+    for (auto& connection : impl.connections) {
+      if (connection && !connection->closed) return false;
+    }
+    return true;
+  });
+}
+
+std::vector<RankReport> ControlPlane::gather(RankReport mine) {
+  Impl& impl = *_impl;
+  mine.rank = impl.world.rank;
+  if (impl.world.rank != 0) {
+    detail::WireWriter out;
+    out.put(static_cast<std::int32_t>(mine.rank));
+    out.put(mine.bytes);
+    std::uint64_t seconds_bits = 0;
+    std::memcpy(&seconds_bits, &mine.seconds, 8);
+    out.put(seconds_bits);
+    out.put(static_cast<std::uint32_t>(mine.digests.size()));
+    for (auto d : mine.digests) out.put(d);
+    impl.send(*impl.connections.at(0), Frame::report, out.bytes());
+    return {};
+  }
+  std::unique_lock lock(impl.mutex);
+  impl.reports.resize(impl.world.world_size);
+  impl.reports[0] = std::move(mine);
+  const bool all = impl.changed.wait_for(lock, impl.options.timeout, [&] {
+    for (auto& r : impl.reports) {
+      if (!r) return false;
+    }
+    return true;
+  });
+  if (!all) {
+    std::string missing;
+    for (int r = 1; r < impl.world.world_size; ++r) {
+      if (!impl.reports[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw Error(Errc::timeout, fmt::format("no final report from rank(s) {} within {} "
+                                           "(stalled?)",
+                                           missing, milliseconds(impl.options.timeout)));
+  }
+  std::vector<RankReport> out;
+  for (auto& r : impl.reports) out.push_back(std::move(*r));
+  return out;
+}
+
+Verdict ControlPlane::finish(Verdict verdict) {
+  Impl& impl = *_impl;
+  if (impl.world.world_size <= 1) return verdict;
+  if (impl.world.rank == 0) {
+    {
+      std::lock_guard lock(impl.mutex);
+      impl.finished = true;
+    }
+    const std::string frame =
+        frame_bytes(Frame::done, encode_status(verdict.status, verdict.message));
+    for (auto& connection : impl.connections) {
+      if (connection) impl.send_quietly(*connection, frame);
+    }
+    return verdict;
+  }
+  std::unique_lock lock(impl.mutex);
+  if (!impl.changed.wait_for(lock, impl.options.timeout,
+                             [&] { return impl.verdict.has_value(); })) {
+    throw Error(Errc::timeout, fmt::format("no verdict from rank 0 within {} (rank 0 stalled?)",
+                                           milliseconds(impl.options.timeout)));
+  }
+  return *impl.verdict;
+}
+
+}  // namespace weightcast

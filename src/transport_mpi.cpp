@@ -1,0 +1,144 @@
+#include "weightcast/transport_mpi.hpp"
+
+#include "weightcast/error.hpp"
+
+#include <fmt/core.h>
+
+#ifdef WEIGHTCAST_HAVE_MPI
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <vector>
+#endif
+
+namespace weightcast {
+
+#ifndef WEIGHTCAST_HAVE_MPI
+
+namespace {
+[[noreturn]] void no_mpi() {
+  throw Error(Errc::unavailable,
+              "transport: mpi: this build of weightcast has no MPI (install libopenmpi-dev and "
+              "rebuild; scripts/install-deps.sh)");
+}
+}  // namespace
+
+bool mpi_compiled_in() noexcept { return false; }
+MpiSession::MpiSession() { no_mpi(); }
+MpiSession::~MpiSession() = default;
+std::unique_ptr<Transport> make_mpi_transport(MpiSession&) { no_mpi(); }
+
+#else
+
+namespace {
+
+constexpr std::chrono::microseconds progress_budget{1000};
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return fmt::format("error {}", code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+/// One or more `MPI_Ibcast` requests of one broadcast.
+class MpiBroadcast final : public Pending {
+ public:
+  MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes)
+      : _session(session), _requests(std::move(requests)), _bytes(bytes) {}
+  ~MpiBroadcast() override {
+    for (MPI_Request request : _requests) {
+      if (request != MPI_REQUEST_NULL) {
+        // MPI_Wait could block forever on a dead or stopped peer, and a collective request
+        // may not be freed or cancelled (MPI 4.0 §5.12): leave it, and tell the session.
+        _session.abandon();
+        return;
+      }
+    }
+  }
+  bool test() override {
+    // Open MPI progresses a non-blocking collective only inside MPI calls (no progress
+    // thread), and the loader sleeps between polls; so each poll drives progress for a short
+    // budget instead of testing once. The budget stays far below any timeout and keeps rank
+    // 0's other stages (reads complete in the kernel meanwhile) waiting at most that long.
+    const auto until = std::chrono::steady_clock::now() + progress_budget;
+    int done = 0;
+    do {
+      const int rc = MPI_Testall(static_cast<int>(_requests.size()), _requests.data(), &done,
+                                 MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        throw Error(Errc::unavailable, fmt::format("transport mpi: MPI_Ibcast of {} bytes "
+                                                   "failed: {}",
+                                                   _bytes, mpi_error(rc)));
+      }
+    } while (done == 0 && std::chrono::steady_clock::now() < until);
+    return done != 0;
+  }
+
+ private:
+  MpiSession& _session;
+  std::vector<MPI_Request> _requests;
+  std::uint64_t _bytes;
+};
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MpiSession& session) : _session(session) {}
+  [[nodiscard]] std::string_view name() const noexcept override { return "mpi"; }
+  [[nodiscard]] int rank() const noexcept override { return _session.rank(); }
+  [[nodiscard]] int world_size() const noexcept override { return _session.world_size(); }
+  std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
+    if (bytes == 0 || _session.world_size() == 1) return nullptr;
+    std::vector<MPI_Request> requests;
+    // MPI_BYTE counts are int: split what is larger (every rank splits identically).
+    constexpr std::uint64_t max_count = INT_MAX;
+    for (std::uint64_t offset = 0; offset < bytes; offset += max_count) {
+      const auto count = static_cast<int>(std::min(max_count, bytes - offset));
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int rc = MPI_Ibcast(data + offset, count, MPI_BYTE, root, MPI_COMM_WORLD, &request);
+      if (rc != MPI_SUCCESS) {
+        throw Error(Errc::unavailable,
+                    fmt::format("transport mpi: MPI_Ibcast of {} bytes from rank {} failed: {}",
+                                count, root, mpi_error(rc)));
+      }
+      requests.push_back(request);
+    }
+    return std::make_unique<MpiBroadcast>(_session, std::move(requests), bytes);
+  }
+
+ private:
+  MpiSession& _session;
+};
+
+}  // namespace
+
+bool mpi_compiled_in() noexcept { return true; }
+
+MpiSession::MpiSession() {
+  int provided = 0;
+  int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  if (rc != MPI_SUCCESS) {
+    throw Error(Errc::unavailable, fmt::format("transport mpi: MPI_Init_thread failed: {}",
+                                               mpi_error(rc)));
+  }
+  // Errors come back as return codes, so they become Errors naming the operation instead of
+  // MPI's default of aborting the whole job with its own message.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &_world_size);
+}
+
+MpiSession::~MpiSession() {
+  if (_abandoned) return;
+  MPI_Finalize();
+}
+
+std::unique_ptr<Transport> make_mpi_transport(MpiSession& session) {
+  return std::make_unique<MpiTransport>(session);
+}
+
+#endif
+
+}  // namespace weightcast

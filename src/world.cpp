@@ -1,0 +1,116 @@
+#include "weightcast/world.hpp"
+
+#include "weightcast/error.hpp"
+
+#include <fmt/core.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <optional>
+
+namespace weightcast {
+
+std::string_view to_string(WorldSource source) noexcept {
+  switch (source) {
+    case WorldSource::config: return "config";
+    case WorldSource::torchrun: return "torchrun";
+    case WorldSource::slurm: return "slurm";
+    case WorldSource::openmpi: return "openmpi";
+    case WorldSource::single: return "single";
+  }
+  return "single";
+}
+
+namespace {
+
+struct EnvSource {
+  WorldSource source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+};
+
+// The order of DESIGN.md layer 9: a launcher that sets more than one family (torchrun inside
+// an srun allocation sets both) is described by the innermost, most specific one first.
+constexpr EnvSource env_sources[] = {
+    {WorldSource::torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+    {WorldSource::slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    {WorldSource::openmpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK"},
+};
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+int env_int(const char* name, const char* text) {
+  std::string_view view(text);
+  int value = -1;
+  auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value);
+  if (ec != std::errc() || end != view.data() + view.size() || value < 0) {
+    throw Error(Errc::config, fmt::format("environment {}='{}': not a whole number", name, text));
+  }
+  return value;
+}
+
+void check(const World& world, std::string_view rank_name, std::string_view size_name) {
+  if (world.world_size < 1) {
+    throw Error(Errc::config, fmt::format("{}={}: the world size must be at least 1", size_name,
+                                          world.world_size));
+  }
+  if (world.rank >= world.world_size) {
+    throw Error(Errc::config,
+                fmt::format("{}={}: the rank must be below the world size ({}={})", rank_name,
+                            world.rank, size_name, world.world_size));
+  }
+}
+
+}  // namespace
+
+std::string World::describe() const {
+  std::string where;
+  switch (source) {
+    case WorldSource::config: where = "the config (world.*)"; break;
+    case WorldSource::torchrun: where = "torchrun's environment (RANK, WORLD_SIZE)"; break;
+    case WorldSource::slurm: where = "Slurm's environment (SLURM_PROCID, SLURM_NTASKS)"; break;
+    case WorldSource::openmpi:
+      where = "Open MPI's environment (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)";
+      break;
+    case WorldSource::single: where = "no launcher (a world of one rank)"; break;
+  }
+  return fmt::format("rank {} of {} (local rank {}) from {}", rank, world_size, local_rank, where);
+}
+
+World detect_world(const Config& config) {
+  World world;
+  if (const char* addr = env("MASTER_ADDR")) world.master_addr = addr;
+  if (config.world_rank >= 0 || config.world_size > 0) {
+    if (config.world_rank < 0 || config.world_size <= 0) {
+      throw Error(Errc::config, "world.rank and world.size: set both or neither (auto)");
+    }
+    world.rank = config.world_rank;
+    world.world_size = config.world_size;
+    world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
+    world.source = WorldSource::config;
+    check(world, "world.rank", "world.size");
+    return world;
+  }
+  for (const EnvSource& source : env_sources) {
+    const char* rank = env(source.rank);
+    const char* size = env(source.size);
+    if (rank == nullptr || size == nullptr) continue;
+    world.rank = env_int(source.rank, rank);
+    world.world_size = env_int(source.size, size);
+    const char* local = env(source.local_rank);
+    world.local_rank = local != nullptr ? env_int(source.local_rank, local) : world.rank;
+    if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
+    world.source = source.source;
+    check(world, source.rank, source.size);
+    return world;
+  }
+  if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
+  return world;
+}
+
+}  // namespace weightcast

@@ -1,0 +1,266 @@
+// Many ranks against real processes: mpirun and `weightcast launch`, bit-exact on every rank,
+// and every failure ends every rank in bounded time with one message and status.
+#include "weightcast/transport_mpi.hpp"
+
+#include "utils/job.hpp"
+#include "utils/paths.hpp"
+#include "utils/process.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <unistd.h>
+
+using namespace weightcast;
+using namespace weightcast::test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Every test bounds its wait; the failure tests use a 3 s timeout and must end well within
+// this (rank timeout + abort grace + launcher grace).
+constexpr int job_timeout_s = 120;
+
+// mpirun's absolute path (run_process execs without a PATH search), or "" when missing.
+std::string mpirun_path() {
+  static const std::string path = [] {
+    auto r = run_process({"/bin/sh", "-c", "command -v mpirun"}, {}, 30);
+    std::string p = r.out.substr(0, r.out.find('\n'));
+    return r.exit_status == 0 ? p : std::string();
+  }();
+  return path;
+}
+
+bool have_mpirun() { return mpi_compiled_in() && !mpirun_path().empty(); }
+
+#define REQUIRE_MPI()                                                                     \
+  do {                                                                                    \
+    if (!have_mpirun()) {                                                                 \
+      WARN("skipped: this build has no MPI or mpirun is not on PATH (scripts/install-deps.sh)"); \
+      return;                                                                             \
+    }                                                                                     \
+  } while (0)
+
+std::vector<std::string> mpirun_prefix(int ranks) {
+  std::vector<std::string> argv{mpirun_path(), "--oversubscribe", "-np", std::to_string(ranks)};
+  if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  return argv;
+}
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+std::vector<std::string> base_sets(int port, const std::string& timeout = "60s") {
+  return {"--set", "device=host", "--set", "transport=mpi", "--set",
+          "rendezvous.port=" + std::to_string(port), "--set", "timeout=" + timeout, "--set",
+          "chunk_size=1MiB"};
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every rank",
+          "[multirank]") {
+  REQUIRE_MPI();
+  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  TempDir dir;
+  int port = 29701;
+  for (const char* file : {"huggingface__safetensors/samples/overall.safetensors",
+                           "anirudh-ak__peft-gpt2/model/lora_model/adapter_model.safetensors",
+                           "neuralmagic__compressed-tensors/src/compressed_tensors/transform/"
+                           "utils/hadamards.safetensors",
+                           "JunSuzukiJapan__tl/model.safetensors"}) {
+    INFO(file);
+    const std::string report = (dir / "r{rank}.json").string();
+    auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
+                                       "checkpoint=" + (corpus_dir() / "real" / file).string(),
+                                       "--report", report});
+    argv = cat(argv, base_sets(port++));
+    const auto r = run_process(argv, {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "bit-exact") == 3);
+    const auto& expected = manifest.at(file);
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto got = read_json(dir / ("r" + std::to_string(rank) + ".json"));
+      CHECK(got["rank"] == rank);
+      CHECK(got["world_size"] == 3);
+      REQUIRE(got["tensors"].size() == expected.size());
+      for (const auto& [name, entry] : expected.items()) {
+        CHECK(got["tensors"][name]["xxh3"] == entry["xxh3"]);
+      }
+    }
+  }
+}
+
+TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
+          "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto synth = run_cli({"synth", (dir / "ckpt").string(), "--params", "10M",
+                              "--shard-size", "4MiB"});
+  REQUIRE(synth.exit_status == 0);
+  const std::string report = (dir / "rank{rank}.json").string();
+  auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + (dir / "ckpt").string(),
+                   "--report", report},
+                  base_sets(29711));
+  const auto r = run_cli(args, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Contains("3 ranks × "));
+  CHECK(count(r.out, "bit-exact") == 3);
+  const auto root = read_json(dir / "rank0.json");
+  REQUIRE(root["tensors"].size() > 10);
+  for (int rank = 1; rank < 3; ++rank) {
+    const auto got = read_json(dir / ("rank" + std::to_string(rank) + ".json"));
+    CHECK(got["rank"] == rank);
+    CHECK(got["world_size"] == 3);
+    CHECK(got["tensors"] == root["tensors"]);
+  }
+}
+
+TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint path",
+          "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
+              .exit_status == 0);
+  auto sets = base_sets(29721);
+  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
+  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+  argv = cat(argv, {"-np", "1", cli_path().string(), "run", "--set",
+                    "checkpoint=" + (dir / "ckpt").string(), "--report",
+                    (dir / "r{rank}.json").string()});
+  argv = cat(argv, sets);
+  argv = cat(argv, {":", "-np", "2", cli_path().string(), "run", "--set",
+                    "checkpoint=/does/not/exist", "--report", (dir / "r{rank}.json").string()});
+  argv = cat(argv, sets);
+  const auto r = run_process(argv, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK(count(r.out, "bit-exact") == 3);
+  const auto root = read_json(dir / "r0.json");
+  CHECK(read_json(dir / "r1.json")["tensors"] == root["tensors"]);
+  CHECK(read_json(dir / "r2.json")["tensors"] == root["tensors"]);
+}
+
+TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its message",
+          "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
+              .exit_status == 0);
+  auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
+                                     "checkpoint=" + (dir / "ckpt").string()});
+  argv = cat(argv, base_sets(29731, "20s"));
+  BackgroundJob job(argv, {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=3000"});
+  REQUIRE(job.wait_for_output("pausing 3000 ms", 60));
+  // The catalogue is read: now the second shard shrinks before the load opens it.
+  fs::path shard;
+  for (const auto& e : fs::directory_iterator(dir / "ckpt")) {
+    if (e.path().filename().string().find("00002-of") != std::string::npos) shard = e.path();
+  }
+  REQUIRE(!shard.empty());
+  fs::resize_file(shard, 1000);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 74);
+  const std::string message = "weightcast: error: rank 0: " + shard.filename().string() +
+                              ": shard changed since its header was read";
+  CHECK(count(r.out, message) == 3);  // the same line from every rank
+}
+
+TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming it",
+          "[multirank]") {
+  // Local spawner (torchrun environment): the others learn of the death over the control
+  // plane while rank 0 pauses before sending the catalogue; no MPI is involved.
+  TempDir dir;
+  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
+              .exit_status == 0);
+  BackgroundJob job({cli_path().string(), "launch", "-n", "3", "--spawner", "local", "--set",
+                     "checkpoint=" + (dir / "ckpt").string(), "--set", "device=host", "--set",
+                     "rendezvous.port=29741", "--set", "timeout=10s"},
+                    {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=8000"});
+  REQUIRE(job.wait_for_output("pausing 8000 ms", 60));
+  const pid_t victim = job.find_descendant_with_env("RANK=1");
+  REQUIRE(victim > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));  // < timeout
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.out, Contains("weightcast launch: rank 1 was killed by signal 9"));
+  // Ranks 0 and 2 both print the same line naming rank 1.
+  CHECK(count(r.out, "weightcast: error: rank 1 is gone: its control connection closed") == 2);
+}
+
+TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
+              .exit_status == 0);
+  auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
+                                     "checkpoint=" + (dir / "ckpt").string()});
+  argv = cat(argv, base_sets(29751, "3s"));
+  BackgroundJob job(argv, {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=1500"});
+  REQUIRE(job.wait_for_output("pausing 1500 ms", 60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  const auto r = job.wait(job_timeout_s);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  CHECK_THAT(r.out, Contains("within 3000 ms (timeout)"));
+}
+
+TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
+              .exit_status == 0);
+  auto sets = base_sets(29761, "5s");
+  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
+  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+  argv = cat(argv, {"-np", "2", cli_path().string(), "run", "--set",
+                    "checkpoint=" + (dir / "ckpt").string(), "--set", "rendezvous.token=right"});
+  argv = cat(argv, sets);
+  argv = cat(argv, {":", "-np", "1", cli_path().string(), "run", "--set",
+                    "rendezvous.token=wrong"});
+  argv = cat(argv, sets);
+  const auto r = run_process(argv, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status != 0);
+  const std::string all = r.out + r.err;
+  CHECK_THAT(all, Contains("rank 2: rendezvous: rank 0 at 127.0.0.1:29761 refused this rank: "
+                           "wrong job token"));
+  CHECK_THAT(all, Contains("rendezvous: refused a connection from 127.0.0.1:"));
+}
+
+TEST_CASE("multirank: transport local with several ranks is a config error", "[multirank]") {
+  const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
+                          "transport=local", "--set", "device=host"},
+                         {"RANK=1", "WORLD_SIZE=2"}, 60);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Contains("rank 1: transport: local moves no bytes between processes"));
+}

@@ -1,0 +1,117 @@
+// World detection: config, then torchrun, Slurm, Open MPI environments, else one rank.
+#include "weightcast/config.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/world.hpp"
+
+#include "utils/env.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace weightcast;
+using Catch::Matchers::Contains;
+using test::ScopedEnv;
+
+namespace {
+Config with(std::vector<std::string> sets) { return load_config("", sets); }
+}  // namespace
+
+TEST_CASE("world: no launcher is a world of one", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  const World w = detect_world(Config{});
+  CHECK(w.rank == 0);
+  CHECK(w.world_size == 1);
+  CHECK(w.local_rank == 0);
+  CHECK(w.source == WorldSource::single);
+  CHECK_THAT(w.describe(), Contains("rank 0 of 1"));
+}
+
+TEST_CASE("world: torchrun, Slurm and Open MPI environments, in that order", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  {
+    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+    World w = detect_world(Config{});
+    CHECK(w.source == WorldSource::openmpi);
+    CHECK((w.rank == 2 && w.world_size == 4 && w.local_rank == 0));
+    {
+      ScopedEnv slurm({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "1"}});
+      w = detect_world(Config{});
+      CHECK(w.source == WorldSource::slurm);
+      CHECK((w.rank == 1 && w.world_size == 3 && w.local_rank == 1));
+      {
+        ScopedEnv torchrun({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                            {"MASTER_ADDR", "10.0.0.7"}});
+        w = detect_world(Config{});
+        CHECK(w.source == WorldSource::torchrun);
+        CHECK((w.rank == 5 && w.world_size == 8 && w.local_rank == 1));
+        CHECK(w.master_addr == "10.0.0.7");
+        CHECK_THAT(w.describe(), Contains("torchrun"));
+        // The config wins over every environment.
+        w = detect_world(with({"world.rank=1", "world.size=2"}));
+        CHECK(w.source == WorldSource::config);
+        CHECK((w.rank == 1 && w.world_size == 2 && w.local_rank == 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("world: a source counts only with both rank and size", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  ScopedEnv env({{"RANK", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+  const World w = detect_world(Config{});
+  CHECK(w.source == WorldSource::slurm);
+  CHECK(w.local_rank == 0);  // SLURM_LOCALID unset: the rank
+}
+
+TEST_CASE("world: bad values are config errors naming the variable or key", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  auto error_of = [](const Config& c) {
+    try {
+      detect_world(c);
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::internal, std::string("no error"));
+  };
+  {
+    ScopedEnv env({{"RANK", "one"}, {"WORLD_SIZE", "2"}});
+    auto [code, what] = error_of(Config{});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("RANK='one'"));
+  }
+  {
+    ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "3"}});
+    auto [code, what] = error_of(Config{});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("RANK=3") && Contains("WORLD_SIZE=3"));
+  }
+  {
+    auto [code, what] = error_of(with({"world.rank=1"}));
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("world.rank and world.size"));
+  }
+  {
+    auto [code, what] = error_of(with({"world.rank=2", "world.size=2"}));
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("world.rank=2"));
+  }
+}
+
+TEST_CASE("world: world.* and rendezvous.* keys round-trip through the config", "[world]") {
+  const Config c = with({"world.rank=1", "world.size=3", "world.local_rank=0",
+                         "rendezvous.address=127.0.0.2", "rendezvous.port=30000",
+                         "rendezvous.token=s3cret"});
+  CHECK(c.world_rank == 1);
+  CHECK(c.world_size == 3);
+  CHECK(c.world_local_rank == 0);
+  CHECK(c.rendezvous_address == "127.0.0.2");
+  CHECK(c.rendezvous_port == 30000);
+  CHECK(c.rendezvous_token == "s3cret");
+  const std::string yaml = c.to_yaml();
+  CHECK_THAT(yaml, Contains("world.size: 3"));
+  CHECK_THAT(yaml, !Contains("s3cret"));  // the token is masked
+  const Config d = Config{};
+  CHECK_THAT(d.to_yaml(), Contains("world.rank: auto") && Contains("rendezvous.port: 29555"));
+  CHECK_THROWS_AS(with({"rendezvous.port=0"}), Error);
+  CHECK_THROWS_AS(with({"world.size=0"}), Error);
+}

@@ -1,0 +1,288 @@
+// `weightcast launch -n N [CONFIG]`: starts N ranks of `weightcast run` — under mpirun for the
+// mpi transport, else as local processes with torchrun's environment — and makes sure that
+// when one rank fails the others end too and nothing is left behind.
+#include "commands.hpp"
+
+#include "weightcast/config.hpp"
+#include "weightcast/device.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/log.hpp"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+extern char** environ;
+
+namespace weightcast::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_signal(int sig) { g_signal = sig; }
+
+// How long the other ranks get to end on their own once one has failed: they learn of it over
+// the control plane within milliseconds and print the job's message; only then SIGTERM.
+constexpr std::chrono::milliseconds settle_time{3000};
+
+std::string self_exe() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw system_error(Errc::internal, errno, "readlink(/proc/self/exe)");
+  return std::string(path, static_cast<std::size_t>(n));
+}
+
+std::string random_token() {
+  unsigned char bytes[16];
+  if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+    throw system_error(Errc::internal, errno, "getrandom (job token)");
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return fmt::format("was killed by signal {} ({})", sig, ::strsignal(sig));
+  }
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+/// The ranks (or mpirun): one process group; every member is ended and reaped on
+/// destruction, whatever happened.
+class ChildGroup {
+ public:
+  ChildGroup() = default;
+  ChildGroup(const ChildGroup&) = delete;
+  ChildGroup& operator=(const ChildGroup&) = delete;
+  ~ChildGroup() {
+    if (_pgid > 0 && running() > 0) {
+      signal_all(SIGKILL);
+      while (running() > 0) reap(true);
+    }
+  }
+
+  /// Starts @p argv with @p env added; @p label names it in messages ("rank 2", "mpirun").
+  void spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+             std::string label) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    for (const auto& kv : env) {
+      const auto key = kv.substr(0, kv.find('=') + 1);
+      std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+      env_strings.push_back(kv);
+    }
+    std::vector<char*> c_argv;
+    for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+    c_argv.push_back(nullptr);
+    std::vector<char*> c_env;
+    for (auto& s : env_strings) c_env.push_back(s.data());
+    c_env.push_back(nullptr);
+
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw system_error(Errc::unavailable, errno, "fork");
+    if (pid == 0) {
+      ::setpgid(0, _pgid);  // the first child founds the group
+      // If the launcher itself is killed, the ranks must not live on.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+      std::fprintf(stderr, "weightcast launch: cannot run %s: %s\n", c_argv[0],
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, _pgid);  // also here: whichever of parent and child runs first
+    if (_pgid == 0) _pgid = pid;
+    _children.push_back(Child{pid, std::move(label), std::nullopt});
+  }
+
+  /// Reaps what has ended; @p block waits (100 ms at most) for one.
+  void reap(bool block) {
+    if (block) {
+      for (int i = 0; i < 20 && !reap_once(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return;
+    }
+    while (reap_once()) {
+    }
+  }
+
+  [[nodiscard]] int running() const {
+    int n = 0;
+    for (const auto& c : _children) n += c.status ? 0 : 1;
+    return n;
+  }
+
+  void signal_all(int sig) {
+    _signalled = true;
+    if (_pgid > 0) ::kill(-_pgid, sig);
+  }
+
+  /// The first child that failed, in the order they ended.
+  [[nodiscard]] const std::optional<std::pair<std::string, int>>& first_failure() const {
+    return _first_failure;
+  }
+  [[nodiscard]] pid_t pid_of(const std::string& label) const {
+    for (const auto& c : _children) {
+      if (c.label == label) return c.pid;
+    }
+    return -1;
+  }
+
+ private:
+  struct Child {
+    pid_t pid;
+    std::string label;
+    std::optional<int> status;
+  };
+
+  bool reap_once() {
+    int status = 0;
+    const pid_t pid = ::waitpid(-_pgid, &status, WNOHANG);
+    if (pid <= 0) return false;
+    for (auto& c : _children) {
+      if (c.pid != pid) continue;
+      c.status = status;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      // The cause is the first failure; but a rank killed by a signal (before we sent any)
+      // is the cause of the others' non-zero exits even when wait() reports them first
+      // (several zombies come back oldest child first, not in the order they died).
+      const bool signal_death = WIFSIGNALED(status) && !_signalled;
+      if (failed && (!_first_failure ||
+                     (signal_death && !WIFSIGNALED(_first_failure->second)))) {
+        _first_failure.emplace(c.label, status);
+      }
+      spdlog::debug("{} (pid {}) {}", c.label, pid, describe_status(status));
+    }
+    return true;
+  }
+
+  pid_t _pgid = 0;
+  bool _signalled = false;  // we have signalled the group: later signal deaths are ours
+  std::vector<Child> _children;
+  std::optional<std::pair<std::string, int>> _first_failure;
+};
+
+bool use_mpirun(const LaunchArgs& args, const Config& config) {
+  if (args.spawner != "auto") return args.spawner == "mpirun";
+  switch (config.transport) {
+    case TransportKind::mpi: return true;
+    case TransportKind::nccl:
+    case TransportKind::local: return false;
+    case TransportKind::automatic:
+      // The ranks' `auto` picks mpi on host memory and nccl on a GPU; spawn to match.
+      if (config.device == DeviceKind::host) return true;
+      if (config.device == DeviceKind::cuda) return false;
+      return cuda_device_count() == 0;
+  }
+  return true;
+}
+
+}  // namespace
+
+int launch(const LaunchArgs& args) {
+  const Config config = load_config(args.config_path, args.overrides);
+  configure_log(config.log_level);
+
+  // One job token for all ranks, unless the user chose one: a stray rank of another job on
+  // the same port is then refused rather than mixed in.
+  std::vector<std::string> env;
+  if (config.rendezvous_token.empty()) {
+    const char* token = std::getenv("WEIGHTCAST_TOKEN");
+    env.push_back("WEIGHTCAST_TOKEN=" + (token != nullptr ? std::string(token) : random_token()));
+  }
+
+  std::vector<std::string> run_argv{self_exe(), "run"};
+  if (!args.config_path.empty()) run_argv.push_back(args.config_path);
+  for (const auto& o : args.overrides) {
+    run_argv.push_back("--set");
+    run_argv.push_back(o);
+  }
+  if (!args.report_path.empty()) {
+    run_argv.push_back("--report");
+    run_argv.push_back(args.report_path);
+  }
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  ChildGroup group;
+  const bool mpirun = use_mpirun(args, config);
+  if (mpirun) {
+    std::vector<std::string> argv{"mpirun", "-np", std::to_string(args.ranks), "--oversubscribe"};
+    if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+    argv.insert(argv.end(), {"-x", "WEIGHTCAST_TOKEN"});
+    argv.insert(argv.end(), run_argv.begin(), run_argv.end());
+    if (config.rendezvous_token.empty()) ::setenv("WEIGHTCAST_TOKEN", env[0].c_str() + 17, 1);
+    spdlog::info("launch: {} ranks under mpirun", args.ranks);
+    group.spawn(argv, env, "mpirun");
+  } else {
+    const char* port = std::getenv("MASTER_PORT");
+    spdlog::info("launch: {} local ranks", args.ranks);
+    for (int r = 0; r < args.ranks; ++r) {
+      auto rank_env = env;
+      rank_env.insert(rank_env.end(),
+                      {fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", args.ranks),
+                       fmt::format("LOCAL_RANK={}", r),
+                       fmt::format("LOCAL_WORLD_SIZE={}", args.ranks), "MASTER_ADDR=127.0.0.1",
+                       fmt::format("MASTER_PORT={}", port != nullptr ? port : "29500")});
+      group.spawn(run_argv, rank_env, fmt::format("rank {}", r));
+    }
+  }
+
+  // Wait; once one process fails (or we are told to stop), give the rest a moment to end on
+  // their own, then SIGTERM (and SIGCONT, so a stopped one acts on it), then SIGKILL.
+  std::optional<Clock::time_point> failed_at;
+  std::optional<Clock::time_point> terminated_at;
+  while (group.running() > 0) {
+    group.reap(true);
+    const auto now = Clock::now();
+    if (!failed_at && (group.first_failure() || g_signal != 0)) failed_at = now;
+    if (failed_at && !terminated_at && (g_signal != 0 || now - *failed_at >= settle_time)) {
+      if (group.running() > 0) {
+        spdlog::debug("launch: ending {} remaining process(es) with SIGTERM", group.running());
+      }
+      group.signal_all(SIGTERM);
+      group.signal_all(SIGCONT);
+      terminated_at = now;
+    }
+    if (terminated_at && now - *terminated_at >= std::chrono::duration<double>(args.grace_s)) {
+      group.signal_all(SIGKILL);
+    }
+  }
+
+  if (g_signal != 0 && !group.first_failure()) {
+    fmt::print(stderr, "weightcast launch: stopped by signal {}; ended every rank\n",
+               static_cast<int>(g_signal));
+    return 128 + g_signal;
+  }
+  if (const auto& failure = group.first_failure()) {
+    const auto& [label, status] = *failure;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_status(Errc::unavailable);
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast launch: {} {}{}\n", label, describe_status(status),
+               mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");
+    return code;
+  }
+  return 0;
+}
+
+}  // namespace weightcast::cli

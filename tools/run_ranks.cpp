@@ -1,0 +1,308 @@
+// `weightcast run` with more than one rank: rendezvous over the control plane, the catalogue
+// from rank 0, the load over the data plane, every rank's digests compared on rank 0.
+#include "commands.hpp"
+
+#include "weightcast/catalogue_wire.hpp"
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/control_plane.hpp"
+#include "weightcast/digest.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/loader.hpp"
+#include "weightcast/log.hpp"
+#include "weightcast/transport_mpi.hpp"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <unistd.h>
+#include <cstdlib>
+#include <fstream>
+#include <sys/resource.h>
+#include <thread>
+
+namespace weightcast::cli {
+namespace {
+
+// Test hook (tests/test_multirank.cpp): rank 0 sleeps this many milliseconds after reading
+// the catalogue and before sending it (and before opening the shards for the load), while
+// the other ranks wait for it; so a test can truncate a shard, kill or stop a peer at a
+// known point. Not a user feature; ignored when unset or not a number.
+constexpr const char* pause_hook_env = "WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS";
+
+void honour_pause_hook() {
+  const char* text = std::getenv(pause_hook_env);
+  if (text == nullptr) return;
+  long ms = 0;
+  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), ms);
+  if (ec != std::errc() || ms <= 0) return;
+  spdlog::info("test hook {}: pausing {} ms after reading the catalogue", pause_hook_env, ms);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+/// Ends the process (through the control plane's ABORT, status 75) if a blocking call that
+/// takes no timeout has not returned within @p timeout.
+class InitWatchdog {
+ public:
+  InitWatchdog(ControlPlane& control, int rank, std::chrono::milliseconds timeout,
+               std::string what)
+      : _thread([this, &control, rank, timeout, what = std::move(what)] {
+          std::unique_lock lock(_mutex);
+          if (_done.wait_for(lock, timeout, [this] { return _finished; })) return;
+          const Error error(Errc::timeout,
+                            fmt::format("rank {}: {} did not return within {} ms (timeout): a "
+                                        "rank stalled or died",
+                                        rank, what, timeout.count()));
+          control.abort(error);
+          std::fflush(stdout);
+          fmt::print(stderr, "weightcast: error: {}\n", error.what());
+          std::fflush(stderr);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          ::_exit(exit_status(Errc::timeout));
+        }) {}
+  ~InitWatchdog() {
+    {
+      std::lock_guard lock(_mutex);
+      _finished = true;
+    }
+    _done.notify_all();
+    _thread.join();
+  }
+  InitWatchdog(const InitWatchdog&) = delete;
+  InitWatchdog& operator=(const InitWatchdog&) = delete;
+
+ private:
+  std::mutex _mutex;
+  std::condition_variable _done;
+  bool _finished = false;
+  std::thread _thread;  // last: starts after the members it uses exist
+};
+
+// The data plane for this world, decided before the rendezvous so that a config mistake
+// ends every rank the same way without waiting for the others.
+TransportKind resolve_transport(const Config& config, const Device& device, int world_size) {
+  const bool host = device.name() == "host";
+  switch (config.transport) {
+    case TransportKind::local:
+      throw Error(Errc::config,
+                  fmt::format("transport: local moves no bytes between processes; a world of {} "
+                              "ranks needs transport mpi (device host) or nccl (device cuda)",
+                              world_size));
+    case TransportKind::mpi:
+      if (!mpi_compiled_in()) MpiSession{};  // throws "this build has no MPI"
+      WEIGHTCAST_EXPECT(host, Errc::config,
+                        fmt::format("transport: mpi broadcasts host memory, but the device is "
+                                    "{} (set device: host, or transport: nccl)",
+                                    device.name()));
+      return TransportKind::mpi;
+    case TransportKind::nccl:
+      return TransportKind::nccl;
+    case TransportKind::automatic:
+      return host ? TransportKind::mpi : TransportKind::nccl;
+  }
+  return TransportKind::mpi;
+}
+
+std::string report_path_for_rank(const std::string& pattern, int rank) {
+  std::string path = pattern;
+  const std::string marker = "{rank}";
+  for (auto at = path.find(marker); at != std::string::npos; at = path.find(marker, at)) {
+    path.replace(at, marker.size(), std::to_string(rank));
+  }
+  return path;
+}
+
+// The same JSON as world-size-1 `run --report`, for this rank.
+void write_rank_report(const std::string& path, const LoadResult& result,
+                       const std::vector<std::uint64_t>& digests, int rank, int world_size) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  nlohmann::ordered_json report;
+  report["rank"] = rank;
+  report["world_size"] = world_size;
+  report["bytes"] = result.stats.bytes;
+  report["seconds"] = result.stats.seconds;
+  report["peak_rss_bytes"] = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+  auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
+  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+    const TensorInfo& tensor = result.catalogue.tensors[i];
+    tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
+                            {"shape", tensor.shape},
+                            {"xxh3", i < digests.size() ? digest_hex(digests[i]) : ""}};
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << report.dump(1) << '\n';
+  out.close();
+  if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
+}
+
+// Rank 0: every rank's digests against rank 0's own.
+Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue) {
+  const auto& mine = reports.at(0).digests;
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests, rank 0 has {}", report.rank,
+                                       report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t t = 0; t < mine.size(); ++t) {
+      if (report.digests[t] == mine[t]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' xxh3 {}, rank 0 has {}",
+                                         report.rank, catalogue.tensors[t].name,
+                                         digest_hex(report.digests[t]), digest_hex(mine[t])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{} ranks × {} tensors bit-exact (XXH3-64 of every tensor "
+                                  "matches rank 0's)",
+                                  reports.size(), mine.size())};
+  }
+  std::string message = fmt::format("{} tensor mismatch(es) against rank 0's bytes: ", count);
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
+}  // namespace
+
+namespace {
+
+int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& world) {
+  const int rank = world.rank;
+  auto prefixed = [rank](const std::exception& e, Errc code) {
+    return Error(code, fmt::format("rank {}: {}", rank, e.what()));
+  };
+
+  std::unique_ptr<Device> device;
+  TransportKind kind{};
+  std::optional<ControlPlane> control;
+  try {
+    // The mpi data plane broadcasts host memory; a cuda arena comes with the nccl transport.
+    WEIGHTCAST_EXPECT(config.device != DeviceKind::cuda, Errc::unavailable,
+                      "device: cuda: multi-rank loads into GPU memory need the nccl transport, "
+                      "not wired into `run` yet (use device: host)");
+    device = make_host_device();
+    kind = resolve_transport(config, *device, world.world_size);
+    if (rank == 0) {
+      WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
+                        "checkpoint: not set (give it in the config or with --set "
+                        "checkpoint=PATH)");
+    }
+    control.emplace(world, rendezvous_options(config, world));
+  } catch (const RemoteAbort&) {
+    throw;
+  } catch (const Error& e) {
+    throw prefixed(e, e.code());
+  }
+
+  std::unique_ptr<MpiSession> mpi;
+  try {
+    // Ranks other than 0 never touch the checkpoint path: they get the catalogue instead.
+    Catalogue catalogue;
+    if (rank == 0) {
+      catalogue = open_checkpoint(config.checkpoint);
+      honour_pause_hook();
+      control->share(encode_catalogue(catalogue));
+    } else {
+      catalogue = decode_catalogue(control->share({}), "catalogue from rank 0");
+    }
+
+    std::unique_ptr<Transport> transport;
+    if (kind == TransportKind::mpi) {
+      {
+        // MPI_Init_thread waits for every rank (Open MPI's modex) and takes no timeout: if a
+        // rank stalls there, end the job from a watchdog instead of waiting forever.
+        InitWatchdog watchdog(*control, rank, config.timeout, "MPI_Init_thread");
+        mpi = std::make_unique<MpiSession>();
+      }
+      if (mpi->rank() != rank || mpi->world_size() != world.world_size) {
+        throw Error(Errc::unavailable,
+                    fmt::format("transport mpi: MPI says rank {} of {}, but this is rank {} of "
+                                "{} ({}); launch with mpirun -np {} (weightcast launch does)",
+                                mpi->rank(), mpi->world_size(), rank, world.world_size,
+                                to_string(world.source), world.world_size));
+      }
+      transport = make_mpi_transport(*mpi);
+    } else {
+      // TODO(nccl issue): rank 0 calls nccl_unique_id(), control->share() carries its bytes,
+      // then make_nccl_transport(rank, world_size, local_rank, id, timeout).
+      throw Error(Errc::unavailable,
+                  "transport: nccl: not wired into multi-rank `run` yet (use transport: mpi "
+                  "with device: host)");
+    }
+
+    LoadOptions options = LoadOptions::from_config(config);
+    if (device->name() != "host") options.tensor_alignment = 256;
+    const std::size_t shards = catalogue.shards.size();
+    LoadResult result = load(std::move(catalogue), *device, *transport, options);
+    std::vector<std::uint64_t> digests;
+    if (result.arena->kind() == MemoryKind::host) digests = tensor_digests(result);
+
+    fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s, "
+               "transport {}\n",
+               rank, world.world_size, result.catalogue.tensors.size(), shards,
+               shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
+               result.stats.seconds, result.stats.gbps(), result.stats.transport);
+    if (!args.report_path.empty()) {
+      const bool per_rank = args.report_path.find("{rank}") != std::string::npos;
+      if (per_rank || rank == 0) {
+        const std::string path = report_path_for_rank(args.report_path, rank);
+        write_rank_report(path, result, digests, rank, world.world_size);
+        fmt::print("# report written to {}\n", path);
+      }
+    }
+    std::fflush(stdout);
+
+    RankReport report{rank, result.stats.bytes, result.stats.seconds, digests};
+    Verdict verdict;
+    if (rank == 0) verdict = judge(control->gather(std::move(report)), result.catalogue);
+    else control->gather(std::move(report));
+    verdict = control->finish(std::move(verdict));
+    if (verdict.status != 0) {
+      throw RemoteAbort(static_cast<Errc>(verdict.status), "rank 0: " + verdict.message);
+    }
+    fmt::print("# {}\n", verdict.message);
+    return 0;
+  } catch (const RemoteAbort&) {
+    if (mpi) mpi->abandon();
+    throw;
+  } catch (const Error& e) {
+    Error mine = prefixed(e, e.code());
+    control->abort(mine);
+    if (mpi) mpi->abandon();
+    throw mine;
+  } catch (const std::exception& e) {
+    Error mine = prefixed(e, Errc::internal);
+    control->abort(mine);
+    if (mpi) mpi->abandon();
+    throw mine;
+  }
+}
+
+}  // namespace
+
+int run_ranks(const RunArgs& args, const Config& config, const World& world) {
+  try {
+    return run_ranks_or_throw(args, config, world);
+  } catch (const Error& e) {
+    // Printed here rather than by main(): after the message, linger a moment before the
+    // exit, because mpirun drops output it has not forwarded when it tears a job down on
+    // the first non-zero exit, and this rank's message must reach the user.
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: error: {}\n", e.what());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return exit_status(e.code());
+  }
+}
+
+}  // namespace weightcast::cli
