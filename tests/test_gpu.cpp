@@ -126,7 +126,7 @@ std::vector<std::uint64_t> host_digests(const std::filesystem::path& checkpoint)
 
 // ---- everywhere ------------------------------------------------------------------------
 
-TEST_CASE("--version says what GPU support is compiled in and what was found", "[cli][gpu-info]") {
+TEST_CASE("weightcast --version says what GPU support is compiled in and what was found", "[cli][gpu-info]") {
   const auto r = run_cli({"--version"});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
