@@ -16,15 +16,22 @@
 
 namespace weightcast {
 
+/// `device:` where tensors land: a GPU if one is visible (auto), host memory, or a GPU.
 enum class DeviceKind { automatic, host, cuda };
+/// `transport:` the data plane: auto (local for one rank, mpi on host, nccl on cuda),
+/// local (world size 1), mpi (host memory, OpenMPI), nccl (device memory).
 enum class TransportKind { automatic, local, mpi, nccl };
+/// `direct_io:` O_DIRECT policy for rank 0's reads: auto (buffered when the shard is in the
+/// page cache or O_DIRECT is refused), on (refusal is an error, 74), off (buffered).
 enum class DirectIo { automatic, on, off };
 /// `reader:` the read back end (reader.hpp): io_uring, a pread thread pool, or auto.
 enum class ReaderKind { automatic, uring, pread };
 /// `destination:` where tensor bytes go: an arena, or nowhere (digested and dropped).
 enum class Destination { arena, discard };
+/// `log_level:` the least severe log line printed to stderr.
 enum class LogLevel { error, warn, info, debug };
 
+/// @return the config spelling of a value ("auto", "host", "uring", …), as `to_yaml` prints it.
 std::string_view to_string(DeviceKind) noexcept;
 std::string_view to_string(TransportKind) noexcept;
 std::string_view to_string(DirectIo) noexcept;
@@ -79,7 +86,8 @@ struct Config {
  */
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
 
-/// @return bytes for "16MiB", "1 GiB", "4096", "16MB"; nullopt-like failure throws.
+/// @return bytes for "16MiB", "1 GiB", "4096", "16MB" (binary KiB/MiB/GiB/TiB, decimal
+///         KB/MB/GB/TB; a bare K/M/G is refused as ambiguous).
 /// @throws Error `config` naming @p key and @p text when the text is not a size.
 std::uint64_t parse_size(std::string_view text, std::string_view key);
 
@@ -87,7 +95,7 @@ std::uint64_t parse_size(std::string_view text, std::string_view key);
 /// @throws Error `config` naming @p key and @p text when the text is not a duration.
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view key);
 
-/// @return "16 MiB", "1.5 GiB", "512 B": a size for people.
+/// @return "16 MiB", "1.50 GiB", "512 B": a size for people (binary units).
 std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace weightcast
