@@ -464,7 +464,10 @@ TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact; u
   }
   TempDir dir;
   const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
-  const auto& [file, tensors] = *manifest.items().begin();
+  // Not `*manifest.items().begin()`: the proxy is a temporary, its key a dangling reference.
+  const auto first = manifest.begin();
+  const std::string file = first.key();
+  const auto& tensors = first.value();
   const auto checkpoint = (corpus_dir() / "real" / file).string();
   const auto report_path = dir / "report.json";
   const auto r = run_process({helper, cli_path().string(), "run", "--set",
