@@ -50,6 +50,7 @@ class HostDevice final : public Device {
     std::memcpy(destination, source, bytes);
     return nullptr;
   }
+  [[nodiscard]] bool reads_into_arena() const noexcept override { return true; }
 };
 
 }  // namespace

@@ -118,11 +118,16 @@ class Pipeline {
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _slot_head.resize(_ring->slots());
+      _slot_in_arena.resize(_ring->slots());
       if (discarding()) _digests.emplace(_catalogue.tensors.size());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
+      // Registering the slots pins (and so commits) them: only worth it when some chunk is
+      // staged; when every read lands in the arena, the slots are never touched.
+      const bool staged = std::any_of(_plan.chunks.begin(), _plan.chunks.end(),
+                                      [&](const Chunk& chunk) { return !reads_into_arena(chunk); });
       std::vector<std::span<std::byte>> slots;
-      for (std::size_t i = 0; i < _ring->slots(); ++i) {
+      for (std::size_t i = 0; staged && i < _ring->slots(); ++i) {
         slots.emplace_back(_ring->slot_data(i), _ring->slot_bytes());
       }
       const bool fixed_buffers = _reader->register_buffers(slots);
@@ -165,6 +170,20 @@ class Pipeline {
       ReadRequest& request = _requests[slot];
       request = ReadRequest{};
       request.fd = _files->fd(chunk.shard);
+      _slot_in_arena[slot] = reads_into_arena(chunk);
+      if (_slot_in_arena[slot]) {
+        // Straight into the arena: the lease only bounds the reads in flight.
+        _slot_head[slot] = 0;
+        request.destination = _arena.data() + chunk.arena_offset;
+        request.bytes = chunk.bytes;
+        request.file_offset = chunk.file_offset;
+        request.user = slot;
+        _read_begin[slot] = Clock::now();
+        _reader->submit(&request);
+        co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
+                                        use_awaitable);
+        continue;
+      }
       request.destination = lease.data();
       // O_DIRECT: offset and length rounded out to the alignment; the chunk's bytes start
       // `head` bytes into the slot. The rounded end may lie past the end of the file: only
@@ -215,7 +234,9 @@ class Pipeline {
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = lease.data() + _slot_head[slot];
-      if (_digests) {
+      if (_slot_in_arena[slot]) {
+        // The read put the chunk in its place already.
+      } else if (_digests) {
         // destination: discard: hash the pieces as they pass; nothing is kept.
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
@@ -254,8 +275,9 @@ class Pipeline {
       }
       const Chunk& chunk = _plan.chunks[c];
       const auto broadcast_begin = Clock::now();
-      // One grouped broadcast per chunk, ordered after the uploads so far on rank 0 (for
-      // nccl: cudaStreamWaitEvent on the device's upload event).
+      // One grouped broadcast per chunk. On rank 0 the upload stage hands a chunk over only
+      // once its own copies have completed (polled), so the broadcast needs no stream wait:
+      // waiting on the device's latest upload event would also wait for the next chunk's H2D.
       _ranges.clear();
       if (chunk.arena_contiguous) {
         _ranges.push_back({_arena.data() + chunk.arena_offset, chunk.bytes});
@@ -267,7 +289,7 @@ class Pipeline {
       }
       if (!discarding()) {
         co_await wait(
-            _transport.broadcast_group(_ranges, 0, root ? _device.upload_event() : nullptr));
+            _transport.broadcast_group(_ranges, 0, nullptr));
       }
       _last_progress = Clock::now();
       stage_event(Stage::broadcast, c, broadcast_begin);
@@ -352,6 +374,13 @@ class Pipeline {
     return _options.destination == Destination::discard;
   }
 
+  // A buffered chunk whose pieces tile one range of a host arena is read into that range:
+  // no slot, no copy. O_DIRECT chunks are staged: their aligned superset spills past them.
+  [[nodiscard]] bool reads_into_arena(const Chunk& chunk) const {
+    return !discarding() && _device.reads_into_arena() && chunk.arena_contiguous &&
+           _files->alignment(chunk.shard) == 1;
+  }
+
   void tensor_ready(std::uint32_t t) {
     if (!_options.on_tensor_ready) return;
     const TensorInfo& info = _catalogue.tensors[t];
@@ -400,6 +429,7 @@ class Pipeline {
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
   std::vector<std::uint64_t> _slot_head;              // per slot: O_DIRECT bytes before it
+  std::vector<char> _slot_in_arena;                   // per slot: its chunk was read in place
   std::optional<StreamingDigests> _digests;           // destination: discard
   std::vector<Clock::time_point> _read_begin;         // per slot: when its read was submitted
   const Clock::time_point _started = Clock::now();    // for LoadProgress::seconds

@@ -74,6 +74,15 @@ class Device {
   virtual std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                           std::uint64_t bytes) = 0;
 
+  /**
+   * @return true when a read may land in this device's arena directly, in place of staging
+   *         it in a slot and calling `upload()`: the arena is ordinary host memory (`host`).
+   *         The loader then reads buffered chunks whose pieces tile one arena range straight
+   *         into the arena, with no copy; O_DIRECT chunks still go through a slot (their
+   *         aligned superset would spill past the chunk). False for `cuda`.
+   */
+  [[nodiscard]] virtual bool reads_into_arena() const noexcept { return false; }
+
   /// @return true when staging slots should be page-locked with `pin()` before use: `cuda`
   ///         (an async H2D copy from pageable memory is staged by the driver, CUDA
   ///         Programming Guide, "Page-Locked Host Memory"). False for `host`.
