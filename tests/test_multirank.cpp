@@ -1,5 +1,6 @@
 // Many ranks against real processes: mpirun and `weightcast launch`, bit-exact on every rank,
 // and every failure ends every rank in bounded time with one message and status.
+#include "weightcast/device.hpp"
 #include "weightcast/transport_mpi.hpp"
 
 #include "utils/job.hpp"
@@ -263,4 +264,26 @@ TEST_CASE("multirank: transport local with several ranks is a config error", "[m
                          {"RANK=1", "WORLD_SIZE=2"}, 60);
   CHECK(r.exit_status == 78);
   CHECK_THAT(r.err, Contains("rank 1: transport: local moves no bytes between processes"));
+}
+
+TEST_CASE("multirank: transport nccl on host memory is a config error", "[multirank]") {
+  const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
+                          "transport=nccl", "--set", "device=host"},
+                         {"RANK=1", "WORLD_SIZE=2"}, 60);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Contains("rank 1: transport: nccl broadcasts GPU memory, but the device is "
+                             "host"));
+}
+
+TEST_CASE("multirank: device cuda without a usable GPU ends the rank with 69 naming why",
+          "[multirank]") {
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a CUDA device; the [gpu] tests cover it");
+    return;
+  }
+  const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
+                          "device=cuda"},
+                         {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1"}, 60);
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.err, Contains("rank 1: cuda:1:"));  // LOCAL_RANK picks the GPU
 }

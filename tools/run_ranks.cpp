@@ -99,6 +99,9 @@ TransportKind resolve_transport(const Config& config, const Device& device, int 
                                     device.name()));
       return TransportKind::mpi;
     case TransportKind::nccl:
+      WEIGHTCAST_EXPECT(!host, Errc::config,
+                        "transport: nccl broadcasts GPU memory, but the device is host (set "
+                        "device: cuda or auto on a GPU machine, or transport: mpi)");
       return TransportKind::nccl;
     case TransportKind::automatic:
       return host ? TransportKind::mpi : TransportKind::nccl;
@@ -186,11 +189,8 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   TransportKind kind{};
   std::optional<ControlPlane> control;
   try {
-    // The mpi data plane broadcasts host memory; a cuda arena comes with the nccl transport.
-    WEIGHTCAST_EXPECT(config.device != DeviceKind::cuda, Errc::unavailable,
-                      "device: cuda: multi-rank loads into GPU memory need the nccl transport, "
-                      "not wired into `run` yet (use device: host)");
-    device = make_host_device();
+    // host memory travels over mpi; a cuda arena (this rank's GPU: LOCAL_RANK) over nccl.
+    device = make_device(config.device, world.local_rank);
     kind = resolve_transport(config, *device, world.world_size);
     if (rank == 0) {
       WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
@@ -233,19 +233,30 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       }
       transport = make_mpi_transport(*mpi);
     } else {
-      // TODO(nccl issue): rank 0 calls nccl_unique_id(), control->share() carries its bytes,
-      // then make_nccl_transport(rank, world_size, local_rank, id, timeout).
-      throw Error(Errc::unavailable,
-                  "transport: nccl: not wired into multi-rank `run` yet (use transport: mpi "
-                  "with device: host)");
+      // NCCL's bootstrap: rank 0's ncclUniqueId travels over the control plane (NCCL docs,
+      // "Creating a communicator with options"), then every rank joins the communicator.
+      NcclUniqueId id{};
+      if (rank == 0) {
+        id = nccl_unique_id();
+        control->share(std::string(reinterpret_cast<const char*>(id.data()), id.size()));
+      } else {
+        const std::string bytes = control->share({});
+        WEIGHTCAST_EXPECT(bytes.size() == id.size(), Errc::unavailable,
+                          fmt::format("the NCCL unique id from rank 0 has {} bytes, expected {}",
+                                      bytes.size(), id.size()));
+        std::memcpy(id.data(), bytes.data(), id.size());
+      }
+      transport = make_nccl_transport(rank, world.world_size, world.local_rank, id,
+                                      config.timeout);
     }
 
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
     const std::size_t shards = catalogue.shards.size();
     LoadResult result = load(std::move(catalogue), *device, *transport, options);
-    std::vector<std::uint64_t> digests;
-    if (result.arena->kind() == MemoryKind::host) digests = tensor_digests(result);
+    // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
+    // that landed in GPU memory, not a host copy of them.
+    const std::vector<std::uint64_t> digests = tensor_digests(result);
 
     fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s, "
                "transport {}\n",
