@@ -3,7 +3,8 @@
 #
 #   bench/read_bench.sh [compare|sweep|all] [FILE]
 #
-# compare: fio (io_uring engine, block size = chunk_size, iodepth = io_depth) and
+# compare: fio (io_uring engine with registered buffers and files, block size = chunk_size,
+#          iodepth = io_depth) and
 #          `weightcast run --set destination=discard` (read stage + XXH3 of every tensor,
 #          nothing kept) on the same file, alternating, REPS times each, in two modes:
 #            buffered/warm: the file is read once first, both read it from the page cache;
@@ -54,8 +55,11 @@ warm() { cat "$file" >/dev/null; }
 
 # fio GB/s: whole file, sequential, one job. --invalidate=0: fio's default (1) drops the
 # file's pages before the job, which would make the "warm" run read from the disk.
+# --fixedbufs --registerfiles: like for like, weightcast registers its slots and shard fds
+# (without them fio pins each O_DIRECT buffer per read: about half the throughput here).
 fio_gbps() {  # direct(0|1) chunk io_depth
   fio --name=read --filename="$file" --readonly --invalidate=0 --rw=read --ioengine=io_uring \
+      --fixedbufs --registerfiles \
       --direct="$1" --bs="$(bytes_of "$2")" --iodepth="$3" --size="$file_bytes" \
       --numjobs=1 --output-format=json 2>/dev/null |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['read']; \
