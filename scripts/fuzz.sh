@@ -13,8 +13,9 @@ cmake --build build-fuzz
 
 seeds=build-fuzz/seeds
 rm -rf "$seeds" && mkdir -p "$seeds/header" "$seeds/index" build-fuzz/crashes
-find "$corpus" -name '*.safetensors' -size -1M -exec cp -t "$seeds/header" {} + 2>/dev/null || true
-find "$corpus" -name '*.index.json' -size -1M -exec sh -c 'for f; do cp "$f" "$0/$(echo "$f" | md5sum | cut -c1-16).json"; done' "$seeds/index" {} +
+# -size -1024k: under 1 MiB (find rounds -1M up to whole MiB, which only empty files pass).
+find "$corpus" -name '*.safetensors' -size -1024k -exec cp -t "$seeds/header" {} + 2>/dev/null || true
+find "$corpus" -name '*.index.json' -size -1024k -exec sh -c 'for f; do cp "$f" "$0/$(echo "$f" | md5sum | cut -c1-16).json"; done' "$seeds/index" {} +
 export TMPDIR=${TMPDIR:-/tmp}
 status=0
 for target in header index; do
