@@ -2,7 +2,7 @@
 // final reports. Boost.Asio lives here only (it is slow to compile).
 #include "weightcast/control_plane.hpp"
 
-#include "weightcast/detail/wire.hpp"
+#include "weightcast/detail/control_wire.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <condition_variable>
@@ -19,12 +20,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <poll.h>
 #include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 
 namespace weightcast {
 
@@ -50,32 +54,25 @@ RendezvousOptions rendezvous_options(const Config& config, const World& world) {
 
 namespace {
 
-enum class Frame : std::uint8_t {
-  hello = 1,    // peer → 0: magic, version, rank, world size, token
-  welcome = 2,  // 0 → peer: accepted
-  reject = 3,   // 0 → peer: reason
-  share = 4,    // 0 → peer: opaque bytes (catalogue, NCCL id)
-  abort = 5,    // any → any: status, message
-  report = 6,   // peer → 0: final report
-  done = 7,     // 0 → peer: verdict
-};
-constexpr std::size_t header_bytes = 5;  // type u8, length u32
-constexpr std::uint32_t max_payload_bytes = (64u << 20) + 4096;
-constexpr std::uint32_t max_hello_bytes = 4096;
-constexpr std::uint32_t hello_magic = 0x4f4c4548;  // "HELO"
-constexpr std::uint32_t protocol_version = 1;
+using detail::Frame;
+using detail::frame_bytes;
+using detail::frame_header_bytes;
+using detail::FrameReader;
+using detail::decode_status;
+using detail::encode_status;
+// Rank 0 gives each connection this long (at most) to say hello: a stranger that connects
+// and says nothing, or trickles bytes, holds a file descriptor no longer than this.
+constexpr std::chrono::milliseconds greeting_timeout{5'000};
+// Connections rank 0 lets wait for their hello at once; one more closes the oldest, so a
+// flood of silent connections cannot exhaust file descriptors nor lock real peers out (a
+// real peer says hello within a round trip of connecting).
+constexpr std::size_t max_pending_greetings = 64;
+// Pause before accepting again when the process is out of file descriptors (EMFILE, ENFILE)
+// or memory: the connection waits in the backlog meanwhile, and retrying at once would spin.
+constexpr std::chrono::milliseconds accept_backoff{100};
 // How long rank 0 waits for the others to hang up after an ABORT: long enough for them to
 // print it, short enough that a stopped peer does not hold the job.
 constexpr std::chrono::milliseconds abort_grace{10'000};
-
-std::string frame_bytes(Frame type, std::string_view payload) {
-  std::string bytes(header_bytes, '\0');
-  bytes[0] = static_cast<char>(type);
-  const auto length = static_cast<std::uint32_t>(payload.size());
-  std::memcpy(bytes.data() + 1, &length, 4);
-  bytes.append(payload);
-  return bytes;
-}
 
 std::string milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
 
@@ -106,9 +103,12 @@ void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int pe
   }
 }
 
-// Reads one frame before @p deadline (rendezvous only; later the reader thread reads).
-std::optional<std::pair<Frame, std::string>> recv_frame(int fd, Clock::time_point deadline,
-                                                        std::uint32_t max_bytes) {
+// Reads rank 0's answer to a hello before @p deadline (later the reader thread reads).
+// @return nothing when the connection closed or the deadline passed.
+// @throws Error `unavailable` when the header is not one a joining peer accepts (checked
+//         before the payload is read or allocated).
+std::optional<std::pair<Frame, std::string>> recv_reply(int fd, Clock::time_point deadline,
+                                                        std::string_view what) {
   auto read_exact = [&](char* out, std::size_t bytes) {
     while (bytes > 0) {
       const ssize_t got = ::recv(fd, out, bytes, MSG_DONTWAIT);
@@ -128,30 +128,12 @@ std::optional<std::pair<Frame, std::string>> recv_frame(int fd, Clock::time_poin
     }
     return true;
   };
-  std::array<char, header_bytes> header{};
+  std::array<char, frame_header_bytes> header{};
   if (!read_exact(header.data(), header.size())) return std::nullopt;
-  std::uint32_t length = 0;
-  std::memcpy(&length, header.data() + 1, 4);
-  if (length > max_bytes) return std::nullopt;
+  const auto [type, length] = detail::decode_frame_header(header, FrameReader::joining, what);
   std::string payload(length, '\0');
   if (!read_exact(payload.data(), length)) return std::nullopt;
-  return std::make_pair(static_cast<Frame>(header[0]), std::move(payload));
-}
-
-std::string encode_status(int status, std::string_view message) {
-  detail::WireWriter out;
-  out.put(static_cast<std::int32_t>(status));
-  out.put_string(message.substr(0, 60'000));
-  return std::move(out.bytes());
-}
-
-std::pair<int, std::string> decode_status(std::string_view payload, std::string_view what) {
-  detail::WireReader in(payload, what);
-  const auto status = in.get<std::int32_t>("status");
-  std::string message = in.get_string("message");
-  // A status outside 0..125 would read as a signal to the shell.
-  return {status >= 0 && status < 126 ? status : exit_status(Errc::unavailable),
-          std::move(message)};
+  return std::make_pair(type, std::move(payload));
 }
 
 tcp::endpoint resolve(const RendezvousOptions& options) {
@@ -186,7 +168,7 @@ struct Connection {
   tcp::socket socket;
   std::mutex write_mutex;
   bool closed = false;  // guarded by Impl::mutex
-  std::array<char, header_bytes> header{};
+  std::array<char, frame_header_bytes> header{};
   std::string payload;
 };
 
@@ -233,53 +215,77 @@ struct ControlPlane::Impl {
                   options.port, world.world_size - 1);
     connections.resize(world.world_size);
     const auto deadline = Clock::now() + options.timeout;
+    const auto greeting_wait = std::min(options.timeout, greeting_timeout);
     int joined = 0;
     int refused = 0;
+    int dropped = 0;  // closed unheard: no hello in time, or the oldest of too many waiting
     std::string last_refusal;
+    bool warned_flood = false;
+    bool warned_accept = false;
 
+    // A connection that has not shown the job token yet. It may be a stranger, so it gets
+    // a deadline of its own and at most `max_hello_bytes` are read from it.
     struct Greeting {
-      explicit Greeting(tcp::socket s) : socket(std::move(s)) {}
+      Greeting(tcp::socket s, asio::io_context& context)
+          : socket(std::move(s)), timer(context) {}
       tcp::socket socket;
-      std::array<char, header_bytes> header{};
+      asio::steady_timer timer;
+      std::array<char, frame_header_bytes> header{};
       std::string payload;
       std::string from;
+      bool over = false;  // joined, refused, timed out or closed
     };
-    auto refuse = [&](Greeting& g, const std::string& reason) {
-      ++refused;
+    using GreetingPtr = std::shared_ptr<Greeting>;
+    std::deque<GreetingPtr> pending;  // oldest first
+
+    // Forgets @p g (its handlers then see `over` and return); the socket stays open.
+    auto forget = [&](Greeting& g) {
+      g.over = true;
+      std::erase_if(pending, [&](const GreetingPtr& p) { return p.get() == &g; });
+      g.timer.cancel();
+    };
+    auto close_greeting = [&](Greeting& g) {
+      if (g.over) return;
+      forget(g);
+      boost::system::error_code ignored;
+      g.socket.close(ignored);
+    };
+    auto refuse = [&](Greeting& g, std::string reason) {
+      reason.resize(std::min(reason.size(), detail::max_status_message_bytes));
       last_refusal = fmt::format("from {}: {}", g.from, reason);
-      spdlog::warn("rendezvous: refused a connection {}", last_refusal);
+      // A wrong-token peer is worth a warning; a stream of junk connections is not worth a
+      // screenful.
+      if (++refused <= 10) {
+        spdlog::warn("rendezvous: refused a connection {}{}", last_refusal,
+                     refused == 10 ? " (further refusals are logged at debug level)" : "");
+      } else {
+        spdlog::debug("rendezvous: refused a connection {}", last_refusal);
+      }
       try {
+        // A fresh socket's send buffer takes a refusal at once; never let one hold the loop.
         send_all(g.socket.native_handle(), frame_bytes(Frame::reject, reason),
-                 Clock::now() + std::chrono::seconds(1), -1);
+                 Clock::now() + std::chrono::milliseconds(100), -1);
       } catch (const Error&) {
         // The refused peer learns by the closed connection instead.
       }
-      g.socket.close();
+      close_greeting(g);
     };
     auto on_hello = [&](Greeting& g) {
-      detail::WireReader in(g.payload, "hello from " + g.from);
-      std::int32_t rank = -1;
-      std::int32_t size = 0;
-      std::string token;
+      detail::Hello hello;
       try {
-        if (in.get<std::uint32_t>("magic") != hello_magic) return refuse(g, "not weightcast");
-        if (const auto v = in.get<std::uint32_t>("version"); v != protocol_version) {
-          return refuse(g, fmt::format("protocol version {}, rank 0 speaks {}", v,
-                                       protocol_version));
-        }
-        rank = in.get<std::int32_t>("rank");
-        size = in.get<std::int32_t>("world size");
-        token = in.get_string("token");
+        hello = detail::decode_hello(g.payload, "hello");
       } catch (const Error& e) {
         return refuse(g, e.what());
       }
       // The token first: a stranger learns nothing about this job's shape.
-      if (token != options.token) {
+      if (!detail::tokens_equal(hello.token, options.token)) {
         return refuse(g, "wrong job token (give every rank the same rendezvous.token or "
                          "WEIGHTCAST_TOKEN)");
       }
-      if (size != world.world_size) {
-        return refuse(g, fmt::format("world size {}, rank 0 has {}", size, world.world_size));
+      const int rank = hello.rank;
+      if (hello.world_size != world.world_size) {
+        return refuse(g, fmt::format("world size {}, rank 0 has {}", hello.world_size,
+                                     world.world_size));
       }
       if (rank <= 0 || rank >= world.world_size) {
         return refuse(g, fmt::format("rank {} is not a peer rank of a world of {}", rank,
@@ -287,36 +293,89 @@ struct ControlPlane::Impl {
       }
       if (connections[rank]) return refuse(g, fmt::format("rank {} already joined", rank));
       try {
-        send_all(g.socket.native_handle(), frame_bytes(Frame::welcome, {}), deadline, rank);
+        send_all(g.socket.native_handle(), frame_bytes(Frame::welcome, {}),
+                 std::min(deadline, Clock::now() + std::chrono::seconds(1)), rank);
       } catch (const Error&) {
-        g.socket.close();
-        return;
+        return close_greeting(g);
       }
+      forget(g);
       connections[rank] = std::make_unique<Connection>(rank, rehome(g.socket, io));
       ++joined;
       spdlog::debug("rendezvous: rank {} joined from {}", rank, g.from);
     };
+    auto greet = [&](tcp::socket socket) {
+      auto g = std::make_shared<Greeting>(std::move(socket), rendezvous_io);
+      boost::system::error_code peer_error;
+      auto remote = g->socket.remote_endpoint(peer_error);
+      g->from = peer_error ? std::string("?")
+                           : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      if (pending.size() >= max_pending_greetings) {
+        // A real peer says hello within a round trip; the oldest waiting is the likeliest
+        // stranger.
+        const GreetingPtr oldest = pending.front();
+        ++dropped;
+        if (!std::exchange(warned_flood, true)) {
+          spdlog::warn("rendezvous: {} connections are waiting to say hello; closing the "
+                       "oldest, from {} (a flood of connections? further ones at debug level)",
+                       pending.size(), oldest->from);
+        } else {
+          spdlog::debug("rendezvous: closing the connection from {}: too many waiting",
+                        oldest->from);
+        }
+        close_greeting(*oldest);
+      }
+      pending.push_back(g);
+      g->timer.expires_after(greeting_wait);
+      g->timer.async_wait([&, g](boost::system::error_code error) {
+        if (error || g->over) return;
+        ++dropped;
+        spdlog::debug("rendezvous: closing the connection from {}: no hello within {}",
+                      g->from, milliseconds(greeting_wait));
+        close_greeting(*g);
+      });
+      asio::async_read(g->socket, asio::buffer(g->header), [&, g](auto error, std::size_t) {
+        if (error || g->over) return close_greeting(*g);
+        detail::FrameHeader header{};
+        try {
+          // Checked before anything is allocated: a 4 GiB length is refused from 5 bytes.
+          header = detail::decode_frame_header(g->header, FrameReader::greeting,
+                                               "first message");
+        } catch (const Error& e) {
+          return refuse(*g, fmt::format("not a weightcast hello ({})", e.what()));
+        }
+        g->payload.resize(header.payload_bytes);
+        asio::async_read(g->socket, asio::buffer(g->payload), [&, g](auto error2, std::size_t) {
+          if (error2 || g->over) return close_greeting(*g);
+          on_hello(*g);
+        });
+      });
+    };
+    // Keeps accepting through errors until the rendezvous closes the acceptor: a failed
+    // accept (out of file descriptors, a connection reset before it was taken) must not lock
+    // the real peers out.
+    asio::steady_timer accept_pause(rendezvous_io);
     std::function<void()> accept_next = [&] {
       acceptor.async_accept([&](boost::system::error_code error, tcp::socket socket) {
-        if (error) return;  // the acceptor closed
-        auto g = std::make_shared<Greeting>(std::move(socket));
-        boost::system::error_code peer_error;
-        auto remote = g->socket.remote_endpoint(peer_error);
-        g->from = peer_error ? std::string("?")
-                             : fmt::format("{}:{}", remote.address().to_string(), remote.port());
-        asio::async_read(g->socket, asio::buffer(g->header), [&, g](auto error2, std::size_t) {
-          if (error2) return;
-          std::uint32_t length = 0;
-          std::memcpy(&length, g->header.data() + 1, 4);
-          if (static_cast<Frame>(g->header[0]) != Frame::hello || length > max_hello_bytes) {
-            return refuse(*g, "not a weightcast hello");
-          }
-          g->payload.resize(length);
-          asio::async_read(g->socket, asio::buffer(g->payload), [&, g](auto error3, std::size_t) {
-            if (!error3) on_hello(*g);
-          });
+        if (!acceptor.is_open() || error == asio::error::operation_aborted) return;
+        if (!error) {
+          greet(std::move(socket));
+          return accept_next();
+        }
+        const bool exhausted = error.category() == boost::system::system_category() &&
+                               (error.value() == EMFILE || error.value() == ENFILE ||
+                                error.value() == ENOBUFS || error.value() == ENOMEM);
+        const auto pause = exhausted ? accept_backoff : std::chrono::milliseconds(10);
+        if (exhausted && !std::exchange(warned_accept, true)) {
+          spdlog::warn("rendezvous: cannot accept a connection on {}:{}: {}; retrying every {}",
+                       options.address, options.port, error.message(), milliseconds(pause));
+        } else {
+          spdlog::debug("rendezvous: accept failed: {}; retrying in {}", error.message(),
+                        milliseconds(pause));
+        }
+        accept_pause.expires_after(pause);
+        accept_pause.async_wait([&](boost::system::error_code wait_error) {
+          if (!wait_error && acceptor.is_open()) accept_next();
         });
-        accept_next();
       });
     };
     accept_next();
@@ -324,6 +383,7 @@ struct ControlPlane::Impl {
       rendezvous_io.run_one_until(deadline);
     }
     acceptor.close();
+    for (const GreetingPtr& g : std::deque<GreetingPtr>(pending)) close_greeting(*g);
     if (joined == world.world_size - 1) return;
 
     std::string missing;
@@ -335,6 +395,9 @@ struct ControlPlane::Impl {
         options.address, options.port, milliseconds(options.timeout));
     if (refused > 0) {
       message += fmt::format("; refused {} connection(s), last {}", refused, last_refusal);
+    }
+    if (dropped > 0) {
+      message += fmt::format("; closed {} connection(s) that sent no hello in time", dropped);
     }
     const std::string abort_message = fmt::format("rank 0: {}", message);
     for (auto& connection : connections) {
@@ -355,6 +418,21 @@ struct ControlPlane::Impl {
     const auto deadline = Clock::now() + options.timeout;
     auto backoff = std::chrono::milliseconds(50);
     std::string last_error = "no attempt";
+    auto pause = [&] {
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    };
+    const std::string hello_payload =
+        detail::encode_hello({world.rank, world.world_size, options.token});
+    if (hello_payload.size() > detail::max_hello_bytes) {
+      // Rank 0 would refuse it unread; say why here.
+      throw Error(Errc::config,
+                  fmt::format("rendezvous.token is {} bytes; rank 0 takes at most {}",
+                              options.token.size(),
+                              options.token.size() - (hello_payload.size() -
+                                                      detail::max_hello_bytes)));
+    }
+    const std::string hello = frame_bytes(Frame::hello, hello_payload);
     while (Clock::now() < deadline) {
       asio::io_context connect_io;
       tcp::socket socket(connect_io);
@@ -367,20 +445,30 @@ struct ControlPlane::Impl {
       }
       if (result) {
         last_error = result.message();
-        std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+        pause();
         continue;
       }
-      detail::WireWriter hello;
-      hello.put(hello_magic);
-      hello.put(protocol_version);
-      hello.put(static_cast<std::int32_t>(world.rank));
-      hello.put(static_cast<std::int32_t>(world.world_size));
-      hello.put_string(options.token);
-      send_all(socket.native_handle(), frame_bytes(Frame::hello, hello.bytes()), deadline, 0);
-      auto reply = recv_frame(socket.native_handle(), deadline, max_payload_bytes);
+      try {
+        send_all(socket.native_handle(), hello, deadline, 0);
+      } catch (const Error& e) {
+        // Closed before the hello went out (e.g. as the oldest of a flood): try again.
+        last_error = e.what();
+        pause();
+        continue;
+      }
+      std::optional<std::pair<Frame, std::string>> reply;
+      try {
+        reply = recv_reply(socket.native_handle(), deadline, "reply");
+      } catch (const Error& e) {
+        throw Error(Errc::unavailable,
+                    fmt::format("rendezvous: {}:{} answered this rank's hello with a malformed "
+                                "message ({}); is rendezvous.port another service's?",
+                                options.address, options.port, e.what()));
+      }
       if (!reply) {
+        // Refused without a word, e.g. closed as the oldest of a flood of connections.
         last_error = "rank 0 closed the connection during the rendezvous";
+        pause();
         continue;
       }
       switch (reply->first) {
@@ -419,14 +507,21 @@ struct ControlPlane::Impl {
   void read_next(Connection& c) {
     asio::async_read(c.socket, asio::buffer(c.header), [this, &c](auto ec, std::size_t) {
       if (ec) return lost(c, "its control connection closed (the process died or was killed)");
-      std::uint32_t length = 0;
-      std::memcpy(&length, c.header.data() + 1, 4);
-      if (length > max_payload_bytes) return lost(c, "it sent a malformed control message");
-      c.payload.resize(length);
-      asio::async_read(c.socket, asio::buffer(c.payload), [this, &c](auto ec2, std::size_t) {
+      detail::FrameHeader header{};
+      try {
+        // Type and length are checked before the payload is allocated.
+        header = detail::decode_frame_header(
+            c.header, world.rank == 0 ? FrameReader::root : FrameReader::peer,
+            fmt::format("message from rank {}", c.rank));
+      } catch (const Error& e) {
+        return lost(c, fmt::format("it sent a malformed control message ({})", e.what()));
+      }
+      c.payload.resize(header.payload_bytes);
+      asio::async_read(c.socket, asio::buffer(c.payload), [this, &c, header](auto ec2,
+                                                                            std::size_t) {
         if (ec2) return lost(c, "its control connection closed (the process died or was killed)");
         try {
-          dispatch(c, static_cast<Frame>(c.header[0]));
+          dispatch(c, header.type);
         } catch (const Error& e) {
           return lost(c, fmt::format("it sent a malformed control message ({})", e.what()));
         }
@@ -445,17 +540,12 @@ struct ControlPlane::Impl {
         return;
       }
       case Frame::report: {
-        detail::WireReader in(c.payload, what);
-        RankReport report;
-        report.rank = in.get<std::int32_t>("rank");
-        report.bytes = in.get<std::uint64_t>("bytes");
-        const auto seconds_bits = in.get<std::uint64_t>("seconds");
-        std::memcpy(&report.seconds, &seconds_bits, 8);
-        const auto count = in.get<std::uint32_t>("digest count");
-        in.need_items(count, 8, "digests");
-        report.digests.resize(count);
-        for (auto& d : report.digests) d = in.get<std::uint64_t>("digest");
-        if (report.rank != c.rank) in.fail("rank", "does not match the connection's rank");
+        RankReport report = detail::decode_report(c.payload, what);
+        if (report.rank != c.rank) {
+          throw Error(Errc::unavailable,
+                      fmt::format("{}: report of rank {}, not the connection's", what,
+                                  report.rank));
+        }
         std::lock_guard lock(mutex);
         reports[c.rank] = std::move(report);
         changed.notify_all();
@@ -587,10 +677,10 @@ bool ControlPlane::aborted() const noexcept {
 std::string ControlPlane::share(std::string bytes) {
   Impl& impl = *_impl;
   if (impl.world.world_size <= 1) return bytes;
-  if (bytes.size() > max_payload_bytes) {
+  if (bytes.size() > detail::max_share_bytes) {
     throw Error(Errc::unavailable, fmt::format("control plane: {} bytes to share, over the "
                                                "limit of {}",
-                                               bytes.size(), max_payload_bytes));
+                                               bytes.size(), detail::max_share_bytes));
   }
   if (impl.world.rank == 0) {
     for (auto& connection : impl.connections) {
@@ -642,15 +732,14 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine) {
   Impl& impl = *_impl;
   mine.rank = impl.world.rank;
   if (impl.world.rank != 0) {
-    detail::WireWriter out;
-    out.put(static_cast<std::int32_t>(mine.rank));
-    out.put(mine.bytes);
-    std::uint64_t seconds_bits = 0;
-    std::memcpy(&seconds_bits, &mine.seconds, 8);
-    out.put(seconds_bits);
-    out.put(static_cast<std::uint32_t>(mine.digests.size()));
-    for (auto d : mine.digests) out.put(d);
-    impl.send(*impl.connections.at(0), Frame::report, out.bytes());
+    const std::string report = detail::encode_report(mine);
+    if (report.size() > detail::max_share_bytes) {
+      throw Error(Errc::unavailable,
+                  fmt::format("control plane: a final report of {} digests ({} bytes) is over "
+                              "the limit of {} bytes",
+                              mine.digests.size(), report.size(), detail::max_share_bytes));
+    }
+    impl.send(*impl.connections.at(0), Frame::report, report);
     return {};
   }
   std::unique_lock lock(impl.mutex);

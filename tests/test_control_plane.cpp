@@ -1,19 +1,37 @@
-// The control plane on loopback: catalogue wire format, rendezvous, token, reports, verdict.
+// The control plane on loopback: catalogue and message wire formats, rendezvous, token,
+// reports, verdict, and rank 0's listener against strangers (floods, slow and hostile
+// clients, descriptor exhaustion).
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/control_plane.hpp"
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/error.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/tcp_client.hpp"
 
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <dirent.h>
 #include <future>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <thread>
+#include <unistd.h>
+#include <vector>
 
 using namespace weightcast;
+using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
+using Clock = std::chrono::steady_clock;
+namespace wire = weightcast::detail;
 
 namespace {
 
@@ -48,6 +66,111 @@ RendezvousOptions loopback(std::uint16_t port, std::string token = "t0ken",
   o.timeout = timeout;
   return o;
 }
+
+// Rank 0 of a small job: rendezvous, share, gather, verdict.
+// @return when the rendezvous completed.
+Clock::time_point serve_job(int world_size, RendezvousOptions options) {
+  ControlPlane root(world_of(0, world_size), options);
+  const auto joined = Clock::now();
+  root.share("catalogue bytes");
+  root.gather(RankReport{0, 100, 0.5, {1, 2, 3}});
+  root.finish(Verdict{0, "ok"});
+  return joined;
+}
+
+// A peer rank of that job. @return the verdict, or a description of what went wrong.
+std::string join_job(int rank, int world_size, RendezvousOptions options) {
+  try {
+    ControlPlane control(world_of(rank, world_size), options);
+    if (control.share({}) != "catalogue bytes") return "wrong shared bytes";
+    control.gather(RankReport{rank, 100, 0.5, {1, 2, 3}});
+    return control.finish({}).message;
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+std::string hello_frame(int rank, int world_size, const std::string& token) {
+  return wire::frame_bytes(wire::Frame::hello, wire::encode_hello({rank, world_size, token}));
+}
+
+std::string header_claiming(wire::Frame type, std::uint32_t length) {
+  std::string bytes(1, static_cast<char>(type));
+  bytes.append(reinterpret_cast<const char*>(&length), 4);
+  return bytes;
+}
+
+// Captures what weightcast logs while alive (spdlog's default logger, as log.hpp allows).
+class LogCapture {
+ public:
+  LogCapture() : _sink(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(512)) {
+    _previous = spdlog::default_logger();
+    auto logger = std::make_shared<spdlog::logger>("capture", _sink);
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+  }
+  ~LogCapture() { spdlog::set_default_logger(_previous); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  [[nodiscard]] std::string text() const {
+    std::string all;
+    for (const auto& line : _sink->last_formatted()) all += line;
+    return all;
+  }
+  // Waits until the log holds @p needle. @return false after @p wait.
+  bool wait_for(const std::string& needle, std::chrono::milliseconds wait) const {
+    const auto deadline = Clock::now() + wait;
+    while (text().find(needle) == std::string::npos) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> _sink;
+  std::shared_ptr<spdlog::logger> _previous;
+};
+
+// Leaves this process no free file descriptor while alive: lowers RLIMIT_NOFILE to just
+// above the highest open descriptor and fills every hole below it. Restores both after.
+class NoFreeDescriptors {
+ public:
+  explicit NoFreeDescriptors(int fd_to_copy) {
+    int highest = 0;
+    if (DIR* dir = ::opendir("/proc/self/fd")) {
+      while (const dirent* entry = ::readdir(dir)) {
+        if (entry->d_name[0] != '.') highest = std::max(highest, std::atoi(entry->d_name));
+      }
+      ::closedir(dir);
+    }
+    ::getrlimit(RLIMIT_NOFILE, &_saved);
+    rlimit lowered = _saved;
+    lowered.rlim_cur = static_cast<rlim_t>(highest) + 1;
+    _ok = ::setrlimit(RLIMIT_NOFILE, &lowered) == 0;
+    while (_ok) {
+      const int copy = ::dup(fd_to_copy);
+      if (copy < 0) {
+        _ok = errno == EMFILE;
+        break;
+      }
+      _copies.push_back(copy);
+    }
+  }
+  ~NoFreeDescriptors() {
+    for (int fd : _copies) ::close(fd);
+    ::setrlimit(RLIMIT_NOFILE, &_saved);
+  }
+  NoFreeDescriptors(const NoFreeDescriptors&) = delete;
+  NoFreeDescriptors& operator=(const NoFreeDescriptors&) = delete;
+  /// @return whether the table is full (a new descriptor now fails with EMFILE).
+  [[nodiscard]] bool full() const noexcept { return _ok; }
+
+ private:
+  rlimit _saved{};
+  std::vector<int> _copies;
+  bool _ok = false;
+};
 
 }  // namespace
 
@@ -173,4 +296,362 @@ TEST_CASE("control plane: no rank 0 is unavailable within the timeout", "[contro
     CHECK_THAT(e.what(), Contains("cannot reach rank 0 at 127.0.0.1:29653"));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+// ---- the message decoders (fuzzed by fuzz/fuzz_control_message.cpp) ----------------------
+
+TEST_CASE("control wire: messages round trip", "[control_plane]") {
+  const wire::Hello hello = wire::decode_hello(wire::encode_hello({2, 3, "s3cret"}), "test");
+  CHECK(hello.rank == 2);
+  CHECK(hello.world_size == 3);
+  CHECK(hello.token == "s3cret");
+  const auto status = wire::decode_status(wire::encode_status(74, "rank 0: read failed"), "t");
+  CHECK(status.status == 74);
+  CHECK(status.message == "rank 0: read failed");
+  // A status the shell would read as a signal becomes 69.
+  CHECK(wire::decode_status(wire::encode_status(200, "x"), "t").status == 69);
+  CHECK(wire::decode_status(wire::encode_status(-1, "x"), "t").status == 69);
+  CHECK(wire::encode_status(1, std::string(100'000, 'm')).size() ==
+        4 + 4 + wire::max_status_message_bytes);
+  const RankReport report =
+      wire::decode_report(wire::encode_report({1, 4096, 0.25, {7, 8, 9}}), "t");
+  CHECK(report.rank == 1);
+  CHECK(report.bytes == 4096);
+  CHECK(report.seconds == 0.25);
+  CHECK(report.digests == std::vector<std::uint64_t>{7, 8, 9});
+}
+
+TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
+          "[control_plane]") {
+  auto error_of = [](auto decode, const std::string& bytes) {
+    try {
+      decode(bytes);
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::unavailable);
+      return std::string(e.what());
+    }
+    return std::string("decoded");
+  };
+  auto hello = [](const std::string& b) { return wire::decode_hello(b, "hello"); };
+  auto status = [](const std::string& b) { return wire::decode_status(b, "abort"); };
+  auto report = [](const std::string& b) { return wire::decode_report(b, "report"); };
+  const std::string good_hello = wire::encode_hello({1, 2, "token"});
+  const std::string good_status = wire::encode_status(75, "stalled");
+  const std::string good_report = wire::encode_report({1, 8, 1.0, {1, 2}});
+  for (std::size_t n = 0; n < good_hello.size(); ++n) {
+    CHECK_THAT(error_of(hello, good_hello.substr(0, n)), Contains("truncated"));
+  }
+  for (std::size_t n = 0; n < good_status.size(); ++n) {
+    CHECK_THAT(error_of(status, good_status.substr(0, n)), Contains("truncated"));
+  }
+  for (std::size_t n = 0; n < good_report.size(); ++n) {
+    CHECK_THAT(error_of(report, good_report.substr(0, n)),
+               Contains("truncated") || Contains("more entries than the payload holds"));
+  }
+  CHECK_THAT(error_of(hello, good_hello + "x"), Contains("1 trailing bytes"));
+  CHECK_THAT(error_of(status, good_status + "x"), Contains("1 trailing bytes"));
+  CHECK_THAT(error_of(report, good_report + "x"), Contains("1 trailing bytes"));
+  std::string stranger = good_hello;
+  stranger[0] = 'G';
+  CHECK_THAT(error_of(hello, stranger), Contains("hello: magic: not weightcast"));
+  std::string newer = good_hello;
+  newer[4] = 2;
+  CHECK_THAT(error_of(hello, newer), Contains("protocol version 2, rank 0 speaks 1"));
+  // A digest count of 2^32 - 1 in a 32-byte payload is refused before the digests are
+  // allocated.
+  std::string hostile = wire::encode_report({1, 8, 1.0, {}});
+  std::memset(hostile.data() + 20, 0xff, 4);
+  CHECK_THAT(error_of(report, hostile), Contains("digests: claims more entries"));
+  // A token string claiming 4 GiB is refused from its length alone.
+  std::string long_token = wire::encode_hello({1, 2, ""});
+  std::memset(long_token.data() + 16, 0xff, 4);
+  CHECK_THAT(error_of(hello, long_token), Contains("token: truncated"));
+}
+
+TEST_CASE("control wire: frame headers are checked per reader before any allocation",
+          "[control_plane]") {
+  auto header = [](wire::Frame type, std::uint32_t length) {
+    std::array<char, wire::frame_header_bytes> bytes{};
+    const std::string raw = header_claiming(type, length);
+    std::memcpy(bytes.data(), raw.data(), bytes.size());
+    return bytes;
+  };
+  auto error_of = [](const std::array<char, wire::frame_header_bytes>& bytes,
+                     wire::FrameReader reader) {
+    try {
+      wire::decode_frame_header(bytes, reader, "first message");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::unavailable);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  using wire::Frame;
+  using wire::FrameReader;
+  CHECK_THAT(error_of(header(Frame::hello, 0xffffffffu), FrameReader::greeting),
+             Contains("first message: hello message of 4294967295 bytes, over the limit of "
+                      "4096"));
+  CHECK(error_of(header(Frame::hello, 4096), FrameReader::greeting) == "accepted");
+  CHECK_THAT(error_of(header(Frame::share, 8), FrameReader::greeting),
+             Contains("unexpected message type 4 (share)"));
+  CHECK_THAT(error_of(header(static_cast<Frame>('G'), 0x20544547), FrameReader::greeting),
+             Contains("unexpected message type 71 (unknown)"));
+  // Rank 0 takes reports and ABORTs from a peer, nothing it sends itself.
+  CHECK(error_of(header(Frame::report, 1024), FrameReader::root) == "accepted");
+  CHECK_THAT(error_of(header(Frame::report, 0xffffffffu), FrameReader::root),
+             Contains("over the limit of 67112960"));
+  CHECK_THAT(error_of(header(Frame::abort, 0xffffffffu), FrameReader::root),
+             Contains("over the limit of 65536"));
+  CHECK_THAT(error_of(header(Frame::share, 8), FrameReader::root), Contains("unexpected"));
+  CHECK_THAT(error_of(header(Frame::hello, 8), FrameReader::root), Contains("unexpected"));
+  // What a peer takes from rank 0 is bounded too.
+  CHECK(error_of(header(Frame::welcome, 0), FrameReader::joining) == "accepted");
+  CHECK_THAT(error_of(header(Frame::welcome, 1), FrameReader::joining),
+             Contains("over the limit of 0"));
+  CHECK_THAT(error_of(header(Frame::reject, 0xffffffffu), FrameReader::joining),
+             Contains("refusal message of 4294967295 bytes"));
+  CHECK_THAT(error_of(header(Frame::share, 8), FrameReader::joining), Contains("unexpected"));
+  CHECK(error_of(header(Frame::share, wire::max_share_bytes), FrameReader::peer) == "accepted");
+  CHECK_THAT(error_of(header(Frame::share, wire::max_share_bytes + 1), FrameReader::peer),
+             Contains("over the limit"));
+  CHECK_THAT(error_of(header(Frame::done, 0xffffffffu), FrameReader::peer),
+             Contains("verdict message of 4294967295 bytes"));
+  CHECK_THAT(error_of(header(Frame::report, 8), FrameReader::peer), Contains("unexpected"));
+}
+
+TEST_CASE("control wire: the token comparison", "[control_plane]") {
+  CHECK(wire::tokens_equal("t0ken", "t0ken"));
+  CHECK(wire::tokens_equal("", ""));
+  CHECK_FALSE(wire::tokens_equal("t0ke", "t0ken"));
+  CHECK_FALSE(wire::tokens_equal("t0kenX", "t0ken"));
+  CHECK_FALSE(wire::tokens_equal("", "t0ken"));
+  CHECK_FALSE(wire::tokens_equal("t0ken", ""));
+  CHECK_FALSE(wire::tokens_equal("T0ken", "t0ken"));
+  CHECK_FALSE(wire::tokens_equal(std::string("t0ken\0", 6), "t0ken"));
+}
+
+// ---- rank 0's listener against strangers (real sockets on loopback) -----------------------
+
+TEST_CASE("control plane: a flood of silent connections neither holds descriptors nor locks "
+          "the peers out",
+          "[control_plane]") {
+  constexpr std::uint16_t port = 29654;
+  LogCapture log;
+  auto root = std::async(std::launch::async, serve_job, 3, loopback(port));
+  // 200 connections that say nothing, all before the real peers.
+  std::vector<test::TcpClient> flood;
+  for (int i = 0; i < 200; ++i) flood.emplace_back(port);
+  // Rank 0 lets at most 64 wait for their hello: it closes the oldest of the rest at once.
+  std::vector<bool> closed(flood.size(), false);
+  std::size_t closed_count = 0;
+  for (const auto until = Clock::now() + 3s; closed_count < 200 - 64 && Clock::now() < until;) {
+    for (std::size_t i = 0; i < flood.size(); ++i) {
+      if (!closed[i] && flood[i].closed_within(0ms)) {
+        closed[i] = true;
+        ++closed_count;
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(closed_count >= 200 - 64);
+  CHECK_THAT(log.text(), Contains("connections are waiting to say hello; closing the oldest"));
+  const auto peers_start = Clock::now();
+  auto one = std::async(std::launch::async, join_job, 1, 3, loopback(port));
+  auto two = std::async(std::launch::async, join_job, 2, 3, loopback(port));
+  REQUIRE(root.wait_for(10s) == std::future_status::ready);
+  const auto joined = root.get();
+  CHECK(joined - peers_start < 3s);
+  CHECK(one.get() == "ok");
+  CHECK(two.get() == "ok");
+}
+
+TEST_CASE("control plane: a hello trickled a byte at a time does not hold up the job",
+          "[control_plane]") {
+  constexpr std::uint16_t port = 29655;
+  auto root = std::async(std::launch::async, serve_job, 3, loopback(port));
+  test::TcpClient slow(port);
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    // A well-formed hello (wrong token), one byte every 200 ms: 6 s for the whole of it.
+    const std::string hello = hello_frame(2, 3, "slow-client");
+    for (char byte : hello) {
+      if (stop || !slow.send(std::string_view(&byte, 1))) return;
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // the trickle has begun
+  const auto peers_start = Clock::now();
+  auto one = std::async(std::launch::async, join_job, 1, 3, loopback(port));
+  auto two = std::async(std::launch::async, join_job, 2, 3, loopback(port));
+  const bool done = root.wait_for(10s) == std::future_status::ready;
+  stop = true;
+  trickle.join();
+  REQUIRE(done);
+  CHECK(root.get() - peers_start < 3s);
+  CHECK(one.get() == "ok");
+  CHECK(two.get() == "ok");
+}
+
+TEST_CASE("control plane: a connection that does not finish its hello in 5 s is closed",
+          "[control_plane]") {
+  constexpr std::uint16_t port = 29656;
+  LogCapture log;
+  auto root = std::async(std::launch::async, serve_job, 2, loopback(port, "t0ken", 9s));
+  test::TcpClient slow(port);
+  const auto connected = Clock::now();
+  // Trickle a hello, one byte every 200 ms, until rank 0 hangs up.
+  const std::string hello = hello_frame(1, 2, "t0ken");
+  bool closed = false;
+  for (std::size_t i = 0; i < hello.size() && !closed; ++i) {
+    closed = !slow.send(hello.substr(i, 1)) || slow.closed_within(200ms);
+  }
+  const auto held = Clock::now() - connected;
+  CHECK(closed);
+  CHECK(held > 4s);
+  CHECK(held < 6500ms);
+  CHECK_THAT(log.text(), Contains("no hello within 5000 ms"));
+  // The rendezvous is still open to the real peer.
+  CHECK(join_job(1, 2, loopback(port)) == "ok");
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+TEST_CASE("control plane: a frame header claiming 4 GiB is refused at once", "[control_plane]") {
+  constexpr std::uint16_t port = 29657;
+  auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
+  test::TcpClient hostile(port);
+  const auto sent = Clock::now();
+  REQUIRE(hostile.send(header_claiming(wire::Frame::hello, 0xffffffffu)));
+  const auto refusal = hostile.read_frame(2s);
+  CHECK(Clock::now() - sent < 1s);
+  REQUIRE(refusal);
+  CHECK(refusal->type == static_cast<std::uint8_t>(wire::Frame::reject));
+  CHECK_THAT(refusal->payload, Contains("not a weightcast hello") &&
+                                   Contains("4294967295 bytes, over the limit of 4096"));
+  CHECK(hostile.closed_within(1s));
+  // And rank 0 is still there for the real peer.
+  CHECK(join_job(1, 2, loopback(port)) == "ok");
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+TEST_CASE("control plane: a peer gives up at once on a reply claiming 4 GiB", "[control_plane]") {
+  constexpr std::uint16_t port = 29658;
+  test::TcpListener fake_root(port);
+  const auto start = Clock::now();
+  auto peer = std::async(std::launch::async, join_job, 1, 2, loopback(port, "t0ken", 10s));
+  test::TcpClient connection = fake_root.accept(5s);
+  const auto hello = connection.read_frame(2s);
+  REQUIRE(hello);
+  const wire::Hello decoded = wire::decode_hello(hello->payload, "hello");
+  CHECK(decoded.rank == 1);
+  CHECK(decoded.token == "t0ken");
+  REQUIRE(connection.send(header_claiming(wire::Frame::reject, 0xffffffffu)));
+  REQUIRE(peer.wait_for(5s) == std::future_status::ready);
+  CHECK(Clock::now() - start < 3s);
+  CHECK_THAT(peer.get(), Contains("rendezvous: 127.0.0.1:29658 answered this rank's hello with "
+                                  "a malformed message") &&
+                             Contains("refusal message of 4294967295 bytes, over the limit of "
+                                      "65536"));
+}
+
+TEST_CASE("control plane: without the token a connection learns nothing of the job",
+          "[control_plane]") {
+  constexpr std::uint16_t port = 29659;
+  auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
+  for (const std::string token : {"wrong", "t0ke", "t0kenX", ""}) {
+    INFO("token '" << token << "'");
+    test::TcpClient stranger(port);
+    // Wrong in every other field too: the token is what rank 0 answers first.
+    REQUIRE(stranger.send(hello_frame(5, 7, token)));
+    const auto refusal = stranger.read_frame(2s);
+    REQUIRE(refusal);
+    CHECK(refusal->type == static_cast<std::uint8_t>(wire::Frame::reject));
+    CHECK(refusal->payload == "wrong job token (give every rank the same rendezvous.token or "
+                              "WEIGHTCAST_TOKEN)");
+    // Nothing more is read from it: the connection is closed, whatever it sends next.
+    stranger.send(hello_frame(1, 2, "t0ken"));
+    CHECK(stranger.closed_within(1s));
+  }
+  {
+    // With the token, the job's shape is fair to tell.
+    test::TcpClient member(port);
+    REQUIRE(member.send(hello_frame(5, 7, "t0ken")));
+    const auto refusal = member.read_frame(2s);
+    REQUIRE(refusal);
+    CHECK_THAT(refusal->payload, Contains("world size 7, rank 0 has 2"));
+  }
+  // Refusals take no rank's place.
+  CHECK(join_job(1, 2, loopback(port)) == "ok");
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane]") {
+  constexpr std::uint16_t port = 29660;
+  auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
+  { test::TcpClient listening(port); }  // waits until rank 0 listens on 127.0.0.1
+  // 127.0.0.2 is loopback too on Linux: it would connect to a wildcard (0.0.0.0) bind.
+  CHECK(test::connect_errno("127.0.0.2", port) == ECONNREFUSED);
+  CHECK(join_job(1, 2, loopback(port)) == "ok");
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+TEST_CASE("control plane: rank 0 keeps accepting after running out of file descriptors",
+          "[control_plane]") {
+  constexpr std::uint16_t port = 29661;
+  // Declared first, so it outlives rank 0: a peer that hangs up mid-job ends rank 0's process.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  test::TcpClient peer(fd);
+  LogCapture log;
+  auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
+  { test::TcpClient listening(port); }
+  bool full = false;
+  bool connected = false;
+  bool accept_failed = false;
+  {
+    NoFreeDescriptors exhausted(fd);
+    full = exhausted.full();
+    if (full) {
+      // The connection waits in rank 0's backlog; accepting it fails with EMFILE.
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(port);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      connected = ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0;
+      accept_failed = log.wait_for("cannot accept a connection", 5s);
+    }
+  }
+  REQUIRE(full);
+  REQUIRE(connected);
+  CHECK(accept_failed);
+  CHECK_THAT(log.text(), Contains("Too many open files"));
+  // Descriptors are free again: rank 0 takes the waiting connection and the job goes on.
+  REQUIRE(peer.send(hello_frame(1, 2, "t0ken")));
+  const auto welcome = peer.read_frame(3s);
+  REQUIRE(welcome);
+  CHECK(welcome->type == static_cast<std::uint8_t>(wire::Frame::welcome));
+  const auto shared = peer.read_frame(3s);
+  REQUIRE(shared);
+  CHECK(shared->payload == "catalogue bytes");
+  REQUIRE(peer.send(wire::frame_bytes(wire::Frame::report,
+                                      wire::encode_report({1, 100, 0.5, {1, 2, 3}}))));
+  const auto verdict = peer.read_frame(3s);
+  REQUIRE(verdict);
+  CHECK(verdict->type == static_cast<std::uint8_t>(wire::Frame::done));
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+TEST_CASE("control plane: a token too long for a hello is a config error on the peer",
+          "[control_plane]") {
+  try {
+    ControlPlane control(world_of(1, 2), loopback(29662, std::string(5000, 'k'), 1s));
+    FAIL("joined with a 5000-byte token");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("rendezvous.token is 5000 bytes; rank 0 takes at most 4076"));
+  }
 }

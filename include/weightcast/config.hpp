@@ -62,7 +62,9 @@ struct Config {
   /// `world.local_rank`: rank among this node's processes; -1 (`auto`): environment, else rank.
   int world_local_rank = -1;
   /// `rendezvous.address`: where rank 0 listens and the others connect. Empty (`auto`):
-  /// `$MASTER_ADDR` when set, else 127.0.0.1. Rank 0 binds only this address.
+  /// `$MASTER_ADDR` when set, else 127.0.0.1. Rank 0 binds only this address, never the
+  /// wildcard: the loopback default keeps a listener nobody configured (one node, `launch`)
+  /// unreachable from other hosts; a multi-node job names rank 0's routable address.
   std::string rendezvous_address;
   /// `rendezvous.port`: rank 0's control-plane TCP port (1 to 65535). Default 29555, apart from
   /// torchrun's `MASTER_PORT` (29500), which its own store may be using.

@@ -2,11 +2,22 @@
  * @file control_plane.hpp
  * @brief The control plane: TCP between rank 0 and every other rank (DESIGN.md layer 9).
  *
- * Rank 0 listens on `rendezvous.address:rendezvous.port`; the other ranks connect, retrying
- * with backoff until `timeout`, and introduce themselves (protocol version, rank, world size,
- * job token). Rank 0 checks the token first and refuses a wrong one (logged on both sides).
- * The connection then carries, as framed messages (type u8, length u32 ≤ 64 MiB + 4 KiB,
- * payload; little-endian):
+ * Rank 0 listens on `rendezvous.address:rendezvous.port` (that address only); the other ranks
+ * connect, retrying with backoff until `timeout`, and introduce themselves (protocol version,
+ * rank, world size, job token). Rank 0 checks the token first and refuses a wrong one (logged
+ * on both sides) before it says anything about the job.
+ *
+ * The listener is open to whoever can route to it, so it never trusts a connection before the
+ * token: it keeps accepting through failed accepts (out of file descriptors: it retries every
+ * 100 ms), reads at most 4 KiB from a connection that has not shown the token, gives each such
+ * connection min(`timeout`, 5 s) to say hello, and lets at most 64 wait at once (one more
+ * closes the oldest), so a flood of silent or slow connections neither exhausts descriptors
+ * nor locks the real peers out.
+ *
+ * The connection then carries framed messages (type u8, length u32, payload; little-endian;
+ * detail/control_wire.hpp). Each side accepts only the types the other sends and checks the
+ * length against that type's limit (64 MiB + 4 KiB for the catalogue and reports, 64 KiB for
+ * ABORT and the verdict) before it allocates anything:
  *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id);
  *  - ABORT(status, message): any failure on any rank ends every rank with that message and
  *    exit status; rank 0 relays a peer's ABORT to the others;
