@@ -578,8 +578,11 @@ struct ControlPlane::Impl {
       expected = finished || terminating || (world.rank != 0 && verdict.has_value());
       changed.notify_all();
     }
-    boost::system::error_code ignored;
-    c.socket.close(ignored);
+    // Hang up but keep the descriptor: the main thread may be in send_all() on this
+    // connection (share, gather, abort), and close() would write the socket's handle while
+    // that thread reads it, and free the number for the next file or socket the process
+    // opens. ~ControlPlane closes it after joining this thread.
+    ::shutdown(c.socket.native_handle(), SHUT_RDWR);
     if (reader_terminating) {
       maybe_exit();
       return;

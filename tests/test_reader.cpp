@@ -586,7 +586,14 @@ TEST_CASE("memory: discard's peak RSS stays within the window on 2.4 GB and on 4
     WARN("only " << free_bytes << " bytes free under " << dir.path().string() << ": skipping");
     return;
   }
-  constexpr std::uint64_t window = (16ull << 20) * 4 + (48ull << 20);
+  // The ring (4 slots of 16 MiB) plus a constant for the process itself.
+  std::uint64_t window = (16ull << 20) * 4 + (48ull << 20);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer (scripts/sanitize.sh) the launcher also holds shadow memory and
+  // the runtime's own arenas (measured: +22 MiB on this test). That is a constant too, so
+  // the bound moves by it, and the flatness check below stays as strict.
+  window += 48ull << 20;
+#endif
 
   // 1x: a real synthetic model of 1.2 B BF16 parameters (≈ 2.4 GB on disk).
   const auto ckpt = dir / "ckpt";

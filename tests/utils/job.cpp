@@ -92,6 +92,7 @@ ProcessResult BackgroundJob::wait(int timeout_s) {
   ProcessResult result;
   result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   result.out = output();
+  check_no_sanitizer_report(result.out, "the background job");
   return result;
 }
 

@@ -27,7 +27,8 @@ class BackgroundJob {
   [[nodiscard]] std::string output() const;
   /// Waits until the output contains @p text; false after @p timeout_s seconds.
   bool wait_for_output(const std::string& text, int timeout_s);
-  /// Waits for the exit (FAILs after @p timeout_s, killing the group).
+  /// Waits for the exit (FAILs after @p timeout_s, killing the group, and FAILs if the
+  /// output holds a sanitizer report: check_no_sanitizer_report).
   /// @return exit status, or 128 + signal; `out` holds the output.
   ProcessResult wait(int timeout_s);
   /// @return the pid of a descendant whose environment has @p entry ("RANK=1"), or -1.

@@ -16,6 +16,18 @@ extern char** environ;
 
 namespace weightcast::test {
 
+void check_no_sanitizer_report(std::string_view output, std::string_view what) {
+  // Each runtime's report line: "==PID==ERROR: AddressSanitizer: ...", "==PID==ERROR:
+  // LeakSanitizer: ...", "FILE:LINE:COL: runtime error: ..." (UBSan), "WARNING:
+  // ThreadSanitizer: ...".
+  for (std::string_view marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                                  ": runtime error: ", "WARNING: ThreadSanitizer"}) {
+    if (output.find(marker) != std::string_view::npos) {
+      FAIL("sanitizer report (" << marker << ") from " << what << ":\n" << output);
+    }
+  }
+}
+
 ProcessResult run_process(const std::vector<std::string>& argv,
                           const std::vector<std::string>& env, int timeout_s) {
   int out_pipe[2];
@@ -88,6 +100,7 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                                     << result.out << "\nstderr:\n" << result.err);
   }
   result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  check_no_sanitizer_report(result.err + result.out, argv[0]);
   return result;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weightcast::test {
@@ -12,8 +13,16 @@ struct ProcessResult {
   std::string err;       ///< Everything written to stderr.
 };
 
+/// FAILs the running test, showing @p output, if it holds a sanitizer report (AddressSanitizer,
+/// LeakSanitizer, UndefinedBehaviorSanitizer, ThreadSanitizer) from @p what. Under
+/// scripts/sanitize.sh a child (the launcher, an mpirun rank) that reports exits with the
+/// sanitizer's status, but a test expecting a failure status, or a rank whose report mpirun
+/// forwards while the job still ends as the test expects, would not notice that alone.
+void check_no_sanitizer_report(std::string_view output, std::string_view what);
+
 /// Runs @p argv (argv[0] is the program path) with extra @p env entries ("K=V"), waiting at
-/// most @p timeout_s seconds (then SIGKILL and FAIL).
+/// most @p timeout_s seconds (then SIGKILL and FAIL). FAILs if its output holds a sanitizer
+/// report (check_no_sanitizer_report).
 ProcessResult run_process(const std::vector<std::string>& argv,
                           const std::vector<std::string>& env = {}, int timeout_s = 300);
 
