@@ -63,16 +63,14 @@ run_asan() {
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=86${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
   export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
   local status=0
+  # Left out here: the test that holds every file descriptor on purpose. UBSan's vptr check
+  # probes memory through a pipe, so with no descriptor free it reports every virtual call
+  # as "invalid vptr" (seen on boost's error_category), and a suppression cannot match an
+  # object whose type it could not read. The test runs in the plain build and under TSan.
   local out_of_fds='^control plane: rank 0 keeps accepting after running out of file descriptors$'
   ASAN_OPTIONS="$asan${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
     ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE install \
     -E "^multirank: |$out_of_fds" || status=1
-  # UBSan's vptr check probes memory through a pipe; in a process holding every descriptor
-  # (this test does, on purpose) the probe fails and it reports a false "invalid vptr". Only
-  # there, the check is suppressed (scripts/ubsan-no-fds.supp); ASan still checks the memory.
-  UBSAN_OPTIONS="$UBSAN_OPTIONS:suppressions=$root/scripts/ubsan-no-fds.supp" \
-    ASAN_OPTIONS="$asan${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
-    ctest --test-dir build-asan --output-on-failure --timeout 900 -R "$out_of_fds" || status=1
   # The [multirank] tests start Open MPI, which unloads its plugins in MPI_Finalize: their
   # leaks at exit have no symbol. Unwinding each allocation fully (slower, so only here)
   # puts libmpi on the stack, which lsan.supp names.
