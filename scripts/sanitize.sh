@@ -8,7 +8,8 @@
 #   ctest suite, [large] included (the three multi-GiB cases take under a minute here),
 #   except install.example_trainer (label install): it installs the build and compiles
 #   examples/trainer against the package, a packaging check that ./build already runs,
-#   calling the same loader the other tests run here.
+#   calling the same loader the other tests run here; and the one test that exhausts file
+#   descriptors on purpose (UBSan's vptr check needs a free descriptor; see run_asan).
 # tsan: build-tsan, -fsanitize=thread. Runs the tests that start weightcast's threads:
 #   [reader]        the pread thread-pool reader, alone and under the loader;
 #   [seccomp]       the launcher falling back to that reader where io_uring is refused;
