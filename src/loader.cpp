@@ -118,7 +118,6 @@ class Pipeline {
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _slot_head.resize(_ring->slots());
-      _slot_in_arena.resize(_ring->slots());
       if (discarding()) _digests.emplace(_catalogue.tensors.size());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
@@ -170,21 +169,10 @@ class Pipeline {
       ReadRequest& request = _requests[slot];
       request = ReadRequest{};
       request.fd = _files->fd(chunk.shard);
-      _slot_in_arena[slot] = reads_into_arena(chunk);
-      if (_slot_in_arena[slot]) {
-        // Straight into the arena: the lease only bounds the reads in flight.
-        _slot_head[slot] = 0;
-        request.destination = _arena.data() + chunk.arena_offset;
-        request.bytes = chunk.bytes;
-        request.file_offset = chunk.file_offset;
-        request.user = slot;
-        _read_begin[slot] = Clock::now();
-        _reader->submit(&request);
-        co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
-                                        use_awaitable);
-        continue;
-      }
-      request.destination = lease.data();
+      // A buffered chunk may land in the arena itself (alignment 1: the rounding below is then
+      // the identity and head is 0); the lease then only bounds the reads in flight.
+      request.destination =
+          reads_into_arena(chunk) ? _arena.data() + chunk.arena_offset : lease.data();
       // O_DIRECT: offset and length rounded out to the alignment; the chunk's bytes start
       // `head` bytes into the slot. The rounded end may lie past the end of the file: only
       // the chunk's own bytes must arrive.
@@ -234,7 +222,7 @@ class Pipeline {
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = lease.data() + _slot_head[slot];
-      if (_slot_in_arena[slot]) {
+      if (reads_into_arena(chunk)) {
         // The read put the chunk in its place already.
       } else if (_digests) {
         // destination: discard: hash the pieces as they pass; nothing is kept.
@@ -288,8 +276,7 @@ class Pipeline {
         }
       }
       if (!discarding()) {
-        co_await wait(
-            _transport.broadcast_group(_ranges, 0, nullptr));
+        co_await wait(_transport.broadcast_group(_ranges, 0, nullptr));
       }
       _last_progress = Clock::now();
       stage_event(Stage::broadcast, c, broadcast_begin);
@@ -429,7 +416,6 @@ class Pipeline {
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
   std::vector<std::uint64_t> _slot_head;              // per slot: O_DIRECT bytes before it
-  std::vector<char> _slot_in_arena;                   // per slot: its chunk was read in place
   std::optional<StreamingDigests> _digests;           // destination: discard
   std::vector<Clock::time_point> _read_begin;         // per slot: when its read was submitted
   const Clock::time_point _started = Clock::now();    // for LoadProgress::seconds
