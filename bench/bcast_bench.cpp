@@ -5,11 +5,14 @@
 //
 // Rank 0 opens CHECKPOINT and sends the catalogue to the others with MPI_Bcast (the bench's
 // own control channel); then, per iteration, every rank runs `weightcast::load` (read,
-// upload and broadcast stages) and a loop of
-// MPI_Bcast over the same chunk sizes into a buffer of the same size. It prints the whole
-// load and the broadcast stage alone (the sum, on rank 0, of each chunk's broadcast from post
-// to completion: the time the stage was busy, not waiting on reads). #wrong counts ranks
-// whose arena's XXH3-64 differs from rank 0's. busbw = algbw for broadcast (nccl-tests).
+// upload and broadcast stages) and two loops of MPI_Bcast over the same chunks of the same
+// bytes: rank 0 sends from the arena it just loaded, the others receive into a fresh arena
+// (as the loader's are) or into a buffer faulted in once. It prints the whole load and the
+// broadcast stage alone (on rank 0, the wall time during which at least one chunk's
+// broadcast was in flight: the time the stage was busy, not waiting on reads). #wrong counts
+// ranks whose buffer's XXH3-64 differs from rank 0's. busbw = algbw for broadcast
+// (nccl-tests). cpu(s) is the CPU time (user + system) of all ranks together, so cpu / time
+// is how many cores the job kept busy.
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
@@ -22,16 +25,21 @@
 
 #include <fmt/core.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace weightcast;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+using Span = std::pair<Clock::time_point, Clock::time_point>;
 
 std::string share_catalogue(int rank, const std::string& path) {
   std::string bytes;
@@ -41,6 +49,69 @@ std::string share_catalogue(int rank, const std::string& path) {
   bytes.resize(size);
   MPI_Bcast(bytes.data(), static_cast<int>(size), MPI_BYTE, 0, MPI_COMM_WORLD);
   return bytes;
+}
+
+/// Seconds covered by the union of `spans` (broadcasts in flight together count once).
+double union_seconds(std::vector<Span> spans) {
+  std::sort(spans.begin(), spans.end());
+  double total = 0;
+  Clock::time_point begin = spans.empty() ? Clock::time_point{} : spans.front().first;
+  Clock::time_point end = begin;
+  for (const auto& [b, e] : spans) {
+    if (b > end) {
+      total += std::chrono::duration<double>(end - begin).count();
+      begin = b;
+    }
+    end = std::max(end, e);
+  }
+  return total + std::chrono::duration<double>(end - begin).count();
+}
+
+/// This process's CPU time so far (user + system), seconds.
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+/// `mine` summed over every rank (the result is meaningful on rank 0).
+double sum_over_ranks(double mine) {
+  double all = 0;
+  MPI_Reduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  return all;
+}
+
+/// How many ranks' `data` has an XXH3-64 different from rank 0's (meaningful on rank 0).
+int count_wrong(const std::byte* data, std::uint64_t bytes) {
+  const std::uint64_t digest = xxh3_64(data, bytes);
+  std::uint64_t root_digest = digest;
+  MPI_Bcast(&root_digest, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  int mine = digest != root_digest ? 1 : 0;
+  int all = 0;
+  MPI_Reduce(&mine, &all, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  return all;
+}
+
+/// The best (shortest) iteration of one measured row, with the CPU time it took.
+struct Row {
+  double seconds = 1e30;
+  double cpu = 0;
+  int wrong = 0;
+  void add(double s, double c, int w) {
+    if (s < seconds) {
+      seconds = s;
+      cpu = c;
+    }
+    wrong += w;
+  }
+};
+
+void print_row(const char* what, std::uint64_t bytes, const Row& row, bool with_cpu) {
+  const double gbps = static_cast<double>(bytes) / row.seconds / 1e9;
+  fmt::print("  {:>12} {:>12.0f} {:>10.2f} {:>10.2f} {:>7} {:>7}  {}\n", bytes,
+             row.seconds * 1e6, gbps, gbps, row.wrong,
+             with_cpu ? fmt::format("{:.3f}", row.cpu) : std::string("-"), what);
 }
 
 }  // namespace
@@ -65,94 +136,77 @@ int main(int argc, char** argv) {
     LoadOptions options;
     options.chunk_bytes = chunk_bytes;
     // The broadcast stage alone: on rank 0, each chunk's broadcast runs from its post (the
-    // chunk is in the arena) to its completion on this rank, so the sum of those spans is
+    // chunk is in the arena) to its completion on this rank, so the union of those spans is
     // the time the stage was busy, without the read and upload stages it waits on.
-    double broadcast_busy = 0;
+    std::vector<Span> broadcast_spans;
     options.on_stage_event = [&](const StageEvent& event) {
-      if (event.stage == Stage::broadcast) {
-        broadcast_busy += std::chrono::duration<double>(event.end - event.begin).count();
-      }
+      if (event.stage == Stage::broadcast) broadcast_spans.emplace_back(event.begin, event.end);
     };
     const ArenaLayout layout = layout_arena(catalogue);
     const Plan plan = make_plan(catalogue, layout, chunk_bytes);
-    // Two raw baselines: into fresh memory each iteration, as the loader's arena is (a
-    // receiver pays the first touch of every page: ~1 s/GiB on a small VM), and into memory
-    // faulted in once (the MPI_Bcast bandwidth alone).
-    std::vector<std::byte> warm(plan.total_bytes);
+    // Both raw baselines send the checkpoint's bytes from rank 0's loaded arena, as the
+    // loader does. (Never-written memory would map the kernel's one shared zero page, which
+    // is always in cache, and flatter the baseline.) Receivers use a fresh arena of the
+    // loader's own kind each iteration (they pay the first touch of every page, as the
+    // loader's do), or a buffer faulted in once (the MPI_Bcast bandwidth alone).
+    std::vector<std::byte> warm(rank == 0 ? 0 : plan.total_bytes);
 
-    double best_loader = 1e30;
-    double best_stage = 1e30;
-    double best_raw = 1e30;
-    double best_warm = 1e30;
-    int wrong = 0;
+    Row loader_row, stage_row, raw_row, warm_row;
     for (int i = 0; i <= iterations; ++i) {  // iteration 0 warms up page cache and MPI
       MPI_Barrier(MPI_COMM_WORLD);
-      broadcast_busy = 0;
-      auto start = std::chrono::steady_clock::now();
+      broadcast_spans.clear();
+      const double cpu_before = cpu_seconds();
+      const auto start = Clock::now();
       LoadResult result = load(catalogue, *device, *transport, options);
       MPI_Barrier(MPI_COMM_WORLD);
-      const double loader_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double loader_s = std::chrono::duration<double>(Clock::now() - start).count();
+      const double loader_cpu = sum_over_ranks(cpu_seconds() - cpu_before);
+      const int loader_wrong = count_wrong(result.arena->data(), plan.total_bytes);
 
-      std::uint64_t digest = xxh3_64(result.arena->data(), result.arena->bytes());
-      std::uint64_t root_digest = digest;
-      MPI_Bcast(&root_digest, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-      int mine_wrong = digest != root_digest ? 1 : 0;
-      int all_wrong = 0;
-      MPI_Reduce(&mine_wrong, &all_wrong, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-
-      auto raw_loop = [&](std::byte* buffer) {
+      auto raw_loop = [&](std::byte* buffer, Row& row) {
         MPI_Barrier(MPI_COMM_WORLD);
-        const auto begin = std::chrono::steady_clock::now();
+        const double cpu_begin = cpu_seconds();
+        const auto begin = Clock::now();
         for (const Chunk& chunk : plan.chunks) {
           MPI_Bcast(buffer + chunk.arena_offset, static_cast<int>(chunk.bytes), MPI_BYTE, 0,
                     MPI_COMM_WORLD);
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+        const double cpu = sum_over_ranks(cpu_seconds() - cpu_begin);
+        const int wrong = count_wrong(buffer, plan.total_bytes);
+        if (i > 0) row.add(seconds, cpu, wrong);
       };
-      double raw_s = 0;
       {
-        auto fresh = make_host_arena(plan.total_bytes);  // the loader's own kind of arena
-        raw_s = raw_loop(fresh->data());
+        auto fresh = make_host_arena(rank == 0 ? 0 : plan.total_bytes);  // the loader's kind
+        raw_loop(rank == 0 ? result.arena->data() : fresh->data(), raw_row);
       }
-      const double warm_s = raw_loop(warm.data());
+      raw_loop(rank == 0 ? result.arena->data() : warm.data(), warm_row);
       if (i > 0) {
-        best_loader = std::min(best_loader, loader_s);
-        best_stage = std::min(best_stage, broadcast_busy);
-        best_raw = std::min(best_raw, raw_s);
-        best_warm = std::min(best_warm, warm_s);
-        wrong += all_wrong;
+        loader_row.add(loader_s, loader_cpu, loader_wrong);
+        stage_row.add(union_seconds(broadcast_spans), 0, loader_wrong);
       }
     }
     if (rank == 0) {
-      const double bytes = static_cast<double>(plan.total_bytes);
       fmt::print("# bcast_bench: {} ranks, {} bytes in {} chunks of <= {}, best of {} "
                  "iterations after 1 warm-up\n",
                  session.world_size(), plan.total_bytes, plan.chunks.size(),
                  format_bytes(chunk_bytes), iterations);
-      fmt::print("# {:>12} {:>12} {:>10} {:>10} {:>7}  {}\n", "size(B)", "time(us)", "algbw",
-                 "busbw", "#wrong", "what");
-      fmt::print("  {:>12} {:>12.0f} {:>10.2f} {:>10.2f} {:>7}  weightcast load (mpi)\n",
-                 plan.total_bytes, best_loader * 1e6, bytes / best_loader / 1e9,
-                 bytes / best_loader / 1e9, wrong);
-      fmt::print("  {:>12} {:>12.0f} {:>10.2f} {:>10.2f} {:>7}  weightcast broadcast stage "
-                 "(rank 0)\n",
-                 plan.total_bytes, best_stage * 1e6, bytes / best_stage / 1e9,
-                 bytes / best_stage / 1e9, wrong);
-      fmt::print("  {:>12} {:>12.0f} {:>10.2f} {:>10.2f} {:>7}  MPI_Bcast, same chunks, fresh "
-                 "arena\n",
-                 plan.total_bytes, best_raw * 1e6, bytes / best_raw / 1e9, bytes / best_raw / 1e9,
-                 "-");
-      fmt::print("  {:>12} {:>12.0f} {:>10.2f} {:>10.2f} {:>7}  MPI_Bcast, same chunks, "
-                 "pre-faulted buffer\n",
-                 plan.total_bytes, best_warm * 1e6, bytes / best_warm / 1e9,
-                 bytes / best_warm / 1e9, "-");
+      fmt::print("# {:>12} {:>12} {:>10} {:>10} {:>7} {:>7}  {}\n", "size(B)", "time(us)",
+                 "algbw", "busbw", "#wrong", "cpu(s)", "what");
+      print_row("weightcast load (mpi)", plan.total_bytes, loader_row, true);
+      print_row("weightcast broadcast stage (rank 0)", plan.total_bytes, stage_row, false);
+      print_row("MPI_Bcast, same bytes, fresh receive arena", plan.total_bytes, raw_row, true);
+      print_row("MPI_Bcast, same bytes, pre-faulted receive buffer", plan.total_bytes, warm_row,
+                true);
       fmt::print("# ratio weightcast / MPI_Bcast (fresh arena): whole load {:.3f}, broadcast "
                  "stage {:.3f}; broadcast stage / pre-faulted MPI_Bcast {:.3f}\n",
-                 best_raw / best_loader, best_raw / best_stage, best_warm / best_stage);
+                 raw_row.seconds / loader_row.seconds, raw_row.seconds / stage_row.seconds,
+                 warm_row.seconds / stage_row.seconds);
     }
-    return wrong == 0 ? 0 : 1;
+    const bool all_right =
+        loader_row.wrong == 0 && raw_row.wrong == 0 && warm_row.wrong == 0;
+    return all_right ? 0 : 1;
   } catch (const Error& e) {
     fmt::print(stderr, "bcast_bench: error: {}\n", e.what());
     return exit_status(e.code());
