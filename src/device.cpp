@@ -1,53 +1,28 @@
 #include "weightcast/device.hpp"
 
+#include "weightcast/detail/host_mapping.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/gpu_info.hpp"
 
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
-#include <cerrno>
 #include <cstring>
-#include <sys/mman.h>
 
 namespace weightcast {
 namespace {
 
 class HostArena final : public Arena {
  public:
-  explicit HostArena(std::uint64_t bytes) : _bytes(bytes) {
-    if (bytes == 0) return;
-    // Map a huge page more than asked, so that the arena can start on a huge-page boundary.
-    _mapped = bytes + huge_page;
-    void* p = mmap(nullptr, _mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      throw system_error(Errc::unavailable, errno,
-                         fmt::format("cannot allocate a host arena of {} bytes", bytes));
-    }
-    _mapping = static_cast<std::byte*>(p);
-    const auto address = reinterpret_cast<std::uintptr_t>(_mapping);
-    _data = _mapping + ((huge_page - address % huge_page) % huge_page);
-    // Transparent huge pages: a fresh arena is written once, end to end, and 4 KiB pages
-    // cost a fault each (about 1 s/GiB on a VM; 0.25 s/GiB with 2 MiB pages). Advice only:
-    // where THP is off (`never`) or unsupported the arena keeps small pages.
-    if (bytes >= huge_page) madvise(_data, bytes, MADV_HUGEPAGE);
-  }
-  ~HostArena() override {
-    if (_mapping != nullptr) munmap(_mapping, _mapped);
-  }
-  HostArena(const HostArena&) = delete;
-  HostArena& operator=(const HostArena&) = delete;
+  explicit HostArena(std::uint64_t bytes)
+      : _memory(bytes, fmt::format("a host arena of {} bytes", bytes)) {}
 
-  [[nodiscard]] std::byte* data() const noexcept override { return _data; }
-  [[nodiscard]] std::uint64_t bytes() const noexcept override { return _bytes; }
+  [[nodiscard]] std::byte* data() const noexcept override { return _memory.data(); }
+  [[nodiscard]] std::uint64_t bytes() const noexcept override { return _memory.bytes(); }
   [[nodiscard]] MemoryKind kind() const noexcept override { return MemoryKind::host; }
 
  private:
-  static constexpr std::uint64_t huge_page = 2ull << 20;
-  std::byte* _mapping = nullptr;
-  std::uint64_t _mapped = 0;
-  std::byte* _data = nullptr;
-  std::uint64_t _bytes;
+  detail::HostMapping _memory;
 };
 
 class HostDevice final : public Device {

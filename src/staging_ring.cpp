@@ -7,10 +7,8 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <string>
-#include <sys/mman.h>
 #include <unistd.h>
 
 namespace weightcast::detail {
@@ -36,14 +34,9 @@ StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size
     : _slots(slots == 0 ? 1 : slots), _free(executor, _slots) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   _slot_bytes = (std::max<std::uint64_t>(slot_bytes, 1) + page - 1) / page * page;
-  void* p = mmap(nullptr, _slots * _slot_bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    throw system_error(Errc::unavailable, errno,
-                       fmt::format("cannot allocate the staging ring ({} slots of {} bytes)",
-                                   _slots, _slot_bytes));
-  }
-  _memory = static_cast<std::byte*>(p);
+  _memory = HostMapping(_slots * _slot_bytes,
+                        fmt::format("the staging ring ({} slots of {} bytes)", _slots,
+                                    _slot_bytes));
   if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
   for (std::size_t i = 0; i < _slots; ++i) _free.try_send(boost::system::error_code{}, i);
 }
@@ -54,7 +47,7 @@ void StagingRing::pin_slots(weightcast::Device& device) {
   std::string first_refusal;
   for (std::size_t slots = _slots; slots >= 1; slots /= 2) {
     try {
-      device.pin(_memory, slots * _slot_bytes);
+      device.pin(_memory.data(), slots * _slot_bytes);
     } catch (const Error& e) {
       if (first_refusal.empty()) first_refusal = e.what();
       continue;
@@ -65,7 +58,7 @@ void StagingRing::pin_slots(weightcast::Device& device) {
                    "staging with {} pinned slot{} instead (raise `ulimit -l` or lower "
                    "buffer_depth / chunk_size)",
                    _slots, _slot_bytes, first_refusal, slots, slots == 1 ? "" : "s");
-      munmap(_memory + slots * _slot_bytes, (_slots - slots) * _slot_bytes);
+      _memory.shrink(slots * _slot_bytes);
       _slots = slots;
     }
     return;
@@ -77,10 +70,8 @@ void StagingRing::pin_slots(weightcast::Device& device) {
 }
 
 StagingRing::~StagingRing() {
-  if (_memory == nullptr) return;
   // Every lease is back, so no copy reads a slot any more: safe to unpin.
-  if (_pinned_by != nullptr) _pinned_by->unpin(_memory);
-  munmap(_memory, _slots * _slot_bytes);
+  if (_pinned_by != nullptr) _pinned_by->unpin(_memory.data());
 }
 
 boost::asio::awaitable<SlotLease> StagingRing::acquire() {

@@ -9,6 +9,8 @@
  */
 #pragma once
 
+#include "weightcast/detail/host_mapping.hpp"
+
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/experimental/channel.hpp>
@@ -72,7 +74,7 @@ class StagingRing {
   boost::asio::awaitable<SlotLease> acquire();
 
   [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
-    return _memory + index * _slot_bytes;
+    return _memory.data() + index * _slot_bytes;
   }
   [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
   [[nodiscard]] std::size_t slots() const noexcept { return _slots; }
@@ -90,7 +92,7 @@ class StagingRing {
       boost::asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
   std::size_t _slots;
   std::uint64_t _slot_bytes;
-  std::byte* _memory = nullptr;
+  HostMapping _memory;  // 2 MiB aligned, transparent huge pages
   weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
   FreeChannel _free;
 };
