@@ -15,8 +15,16 @@
 #          io_depth {1,4,16}, both modes, one run each, as a table.
 #
 # FILE defaults to a single-file 1B-parameter synthetic checkpoint (~2 GB) written to
-# $BENCH_DIR (default /tmp/weightcast-read-bench). Environment: WEIGHTCAST (the launcher, default
-# build/weightcast), REPS (default 3), CHUNK (default 16MiB), BUFFER_DEPTH (4), IO_DEPTH (4).
+# $BENCH_DIR (default /tmp/weightcast-read-bench).
+#
+# LOOP=1 (root): copies FILE onto an ext4 filesystem on a loop device whose backing file
+# lives in /dev/shm, and benches that copy. The "disk" is then memory behind the block
+# layer: O_DIRECT reads go through the loop driver and nothing is cached outside the guest,
+# so who reads first no longer matters (on a VM, a virtual disk is cached by the host,
+# which the guest's DONTNEED cannot drop). It measures the software path of each reader,
+# not a disk; the mount and loop device are removed on exit. Environment: WEIGHTCAST (the launcher, default
+# build/weightcast), REPS (default 3), CHUNK (default 16MiB), BUFFER_DEPTH (4), IO_DEPTH (4),
+# MODES (compare's modes, default "buffered direct").
 set -euo pipefail
 
 what=${1:-all}
@@ -27,6 +35,7 @@ chunk=${CHUNK:-16MiB}
 buffer_depth=${BUFFER_DEPTH:-4}
 io_depth=${IO_DEPTH:-4}
 bench_dir=${BENCH_DIR:-/tmp/weightcast-read-bench}
+modes=${MODES:-buffered direct}
 
 command -v fio >/dev/null || { echo "read_bench: fio not found (bash scripts/install-deps.sh)" >&2; exit 69; }
 [ -x "$weightcast" ] || { echo "read_bench: $weightcast not built (cmake --build build)" >&2; exit 66; }
@@ -38,6 +47,33 @@ if [ -z "$file" ]; then
     mkdir -p "$bench_dir"
     "$weightcast" synth "$bench_dir" --params 1B --shard-size 64GiB --seed 1 >/dev/null
   fi
+fi
+
+if [ "${LOOP:-0}" = 1 ]; then
+  [ "$(id -u)" -eq 0 ] || { echo "read_bench: LOOP=1 needs root (losetup, mount)" >&2; exit 77; }
+  loop_image=/dev/shm/weightcast-read-bench-loop.img
+  loop_mount=$(mktemp -d /tmp/weightcast-read-bench-mnt.XXXXXX)
+  loop_device=""
+  cleanup_loop() {
+    # A reader started by a process substitution may still hold the file for a moment.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do umount "$loop_mount" 2>/dev/null && break; sleep 0.5; done
+    if mountpoint -q "$loop_mount"; then
+      echo "read_bench: $loop_mount is still busy: umount it and losetup -d $loop_device" >&2
+      return
+    fi
+    if [ -n "$loop_device" ]; then losetup -d "$loop_device"; fi
+    rm -f "$loop_image"
+    rmdir "$loop_mount"
+  }
+  trap cleanup_loop EXIT
+  # Room for the file plus ext4's own metadata (about 5%).
+  truncate -s $(( ($(stat -c %s "$file") * 11 / 10 + (64 << 20)) / 4096 * 4096 )) "$loop_image"
+  mkfs.ext4 -q -F "$loop_image"
+  loop_device=$(losetup --find --show "$loop_image")
+  mount "$loop_device" "$loop_mount"
+  cp "$file" "$loop_mount/"
+  sync
+  file=$loop_mount/$(basename "$file")
 fi
 file_bytes=$(stat -c %s "$file")
 
@@ -85,7 +121,7 @@ compare() {
   machine
   echo "# compare: chunk_size=$chunk buffer_depth=$buffer_depth io_depth=$io_depth, $reps reps"
   printf '%-14s %4s %10s %14s %8s %9s\n' mode rep fio_GB/s weightcast_GB/s ratio rss_MiB
-  for mode in buffered direct; do
+  for mode in $modes; do
     local f=() w=()
     [ "$mode" = buffered ] && warm
     for ((r = 1; r <= reps; r++)); do
