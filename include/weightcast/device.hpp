@@ -110,6 +110,10 @@ class Device {
    * @note CUDA stream order: a stream that `cudaStreamWaitEvent`s on it runs after every
    *       upload issued so far, the last one included. The event is re-recorded by the next
    *       upload, so use it right away, on the thread that issues the uploads.
+   * @note For embedders that chain `upload` and `Transport::broadcast_group` themselves.
+   *       `load` does not use it: its upload stage polls each chunk's own copies and hands a
+   *       chunk to the broadcast only once they completed, since the latest event would also
+   *       wait for the next chunk's copies.
    */
   [[nodiscard]] virtual void* upload_event() const noexcept { return nullptr; }
 };
