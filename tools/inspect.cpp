@@ -4,6 +4,7 @@
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
 #include "weightcast/dtype.hpp"
+#include "weightcast/log.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,11 +31,11 @@ int inspect(const InspectArgs& args) {
   const Catalogue catalogue = open_checkpoint(args.path);
 
   struct Row {
-    std::string_view name;
+    std::string name;  // printable: header text is untrusted
     std::string_view dtype;
     std::string shape;
     std::string bytes;
-    std::string_view shard;
+    std::string shard;
   };
   std::vector<Row> rows;
   rows.reserve(catalogue.tensors.size());
@@ -44,8 +45,10 @@ int inspect(const InspectArgs& args) {
   std::size_t shape_width = header.shape.size();
   std::size_t bytes_width = header.bytes.size();
   for (const auto& tensor : catalogue.tensors) {
-    Row row{tensor.name, dtype_name(tensor.dtype), fmt::format("[{}]", fmt::join(tensor.shape, ", ")),
-            fmt::format("{}", tensor.bytes), catalogue.shards[tensor.shard].name};
+    // Names come from the header: untrusted text (weightcast/log.hpp, printable).
+    Row row{printable(tensor.name), dtype_name(tensor.dtype),
+            fmt::format("[{}]", fmt::join(tensor.shape, ", ")), fmt::format("{}", tensor.bytes),
+            printable(catalogue.shards[tensor.shard].name)};
     name_width = std::max(name_width, display_width(row.name));
     dtype_width = std::max(dtype_width, row.dtype.size());
     shape_width = std::max(shape_width, row.shape.size());

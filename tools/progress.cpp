@@ -2,6 +2,7 @@
 #include "progress.hpp"
 
 #include "weightcast/config.hpp"
+#include "weightcast/log.hpp"
 
 #include <fmt/core.h>
 
@@ -54,7 +55,7 @@ std::string ProgressRenderer::describe(const LoadProgress& p) {
   const double gbps = p.seconds > 0 ? static_cast<double>(p.bytes_done) / p.seconds / 1e9 : 0;
   const double eta = gbps > 0 ? static_cast<double>(p.bytes_total - p.bytes_done) / (gbps * 1e9)
                               : std::nan("");
-  std::string shard(p.shard_name);
+  std::string shard = printable(p.shard_name);
   if (shard.size() > max_shard_name) {
     shard = "..." + shard.substr(shard.size() - (max_shard_name - 3));
   }

@@ -58,7 +58,7 @@ class InitWatchdog {
                                         rank, what, timeout.count()));
           control.abort(error);
           std::fflush(stdout);
-          fmt::print(stderr, "weightcast: error: {}\n", error.what());
+          fmt::print(stderr, "weightcast: error: {}\n", printable(error.what()));
           std::fflush(stderr);
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
           ::_exit(exit_status(Errc::timeout));
@@ -281,7 +281,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     if (verdict.status != 0) {
       throw RemoteAbort(static_cast<Errc>(verdict.status), "rank 0: " + verdict.message);
     }
-    fmt::print("# {}\n", verdict.message);
+    fmt::print("# {}\n", printable(verdict.message));
     return 0;
   } catch (const RemoteAbort&) {
     if (mpi) mpi->abandon();
@@ -309,7 +309,7 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world) {
     // exit, because mpirun drops output it has not forwarded when it tears a job down on
     // the first non-zero exit, and this rank's message must reach the user.
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: error: {}\n", e.what());
+    fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return exit_status(e.code());

@@ -3,6 +3,7 @@
 
 #include "weightcast/error.hpp"
 #include "weightcast/gpu_info.hpp"
+#include "weightcast/log.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -88,11 +89,11 @@ int main(int argc, char** argv) {
     if (*synth) return cli::synth(synth_args);
   } catch (const Error& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: error: {}\n", e.what());
+    fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
     return exit_status(e.code());
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: internal error: {}\n", e.what());
+    fmt::print(stderr, "weightcast: internal error: {}\n", printable(e.what()));
     return exit_status(Errc::internal);
   }
   return exit_status(Errc::usage);
