@@ -5,28 +5,24 @@
 #include "weightcast/loader.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <random>
 #include <set>
 
 using namespace weightcast;
 using weightcast::test::corpus_dir;
+using weightcast::test::corpus_manifest;
 using weightcast::test::TempDir;
 
 namespace {
-
-nlohmann::json read_manifest() {
-  std::ifstream in(corpus_dir() / "real" / "MANIFEST.json");
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
 
 void check_against_manifest(const LoadResult& result, const nlohmann::json& expected) {
   REQUIRE(result.catalogue.tensors.size() == expected.size());
@@ -39,36 +35,20 @@ void check_against_manifest(const LoadResult& result, const nlohmann::json& expe
   }
 }
 
-// A safetensors file of `count` U8 tensors of random sizes with random bytes.
+// A safetensors file of `count` U8 tensors of random sizes (0 to 20000 bytes) with random
+// bytes, the data 8-byte aligned.
 std::filesystem::path write_random_checkpoint(const std::filesystem::path& dir, int count,
                                               std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (int t = 0; t < count; ++t) {
-    const auto bytes = std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
-    const auto begin = data.size();
-    for (std::uint64_t b = 0; b < bytes; ++b) data.push_back(static_cast<char>(rng()));
-    header["t" + std::to_string(t)] = {{"dtype", "U8"},
-                                       {"shape", {bytes}},
-                                       {"data_offsets", {begin, data.size()}}};
-  }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
-  auto path = dir / "random.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  std::uint64_t n = json.size();
-  char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
-  out.write(le, 8);
-  out << json << data;
-  return path;
+  return test::write_random_checkpoint(
+      dir / "random.safetensors", count, seed, [](std::mt19937_64& rng, int) {
+        return std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
+      });
 }
 
 }  // namespace
 
 TEST_CASE("every real corpus file loads bit-exact against the manifest", "[loader][corpus]") {
-  const auto manifest = read_manifest();
+  const auto manifest = corpus_manifest();
   REQUIRE(manifest.size() >= 20);
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);

@@ -6,23 +6,17 @@
 
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 
 using namespace weightcast;
 using namespace weightcast::test;
 
 namespace {
-
-nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);  // throws (fails the test) on anything but valid JSON
-}
 
 struct Slice {
   double begin_us;
@@ -65,7 +59,7 @@ TEST_CASE("trace: a multi-chunk load gives one slice per chunk per stage, and re
 
   const auto trace_path = dir / "trace.json";
   recorder.write(trace_path);
-  const auto trace = read_json_file(trace_path);
+  const auto trace = read_json(trace_path);
 
   // Track names: one thread_name metadata event per stage, on pid 0.
   std::map<int, std::string> names;
@@ -147,7 +141,7 @@ TEST_CASE("trace: run --trace and the trace key write a parseable trace", "[trac
                     "--trace", path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  auto trace = read_json_file(path);
+  auto trace = read_json(path);
   int slices = 0;
   for (const auto& e : trace["traceEvents"]) slices += e["ph"] == "X" ? 1 : 0;
   CHECK(slices > 0);
@@ -158,7 +152,7 @@ TEST_CASE("trace: run --trace and the trace key write a parseable trace", "[trac
   r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "trace=" + keyed.string()});
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.out, Catch::Contains("trace: " + keyed.string()));
-  CHECK(read_json_file(keyed)["traceEvents"].size() > 0);
+  CHECK(read_json(keyed)["traceEvents"].size() > 0);
 }
 
 TEST_CASE("trace: a load that fails midway has traced the chunks before the failure",
