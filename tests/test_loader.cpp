@@ -4,6 +4,7 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
 #include "utils/report.hpp"
 #include "utils/safetensors_writer.hpp"
@@ -126,21 +127,13 @@ TEST_CASE("a shard truncated after its header was read fails with 74 naming the 
   // Cut the file in the middle of that tensor, and make the catalogue's size agree so the
   // reader itself meets the end of file.
   const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
-  std::filesystem::resize_file(path, cut);
-  catalogue.shards[0].file_bytes = cut;
-  auto device = make_host_device();
-  auto transport = make_local_transport();
+  test::truncate_shard(catalogue, cut);
   LoadOptions options;
   options.chunk_bytes = 4096;
-  try {
-    load(catalogue, *device, *transport, options);
-    FAIL("load of a truncated shard succeeded");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::io);
-    CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
-                             Catch::Contains("random.safetensors") &&
-                             Catch::Contains("shrank"));
-  }
+  const Error e = test::expect_host_load_error(catalogue, options);
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                           Catch::Contains("random.safetensors") && Catch::Contains("shrank"));
 }
 
 TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {
@@ -148,15 +141,9 @@ TEST_CASE("a shard whose size changed before the load is refused with 74", "[loa
   const auto path = write_random_checkpoint(dir.path(), 5, 4);
   Catalogue catalogue = open_checkpoint(path);
   std::filesystem::resize_file(path, catalogue.shards[0].file_bytes - 1);
-  auto device = make_host_device();
-  auto transport = make_local_transport();
-  try {
-    load(catalogue, *device, *transport);
-    FAIL("load succeeded");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::io);
-    CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
-  }
+  const Error e = test::expect_host_load_error(catalogue);
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
 }
 
 TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loader]") {

@@ -8,6 +8,7 @@
 #include "weightcast/loader.hpp"
 #include "weightcast/reader.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
@@ -336,24 +337,17 @@ TEST_CASE("reader: a shard truncated under the reader fails with 74 naming file,
       const auto original = std::filesystem::file_size(path);
       // Shrink the file after the catalogue was read; the catalogue's size agrees, so the
       // reader itself meets the end of the file.
-      std::filesystem::resize_file(path, cut);
-      catalogue.shards[0].file_bytes = cut;
-      auto device = make_host_device();
-      auto transport = make_local_transport();
+      truncate_shard(catalogue, cut);
       LoadOptions options;
       options.chunk_bytes = 8192;
       options.reader = reader;
       options.direct_io = direct;
-      try {
-        load(catalogue, *device, *transport, options);
-        FAIL("load of a truncated shard succeeded");
-      } catch (const Error& e) {
-        CHECK(e.code() == Errc::io);
-        CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
-                                 Catch::Contains("odd.safetensors") &&
-                                 Catch::Contains("offset " + std::to_string(cut)) &&
-                                 Catch::Contains("shrank"));
-      }
+      const Error e = expect_host_load_error(catalogue, options);
+      CHECK(e.code() == Errc::io);
+      CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                               Catch::Contains("odd.safetensors") &&
+                               Catch::Contains("offset " + std::to_string(cut)) &&
+                               Catch::Contains("shrank"));
       std::filesystem::resize_file(path, original);  // restore the size for the next round
     }
   }

@@ -4,6 +4,7 @@
 #include "weightcast/synth.hpp"
 #include "weightcast/trace.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
@@ -163,15 +164,12 @@ TEST_CASE("trace: a load that fails midway has traced the chunks before the fail
   REQUIRE(catalogue.shards.size() == 1);
   // Cut the shard in half and make the catalogue agree, so the reader meets the end of file.
   const std::uint64_t cut = catalogue.shards[0].file_bytes / 2;
-  std::filesystem::resize_file(catalogue.shards[0].path, cut);
-  catalogue.shards[0].file_bytes = cut;
-  auto device = make_host_device();
-  auto transport = make_local_transport();
+  truncate_shard(catalogue, cut);
   LoadOptions options;
   options.chunk_bytes = 16 << 10;
   TraceRecorder recorder(0);
   options.on_stage_event = recorder.hook();
-  CHECK_THROWS_AS(load(catalogue, *device, *transport, options), Error);
+  expect_host_load_error(catalogue, options);
   CHECK(recorder.size() > 0);
   const auto trace = nlohmann::json::parse(recorder.to_json());
   std::uint64_t reads = 0;
