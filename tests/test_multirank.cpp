@@ -14,6 +14,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <memory>
 #include <regex>
 #include <unistd.h>
 
@@ -84,10 +85,15 @@ fs::path synth_sharded(const TempDir& dir) {
   return checkpoint;
 }
 
-// The environment entry that makes rank 0 pause @p ms after reading the catalogue (it
-// prints "pausing <ms> ms"), so that a test can act on the running job.
-std::string pause_after_catalogue(int ms) {
-  return "WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=" + std::to_string(ms);
+// Starts @p argv in the background with rank 0 pausing @p pause_ms after it has read the
+// catalogue, so that the test can act on the running job; REQUIREs that the pause begins
+// (rank 0 prints "pausing <ms> ms") within 60 s.
+std::unique_ptr<BackgroundJob> start_paused(const std::vector<std::string>& argv, int pause_ms) {
+  auto job = std::make_unique<BackgroundJob>(
+      argv, std::vector<std::string>{"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=" +
+                                     std::to_string(pause_ms)});
+  REQUIRE(job->wait_for_output("pausing " + std::to_string(pause_ms) + " ms", 60));
+  return job;
 }
 
 std::vector<std::string> base_sets(int port, const std::string& timeout = "60s") {
@@ -184,9 +190,7 @@ TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its mes
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir);
-  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29731, "20s")),
-                    {pause_after_catalogue(3000)});
-  REQUIRE(job.wait_for_output("pausing 3000 ms", 60));
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29731, "20s")), 3000);
   // The catalogue is read: now the second shard shrinks before the load opens it.
   fs::path shard;
   for (const auto& e : fs::directory_iterator(checkpoint)) {
@@ -194,7 +198,7 @@ TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its mes
   }
   REQUIRE(!shard.empty());
   fs::resize_file(shard, 1000);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   INFO(r.out);
   CHECK(r.exit_status == 74);
   const std::string message = "weightcast: error: rank 0: " + shard.filename().string() +
@@ -208,16 +212,16 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
   // plane while rank 0 pauses before sending the catalogue; no MPI is involved.
   TempDir dir;
   const auto checkpoint = synth_sharded(dir);
-  BackgroundJob job({cli_path().string(), "launch", "-n", "3", "--spawner", "local", "--set",
-                     "checkpoint=" + checkpoint.string(), "--set", "device=host", "--set",
-                     "rendezvous.port=29741", "--set", "timeout=10s"},
-                    {pause_after_catalogue(8000)});
-  REQUIRE(job.wait_for_output("pausing 8000 ms", 60));
-  const pid_t victim = job.find_descendant_with_env("RANK=1");
+  const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                                 "--set", "checkpoint=" + checkpoint.string(), "--set",
+                                 "device=host", "--set", "rendezvous.port=29741", "--set",
+                                 "timeout=10s"},
+                                8000);
+  const pid_t victim = job->find_descendant_with_env("RANK=1");
   REQUIRE(victim > 0);
   const auto start = std::chrono::steady_clock::now();
   REQUIRE(::kill(victim, SIGKILL) == 0);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   INFO(r.out);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));  // < timeout
   CHECK(r.exit_status == 69);
@@ -230,13 +234,11 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir);
-  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29751, "3s")),
-                    {pause_after_catalogue(1500)});
-  REQUIRE(job.wait_for_output("pausing 1500 ms", 60));
-  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29751, "3s")), 1500);
+  const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   ::kill(victim, SIGKILL);  // in case mpirun left it stopped
   INFO(r.out);
   CHECK(r.exit_status == 75);

@@ -89,6 +89,28 @@ bool uring_available() {
   }
 }
 
+// One way the read stage can read a file: a back end, buffered or with O_DIRECT.
+struct ReadMode {
+  ReaderKind reader;
+  DirectIo direct;
+};
+
+// Every read mode this machine offers for @p file: pread and (where io_uring is available)
+// uring, each buffered and (where O_DIRECT works for @p file) direct. WARNs what it leaves out.
+std::vector<ReadMode> read_modes(const std::filesystem::path& file) {
+  const bool direct_ok = direct_io_works(file);
+  std::vector<ReaderKind> readers{ReaderKind::pread};
+  if (uring_available()) readers.push_back(ReaderKind::uring);
+  std::vector<ReadMode> modes;
+  for (ReaderKind reader : readers) {
+    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
+      if (direct == DirectIo::on && !direct_ok) continue;
+      modes.push_back({reader, direct});
+    }
+  }
+  return modes;
+}
+
 std::vector<ReadRequest*> wait_for(Reader& reader, std::size_t count) {
   std::vector<ReadRequest*> finished;
   while (finished.size() < count) {
@@ -238,21 +260,15 @@ TEST_CASE("reader: uring, pread, buffered and O_DIRECT all land the same bytes b
   TempDir dir;
   const auto path = write_odd_checkpoint(dir.path(), 40, 17);
   const auto expected = expected_digests(path);
-  const bool direct_ok = direct_io_works(path);
-  std::vector<ReaderKind> readers{ReaderKind::pread};
-  if (uring_available()) readers.push_back(ReaderKind::uring);
-  for (ReaderKind reader : readers) {
-    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
-      if (direct == DirectIo::on && !direct_ok) continue;
-      for (std::uint64_t chunk : {61ull, 4096ull, 65537ull, 1ull << 20}) {
-        for (std::uint32_t io_depth : {1u, 4u}) {
-          INFO("reader " << to_string(reader) << " direct_io " << to_string(direct) << " chunk "
-                         << chunk << " io_depth " << io_depth);
-          const LoadResult result = load_with(path, chunk, direct, reader, io_depth);
-          REQUIRE(tensor_digests(result) == expected);
-          CHECK(result.stats.reader == (reader == ReaderKind::pread ? "pread" : "io_uring"));
-          CHECK(result.stats.io_mode == (direct == DirectIo::on ? "direct" : "buffered"));
-        }
+  for (const auto [reader, direct] : read_modes(path)) {
+    for (std::uint64_t chunk : {61ull, 4096ull, 65537ull, 1ull << 20}) {
+      for (std::uint32_t io_depth : {1u, 4u}) {
+        INFO("reader " << to_string(reader) << " direct_io " << to_string(direct) << " chunk "
+                       << chunk << " io_depth " << io_depth);
+        const LoadResult result = load_with(path, chunk, direct, reader, io_depth);
+        REQUIRE(tensor_digests(result) == expected);
+        CHECK(result.stats.reader == (reader == ReaderKind::pread ? "pread" : "io_uring"));
+        CHECK(result.stats.io_mode == (direct == DirectIo::on ? "direct" : "buffered"));
       }
     }
   }
@@ -319,37 +335,31 @@ TEST_CASE("reader: a shard truncated under the reader fails with 74 naming file,
           "[reader][direct_io]") {
   TempDir dir;
   const auto path = write_odd_checkpoint(dir.path(), 10, 3, 50'000);
-  const bool direct_ok = direct_io_works(path);
-  std::vector<ReaderKind> readers{ReaderKind::pread};
-  if (uring_available()) readers.push_back(ReaderKind::uring);
-  for (ReaderKind reader : readers) {
-    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
-      if (direct == DirectIo::on && !direct_ok) continue;
-      INFO("reader " << to_string(reader) << " direct_io " << to_string(direct));
-      Catalogue catalogue = open_checkpoint(path);
-      const TensorInfo* victim = nullptr;
-      for (const auto& t : catalogue.tensors) {
-        if (t.bytes > 100) victim = &t;
-      }
-      REQUIRE(victim != nullptr);
-      const std::string victim_name = victim->name;
-      const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
-      const auto original = std::filesystem::file_size(path);
-      // Shrink the file after the catalogue was read; the catalogue's size agrees, so the
-      // reader itself meets the end of the file.
-      truncate_shard(catalogue, cut);
-      LoadOptions options;
-      options.chunk_bytes = 8192;
-      options.reader = reader;
-      options.direct_io = direct;
-      const Error e = expect_host_load_error(catalogue, options);
-      CHECK(e.code() == Errc::io);
-      CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
-                               Catch::Contains("odd.safetensors") &&
-                               Catch::Contains("offset " + std::to_string(cut)) &&
-                               Catch::Contains("shrank"));
-      std::filesystem::resize_file(path, original);  // restore the size for the next round
+  for (const auto [reader, direct] : read_modes(path)) {
+    INFO("reader " << to_string(reader) << " direct_io " << to_string(direct));
+    Catalogue catalogue = open_checkpoint(path);
+    const TensorInfo* victim = nullptr;
+    for (const auto& t : catalogue.tensors) {
+      if (t.bytes > 100) victim = &t;
     }
+    REQUIRE(victim != nullptr);
+    const std::string victim_name = victim->name;
+    const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
+    const auto original = std::filesystem::file_size(path);
+    // Shrink the file after the catalogue was read; the catalogue's size agrees, so the
+    // reader itself meets the end of the file.
+    truncate_shard(catalogue, cut);
+    LoadOptions options;
+    options.chunk_bytes = 8192;
+    options.reader = reader;
+    options.direct_io = direct;
+    const Error e = expect_host_load_error(catalogue, options);
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                             Catch::Contains("odd.safetensors") &&
+                             Catch::Contains("offset " + std::to_string(cut)) &&
+                             Catch::Contains("shrank"));
+    std::filesystem::resize_file(path, original);  // restore the size for the next round
   }
 }
 
