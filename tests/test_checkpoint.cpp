@@ -4,6 +4,7 @@
 #include "weightcast/error.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/report.hpp"
 #include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
@@ -25,6 +26,7 @@ using namespace weightcast;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 using nlohmann::json;
+using weightcast::test::read_json;
 
 /// Writes a shard whose tensors are U8 vectors of the given lengths, in the given order;
 /// byte i of tensor k is (k * 16 + i) so that a wrong offset changes the bytes read.
@@ -72,12 +74,6 @@ std::vector<std::string> tensor_names(const Catalogue& catalogue) {
   std::vector<std::string> names;
   for (const auto& tensor : catalogue.tensors) names.push_back(tensor.name);
   return names;
-}
-
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return json::parse(in);
 }
 
 /// A standard three-shard checkpoint in @p dir: layer k's tensors in shard k+1.

@@ -2,6 +2,7 @@
 #include "weightcast/config.hpp"
 #include "weightcast/error.hpp"
 
+#include "utils/expect_error.hpp"
 #include "utils/paths.hpp"
 #include "utils/safetensors_writer.hpp"
 
@@ -14,6 +15,7 @@
 using namespace weightcast;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
+using weightcast::test::expect_error;
 
 namespace {
 
@@ -23,18 +25,6 @@ std::string write_yaml(const test::TempDir& dir, const std::string& yaml,
   auto path = dir / name;
   test::write_file(path, yaml);
   return path.string();
-}
-
-/// Runs @p fn, which must throw weightcast::Error; returns it.
-template <typename Fn>
-Error expect_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("expected weightcast::Error, nothing was thrown");
-  throw std::logic_error("unreachable");
 }
 
 Config from_set(const std::vector<std::string>& overrides) { return load_config("", overrides); }

@@ -101,6 +101,23 @@ std::string header_claiming(wire::Frame type, std::uint32_t length) {
   return bytes;
 }
 
+// After a stranger's visit, the real peer (rank 1 of 2) still joins and the job that rank 0
+// (@p root, serve_job on @p port) runs ends: the stranger took no rank's place.
+void finish_with_real_peer(std::future<Clock::time_point>& root, std::uint16_t port) {
+  CHECK(join_job(1, 2, loopback(port)) == "ok");
+  REQUIRE(root.wait_for(5s) == std::future_status::ready);
+  root.get();
+}
+
+// Reads rank 0's answer to @p client within 2 s; REQUIREs one, and CHECKs that it is a reject.
+// @return the refusal message.
+std::string read_refusal(test::TcpClient& client) {
+  const auto refusal = client.read_frame(2s);
+  REQUIRE(refusal);
+  CHECK(refusal->type == static_cast<std::uint8_t>(wire::Frame::reject));
+  return refusal->payload;
+}
+
 // Captures what weightcast logs while alive (spdlog's default logger, as log.hpp allows).
 class LogCapture {
  public:
@@ -522,9 +539,7 @@ TEST_CASE("control plane: a connection that does not finish its hello in 5 s is 
   CHECK(held < 6500ms);
   CHECK_THAT(log.text(), Contains("no hello within 5000 ms"));
   // The rendezvous is still open to the real peer.
-  CHECK(join_job(1, 2, loopback(port)) == "ok");
-  REQUIRE(root.wait_for(5s) == std::future_status::ready);
-  root.get();
+  finish_with_real_peer(root, port);
 }
 
 TEST_CASE("control plane: a frame header claiming 4 GiB is refused at once", "[control_plane]") {
@@ -533,17 +548,13 @@ TEST_CASE("control plane: a frame header claiming 4 GiB is refused at once", "[c
   test::TcpClient hostile(port);
   const auto sent = Clock::now();
   REQUIRE(hostile.send(header_claiming(wire::Frame::hello, 0xffffffffu)));
-  const auto refusal = hostile.read_frame(2s);
+  const std::string refusal = read_refusal(hostile);
   CHECK(Clock::now() - sent < 1s);
-  REQUIRE(refusal);
-  CHECK(refusal->type == static_cast<std::uint8_t>(wire::Frame::reject));
-  CHECK_THAT(refusal->payload, Contains("not a weightcast hello") &&
-                                   Contains("4294967295 bytes, over the limit of 4096"));
+  CHECK_THAT(refusal, Contains("not a weightcast hello") &&
+                          Contains("4294967295 bytes, over the limit of 4096"));
   CHECK(hostile.closed_within(1s));
   // And rank 0 is still there for the real peer.
-  CHECK(join_job(1, 2, loopback(port)) == "ok");
-  REQUIRE(root.wait_for(5s) == std::future_status::ready);
-  root.get();
+  finish_with_real_peer(root, port);
 }
 
 TEST_CASE("control plane: a peer gives up at once on a reply claiming 4 GiB", "[control_plane]") {
@@ -575,11 +586,8 @@ TEST_CASE("control plane: without the token a connection learns nothing of the j
     test::TcpClient stranger(port);
     // Wrong in every other field too: the token is what rank 0 answers first.
     REQUIRE(stranger.send(hello_frame(5, 7, token)));
-    const auto refusal = stranger.read_frame(2s);
-    REQUIRE(refusal);
-    CHECK(refusal->type == static_cast<std::uint8_t>(wire::Frame::reject));
-    CHECK(refusal->payload == "wrong job token (give every rank the same rendezvous.token or "
-                              "WEIGHTCAST_TOKEN)");
+    CHECK(read_refusal(stranger) == "wrong job token (give every rank the same "
+                                    "rendezvous.token or WEIGHTCAST_TOKEN)");
     // Nothing more is read from it: the connection is closed, whatever it sends next.
     stranger.send(hello_frame(1, 2, "t0ken"));
     CHECK(stranger.closed_within(1s));
@@ -588,14 +596,10 @@ TEST_CASE("control plane: without the token a connection learns nothing of the j
     // With the token, the job's shape is fair to tell.
     test::TcpClient member(port);
     REQUIRE(member.send(hello_frame(5, 7, "t0ken")));
-    const auto refusal = member.read_frame(2s);
-    REQUIRE(refusal);
-    CHECK_THAT(refusal->payload, Contains("world size 7, rank 0 has 2"));
+    CHECK_THAT(read_refusal(member), Contains("world size 7, rank 0 has 2"));
   }
   // Refusals take no rank's place.
-  CHECK(join_job(1, 2, loopback(port)) == "ok");
-  REQUIRE(root.wait_for(5s) == std::future_status::ready);
-  root.get();
+  finish_with_real_peer(root, port);
 }
 
 TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane]") {
@@ -604,9 +608,7 @@ TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane
   { test::TcpClient listening(port); }  // waits until rank 0 listens on 127.0.0.1
   // 127.0.0.2 is loopback too on Linux: it would connect to a wildcard (0.0.0.0) bind.
   CHECK(test::connect_errno("127.0.0.2", port) == ECONNREFUSED);
-  CHECK(join_job(1, 2, loopback(port)) == "ok");
-  REQUIRE(root.wait_for(5s) == std::future_status::ready);
-  root.get();
+  finish_with_real_peer(root, port);
 }
 
 TEST_CASE("control plane: rank 0 keeps accepting after running out of file descriptors",

@@ -14,13 +14,14 @@
 
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <fstream>
 #include <random>
 #include <vector>
 
@@ -39,35 +40,11 @@ bool gpu_available() {
 #define WEIGHTCAST_REQUIRE_GPU() \
   if (!gpu_available()) return
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
-
 // U8 tensors of the given sizes with random bytes, in one safetensors file.
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir,
                                        const std::vector<std::uint64_t>& sizes,
                                        std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    const auto begin = data.size();
-    for (std::uint64_t b = 0; b < sizes[t]; ++b) data.push_back(static_cast<char>(rng()));
-    header["t" + std::to_string(t)] = {
-        {"dtype", "U8"}, {"shape", {sizes[t]}}, {"data_offsets", {begin, data.size()}}};
-  }
-  std::string json = header.dump();
-  while (json.size() % 8 != 0) json.push_back(' ');
-  const auto path = dir / "gpu.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  const std::uint64_t n = json.size();
-  char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
-  out.write(le, 8);
-  out << json << data;
-  return path;
+  return write_random_checkpoint(dir / "gpu.safetensors", sizes, seed);
 }
 
 // Sizes that make chunks of several pieces, a zero-size tensor, and one tensor larger than
@@ -287,7 +264,7 @@ TEST_CASE("Transport::broadcast_group defaults to one broadcast per range", "[tr
 
 TEST_CASE("cuda: every real corpus file lands bit-exact in device memory", "[gpu][corpus]") {
   WEIGHTCAST_REQUIRE_GPU();
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   auto device = make_cuda_device(0);
   auto transport = make_local_transport();
   for (const auto& [file, tensors] : manifest.items()) {
@@ -400,20 +377,12 @@ TEST_CASE("nccl: a peer that never joins times out with 75, nothing hangs", "[gp
 TEST_CASE("run: device: cuda, report digests equal the manifest", "[gpu][run][corpus]") {
   WEIGHTCAST_REQUIRE_GPU();
   TempDir dir;
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);
     const auto report_path = dir / "report.json";
-    const auto r = run_cli({"run", "--set", "checkpoint=" + (corpus_dir() / "real" / file).string(),
-                            "--set", "device=cuda", "--set", "chunk_size=4KiB", "--report",
-                            report_path.string()});
-    INFO(r.out << r.err);
-    REQUIRE(r.exit_status == 0);
+    const auto r = run_corpus_file(file, report_path, {"device=cuda"});
     CHECK_THAT(r.out, Catch::Contains("device cuda:0"));
-    const auto report = read_json(report_path);
-    for (const auto& [name, expected] : tensors.items()) {
-      INFO("tensor " << name);
-      CHECK(report["tensors"][name]["xxh3"] == expected["xxh3"]);
-    }
+    check_report_matches_manifest(read_json(report_path), tensors);
   }
 }

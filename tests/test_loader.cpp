@@ -4,29 +4,26 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
+#include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <random>
 #include <set>
 
 using namespace weightcast;
 using weightcast::test::corpus_dir;
+using weightcast::test::corpus_manifest;
 using weightcast::test::TempDir;
 
 namespace {
-
-nlohmann::json read_manifest() {
-  std::ifstream in(corpus_dir() / "real" / "MANIFEST.json");
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
 
 void check_against_manifest(const LoadResult& result, const nlohmann::json& expected) {
   REQUIRE(result.catalogue.tensors.size() == expected.size());
@@ -39,36 +36,20 @@ void check_against_manifest(const LoadResult& result, const nlohmann::json& expe
   }
 }
 
-// A safetensors file of `count` U8 tensors of random sizes with random bytes.
+// A safetensors file of `count` U8 tensors of random sizes (0 to 20000 bytes) with random
+// bytes, the data 8-byte aligned.
 std::filesystem::path write_random_checkpoint(const std::filesystem::path& dir, int count,
                                               std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (int t = 0; t < count; ++t) {
-    const auto bytes = std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
-    const auto begin = data.size();
-    for (std::uint64_t b = 0; b < bytes; ++b) data.push_back(static_cast<char>(rng()));
-    header["t" + std::to_string(t)] = {{"dtype", "U8"},
-                                       {"shape", {bytes}},
-                                       {"data_offsets", {begin, data.size()}}};
-  }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
-  auto path = dir / "random.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  std::uint64_t n = json.size();
-  char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
-  out.write(le, 8);
-  out << json << data;
-  return path;
+  return test::write_random_checkpoint(
+      dir / "random.safetensors", count, seed, [](std::mt19937_64& rng, int) {
+        return std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
+      });
 }
 
 }  // namespace
 
 TEST_CASE("every real corpus file loads bit-exact against the manifest", "[loader][corpus]") {
-  const auto manifest = read_manifest();
+  const auto manifest = corpus_manifest();
   REQUIRE(manifest.size() >= 20);
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);
@@ -146,21 +127,13 @@ TEST_CASE("a shard truncated after its header was read fails with 74 naming the 
   // Cut the file in the middle of that tensor, and make the catalogue's size agree so the
   // reader itself meets the end of file.
   const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
-  std::filesystem::resize_file(path, cut);
-  catalogue.shards[0].file_bytes = cut;
-  auto device = make_host_device();
-  auto transport = make_local_transport();
+  test::truncate_shard(catalogue, cut);
   LoadOptions options;
   options.chunk_bytes = 4096;
-  try {
-    load(catalogue, *device, *transport, options);
-    FAIL("load of a truncated shard succeeded");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::io);
-    CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
-                             Catch::Contains("random.safetensors") &&
-                             Catch::Contains("shrank"));
-  }
+  const Error e = test::expect_host_load_error(catalogue, options);
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                           Catch::Contains("random.safetensors") && Catch::Contains("shrank"));
 }
 
 TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {
@@ -168,15 +141,9 @@ TEST_CASE("a shard whose size changed before the load is refused with 74", "[loa
   const auto path = write_random_checkpoint(dir.path(), 5, 4);
   Catalogue catalogue = open_checkpoint(path);
   std::filesystem::resize_file(path, catalogue.shards[0].file_bytes - 1);
-  auto device = make_host_device();
-  auto transport = make_local_transport();
-  try {
-    load(catalogue, *device, *transport);
-    FAIL("load succeeded");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::io);
-    CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
-  }
+  const Error e = test::expect_host_load_error(catalogue);
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
 }
 
 TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loader]") {

@@ -6,6 +6,7 @@
 #include "utils/job.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <regex>
 #include <unistd.h>
 
@@ -48,21 +49,51 @@ bool have_mpirun() { return mpi_compiled_in() && !mpirun_path().empty(); }
     }                                                                                     \
   } while (0)
 
-std::vector<std::string> mpirun_prefix(int ranks) {
-  std::vector<std::string> argv{mpirun_path(), "--oversubscribe", "-np", std::to_string(ranks)};
-  if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
-  return argv;
-}
-
 std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+// mpirun and its options, before the "-np N program args" groups (several, separated by
+// ":", for MPMD).
+std::vector<std::string> mpirun_options() {
+  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
+  if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
+  return argv;
+}
+
+std::vector<std::string> mpirun_prefix(int ranks) {
+  return cat(mpirun_options(), {"-np", std::to_string(ranks)});
+}
+
+// `mpirun -np <ranks> weightcast run --set checkpoint=<checkpoint>` followed by @p args.
+std::vector<std::string> mpirun_run(int ranks, const fs::path& checkpoint,
+                                    const std::vector<std::string>& args) {
+  return cat(cat(mpirun_prefix(ranks), {cli_path().string(), "run", "--set",
+                                        "checkpoint=" + checkpoint.string()}),
+             args);
+}
+
+// A synthetic checkpoint of 10M parameters in 4 MiB shards (several shards), written to
+// dir/ckpt by `weightcast synth`. REQUIREs that synth succeeds. @return its directory.
+fs::path synth_sharded(const TempDir& dir) {
+  const auto checkpoint = dir / "ckpt";
+  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "10M", "--shard-size",
+                              "4MiB"});
+  INFO(synth.out << synth.err);
+  REQUIRE(synth.exit_status == 0);
+  return checkpoint;
+}
+
+// Starts @p argv in the background with rank 0 pausing @p pause_ms after it has read the
+// catalogue, so that the test can act on the running job; REQUIREs that the pause begins
+// (rank 0 prints "pausing <ms> ms") within 60 s.
+std::unique_ptr<BackgroundJob> start_paused(const std::vector<std::string>& argv, int pause_ms) {
+  auto job = std::make_unique<BackgroundJob>(
+      argv, std::vector<std::string>{"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=" +
+                                     std::to_string(pause_ms)});
+  REQUIRE(job->wait_for_output("pausing " + std::to_string(pause_ms) + " ms", 60));
+  return job;
 }
 
 std::vector<std::string> base_sets(int port, const std::string& timeout = "60s") {
@@ -82,7 +113,7 @@ int count(const std::string& text, const std::string& needle) {
 TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every rank",
           "[multirank]") {
   REQUIRE_MPI();
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   TempDir dir;
   int port = 29701;
   for (const char* file : {"huggingface__safetensors/samples/overall.safetensors",
@@ -92,10 +123,8 @@ TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every ra
                            "JunSuzukiJapan__tl/model.safetensors"}) {
     INFO(file);
     const std::string report = (dir / "r{rank}.json").string();
-    auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
-                                       "checkpoint=" + (corpus_dir() / "real" / file).string(),
-                                       "--report", report});
-    argv = cat(argv, base_sets(port++));
+    const auto argv =
+        mpirun_run(3, corpus_dir() / "real" / file, cat({"--report", report}, base_sets(port++)));
     const auto r = run_process(argv, {}, job_timeout_s);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
@@ -105,10 +134,7 @@ TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every ra
       const auto got = read_json(dir / ("r" + std::to_string(rank) + ".json"));
       CHECK(got["rank"] == rank);
       CHECK(got["world_size"] == 3);
-      REQUIRE(got["tensors"].size() == expected.size());
-      for (const auto& [name, entry] : expected.items()) {
-        CHECK(got["tensors"][name]["xxh3"] == entry["xxh3"]);
-      }
+      check_report_matches_manifest(got, expected);
     }
   }
 }
@@ -117,11 +143,9 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto synth = run_cli({"synth", (dir / "ckpt").string(), "--params", "10M",
-                              "--shard-size", "4MiB"});
-  REQUIRE(synth.exit_status == 0);
+  const auto checkpoint = synth_sharded(dir);
   const std::string report = (dir / "rank{rank}.json").string();
-  auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + (dir / "ckpt").string(),
+  auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
                    "--report", report},
                   base_sets(29711));
   const auto r = run_cli(args, {}, job_timeout_s);
@@ -143,13 +167,10 @@ TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint pat
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
-              .exit_status == 0);
+  const auto checkpoint = synth_sharded(dir);
   auto sets = base_sets(29721);
-  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
-  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
-  argv = cat(argv, {"-np", "1", cli_path().string(), "run", "--set",
-                    "checkpoint=" + (dir / "ckpt").string(), "--report",
+  auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
+                                     "checkpoint=" + checkpoint.string(), "--report",
                     (dir / "r{rank}.json").string()});
   argv = cat(argv, sets);
   argv = cat(argv, {":", "-np", "2", cli_path().string(), "run", "--set",
@@ -168,21 +189,16 @@ TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its mes
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
-              .exit_status == 0);
-  auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
-                                     "checkpoint=" + (dir / "ckpt").string()});
-  argv = cat(argv, base_sets(29731, "20s"));
-  BackgroundJob job(argv, {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=3000"});
-  REQUIRE(job.wait_for_output("pausing 3000 ms", 60));
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29731, "20s")), 3000);
   // The catalogue is read: now the second shard shrinks before the load opens it.
   fs::path shard;
-  for (const auto& e : fs::directory_iterator(dir / "ckpt")) {
+  for (const auto& e : fs::directory_iterator(checkpoint)) {
     if (e.path().filename().string().find("00002-of") != std::string::npos) shard = e.path();
   }
   REQUIRE(!shard.empty());
   fs::resize_file(shard, 1000);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   INFO(r.out);
   CHECK(r.exit_status == 74);
   const std::string message = "weightcast: error: rank 0: " + shard.filename().string() +
@@ -195,18 +211,17 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
   // Local spawner (torchrun environment): the others learn of the death over the control
   // plane while rank 0 pauses before sending the catalogue; no MPI is involved.
   TempDir dir;
-  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
-              .exit_status == 0);
-  BackgroundJob job({cli_path().string(), "launch", "-n", "3", "--spawner", "local", "--set",
-                     "checkpoint=" + (dir / "ckpt").string(), "--set", "device=host", "--set",
-                     "rendezvous.port=29741", "--set", "timeout=10s"},
-                    {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=8000"});
-  REQUIRE(job.wait_for_output("pausing 8000 ms", 60));
-  const pid_t victim = job.find_descendant_with_env("RANK=1");
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                                 "--set", "checkpoint=" + checkpoint.string(), "--set",
+                                 "device=host", "--set", "rendezvous.port=29741", "--set",
+                                 "timeout=10s"},
+                                8000);
+  const pid_t victim = job->find_descendant_with_env("RANK=1");
   REQUIRE(victim > 0);
   const auto start = std::chrono::steady_clock::now();
   REQUIRE(::kill(victim, SIGKILL) == 0);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   INFO(r.out);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));  // < timeout
   CHECK(r.exit_status == 69);
@@ -218,17 +233,12 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
 TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
-              .exit_status == 0);
-  auto argv = cat(mpirun_prefix(3), {cli_path().string(), "run", "--set",
-                                     "checkpoint=" + (dir / "ckpt").string()});
-  argv = cat(argv, base_sets(29751, "3s"));
-  BackgroundJob job(argv, {"WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS=1500"});
-  REQUIRE(job.wait_for_output("pausing 1500 ms", 60));
-  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29751, "3s")), 1500);
+  const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = job.wait(job_timeout_s);
+  const auto r = job->wait(job_timeout_s);
   ::kill(victim, SIGKILL);  // in case mpirun left it stopped
   INFO(r.out);
   CHECK(r.exit_status == 75);
@@ -238,13 +248,11 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
 TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  REQUIRE(run_cli({"synth", (dir / "ckpt").string(), "--params", "10M", "--shard-size", "4MiB"})
-              .exit_status == 0);
+  const auto checkpoint = synth_sharded(dir);
   auto sets = base_sets(29761, "5s");
-  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
-  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
-  argv = cat(argv, {"-np", "2", cli_path().string(), "run", "--set",
-                    "checkpoint=" + (dir / "ckpt").string(), "--set", "rendezvous.token=right"});
+  auto argv = cat(mpirun_options(), {"-np", "2", cli_path().string(), "run", "--set",
+                                     "checkpoint=" + checkpoint.string(), "--set",
+                                     "rendezvous.token=right"});
   argv = cat(argv, sets);
   argv = cat(argv, {":", "-np", "1", cli_path().string(), "run", "--set",
                     "rendezvous.token=wrong"});

@@ -8,8 +8,11 @@
 #include "weightcast/loader.hpp"
 #include "weightcast/reader.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -28,37 +31,16 @@ using namespace weightcast::test;
 
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
-
 // A safetensors file of `count` U8 tensors of random sizes (some zero) with random bytes.
 // The header is NOT padded, so tensors start at odd file offsets, as in many real files.
 std::filesystem::path write_odd_checkpoint(const std::filesystem::path& dir, int count,
                                            std::uint64_t seed, std::uint64_t max_bytes = 20000) {
-  std::mt19937_64 rng(seed);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (int t = 0; t < count; ++t) {
-    const auto bytes = t % 7 == 3 ? 0 : std::uniform_int_distribution<std::uint64_t>(1, max_bytes)(rng);
-    const auto begin = data.size();
-    for (std::uint64_t b = 0; b < bytes; ++b) data.push_back(static_cast<char>(rng()));
-    header["t" + std::to_string(t)] = {{"dtype", "U8"},
-                                       {"shape", {bytes}},
-                                       {"data_offsets", {begin, data.size()}}};
-  }
-  std::string json = header.dump();
-  if ((8 + json.size()) % 2 == 0) json.push_back(' ');  // odd data start
-  auto path = dir / "odd.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  std::uint64_t n = json.size();
-  char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
-  out.write(le, 8);
-  out << json << data;
-  return path;
+  return write_random_checkpoint(
+      dir / "odd.safetensors", count, seed,
+      [max_bytes](std::mt19937_64& rng, int t) -> std::uint64_t {
+        return t % 7 == 3 ? 0 : std::uniform_int_distribution<std::uint64_t>(1, max_bytes)(rng);
+      },
+      DataStart::odd);
 }
 
 // Digests computed with plain reads, independent of the pipeline.
@@ -107,6 +89,28 @@ bool uring_available() {
   }
 }
 
+// One way the read stage can read a file: a back end, buffered or with O_DIRECT.
+struct ReadMode {
+  ReaderKind reader;
+  DirectIo direct;
+};
+
+// Every read mode this machine offers for @p file: pread and (where io_uring is available)
+// uring, each buffered and (where O_DIRECT works for @p file) direct. WARNs what it leaves out.
+std::vector<ReadMode> read_modes(const std::filesystem::path& file) {
+  const bool direct_ok = direct_io_works(file);
+  std::vector<ReaderKind> readers{ReaderKind::pread};
+  if (uring_available()) readers.push_back(ReaderKind::uring);
+  std::vector<ReadMode> modes;
+  for (ReaderKind reader : readers) {
+    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
+      if (direct == DirectIo::on && !direct_ok) continue;
+      modes.push_back({reader, direct});
+    }
+  }
+  return modes;
+}
+
 std::vector<ReadRequest*> wait_for(Reader& reader, std::size_t count) {
   std::vector<ReadRequest*> finished;
   while (finished.size() < count) {
@@ -128,12 +132,29 @@ LoadResult load_with(const std::filesystem::path& path, std::uint64_t chunk, Dir
   return load(path, options);
 }
 
+// The seccomp_deny_uring helper's path, or "" after WARNing that the calling test skips.
 std::string seccomp_helper() {
 #ifdef WEIGHTCAST_SECCOMP_HELPER_PATH
   return WEIGHTCAST_SECCOMP_HELPER_PATH;
 #else
+  WARN("built without libseccomp: skipping (install libseccomp-dev)");
   return {};
 #endif
+}
+
+// Runs `weightcast run --set checkpoint=<checkpoint>` and @p args under the seccomp helper
+// @p helper, which refuses io_uring, and O_DIRECT as well when @p deny_o_direct.
+ProcessResult run_under_seccomp(const std::string& helper, bool deny_o_direct,
+                                const std::string& checkpoint,
+                                const std::vector<std::string>& args) {
+  std::vector<std::string> argv{helper};
+  if (deny_o_direct) argv.emplace_back("--deny-o-direct");
+  for (std::string item : {cli_path().string(), std::string("run"), std::string("--set"),
+                           "checkpoint=" + checkpoint}) {
+    argv.push_back(std::move(item));
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv);
 }
 
 }  // namespace
@@ -239,28 +260,22 @@ TEST_CASE("reader: uring, pread, buffered and O_DIRECT all land the same bytes b
   TempDir dir;
   const auto path = write_odd_checkpoint(dir.path(), 40, 17);
   const auto expected = expected_digests(path);
-  const bool direct_ok = direct_io_works(path);
-  std::vector<ReaderKind> readers{ReaderKind::pread};
-  if (uring_available()) readers.push_back(ReaderKind::uring);
-  for (ReaderKind reader : readers) {
-    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
-      if (direct == DirectIo::on && !direct_ok) continue;
-      for (std::uint64_t chunk : {61ull, 4096ull, 65537ull, 1ull << 20}) {
-        for (std::uint32_t io_depth : {1u, 4u}) {
-          INFO("reader " << to_string(reader) << " direct_io " << to_string(direct) << " chunk "
-                         << chunk << " io_depth " << io_depth);
-          const LoadResult result = load_with(path, chunk, direct, reader, io_depth);
-          REQUIRE(tensor_digests(result) == expected);
-          CHECK(result.stats.reader == (reader == ReaderKind::pread ? "pread" : "io_uring"));
-          CHECK(result.stats.io_mode == (direct == DirectIo::on ? "direct" : "buffered"));
-        }
+  for (const auto [reader, direct] : read_modes(path)) {
+    for (std::uint64_t chunk : {61ull, 4096ull, 65537ull, 1ull << 20}) {
+      for (std::uint32_t io_depth : {1u, 4u}) {
+        INFO("reader " << to_string(reader) << " direct_io " << to_string(direct) << " chunk "
+                       << chunk << " io_depth " << io_depth);
+        const LoadResult result = load_with(path, chunk, direct, reader, io_depth);
+        REQUIRE(tensor_digests(result) == expected);
+        CHECK(result.stats.reader == (reader == ReaderKind::pread ? "pread" : "io_uring"));
+        CHECK(result.stats.io_mode == (direct == DirectIo::on ? "direct" : "buffered"));
       }
     }
   }
 }
 
 TEST_CASE("direct_io: every real corpus file loads bit-exact with O_DIRECT", "[direct_io][corpus]") {
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);
     const auto path = corpus_dir() / "real" / file;
@@ -320,44 +335,31 @@ TEST_CASE("reader: a shard truncated under the reader fails with 74 naming file,
           "[reader][direct_io]") {
   TempDir dir;
   const auto path = write_odd_checkpoint(dir.path(), 10, 3, 50'000);
-  const bool direct_ok = direct_io_works(path);
-  std::vector<ReaderKind> readers{ReaderKind::pread};
-  if (uring_available()) readers.push_back(ReaderKind::uring);
-  for (ReaderKind reader : readers) {
-    for (DirectIo direct : {DirectIo::off, DirectIo::on}) {
-      if (direct == DirectIo::on && !direct_ok) continue;
-      INFO("reader " << to_string(reader) << " direct_io " << to_string(direct));
-      Catalogue catalogue = open_checkpoint(path);
-      const TensorInfo* victim = nullptr;
-      for (const auto& t : catalogue.tensors) {
-        if (t.bytes > 100) victim = &t;
-      }
-      REQUIRE(victim != nullptr);
-      const std::string victim_name = victim->name;
-      const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
-      const auto original = std::filesystem::file_size(path);
-      // Shrink the file after the catalogue was read; the catalogue's size agrees, so the
-      // reader itself meets the end of the file.
-      std::filesystem::resize_file(path, cut);
-      catalogue.shards[0].file_bytes = cut;
-      auto device = make_host_device();
-      auto transport = make_local_transport();
-      LoadOptions options;
-      options.chunk_bytes = 8192;
-      options.reader = reader;
-      options.direct_io = direct;
-      try {
-        load(catalogue, *device, *transport, options);
-        FAIL("load of a truncated shard succeeded");
-      } catch (const Error& e) {
-        CHECK(e.code() == Errc::io);
-        CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
-                                 Catch::Contains("odd.safetensors") &&
-                                 Catch::Contains("offset " + std::to_string(cut)) &&
-                                 Catch::Contains("shrank"));
-      }
-      std::filesystem::resize_file(path, original);  // restore the size for the next round
+  for (const auto [reader, direct] : read_modes(path)) {
+    INFO("reader " << to_string(reader) << " direct_io " << to_string(direct));
+    Catalogue catalogue = open_checkpoint(path);
+    const TensorInfo* victim = nullptr;
+    for (const auto& t : catalogue.tensors) {
+      if (t.bytes > 100) victim = &t;
     }
+    REQUIRE(victim != nullptr);
+    const std::string victim_name = victim->name;
+    const std::uint64_t cut = victim->file_offset + victim->bytes / 2;
+    const auto original = std::filesystem::file_size(path);
+    // Shrink the file after the catalogue was read; the catalogue's size agrees, so the
+    // reader itself meets the end of the file.
+    truncate_shard(catalogue, cut);
+    LoadOptions options;
+    options.chunk_bytes = 8192;
+    options.reader = reader;
+    options.direct_io = direct;
+    const Error e = expect_host_load_error(catalogue, options);
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
+                             Catch::Contains("odd.safetensors") &&
+                             Catch::Contains("offset " + std::to_string(cut)) &&
+                             Catch::Contains("shrank"));
+    std::filesystem::resize_file(path, original);  // restore the size for the next round
   }
 }
 
@@ -409,22 +411,13 @@ TEST_CASE("discard: StreamingDigests in pieces equal the one-shot digest", "[dis
 TEST_CASE("discard: run --set destination=discard reports the manifest's digests",
           "[discard][run][corpus]") {
   TempDir dir;
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);
     const auto report_path = dir / "report.json";
-    const auto r = run_cli({"run", "--set", "checkpoint=" + (corpus_dir() / "real" / file).string(),
-                            "--set", "destination=discard", "--set", "chunk_size=4KiB",
-                            "--report", report_path.string()});
-    INFO(r.out << r.err);
-    REQUIRE(r.exit_status == 0);
+    const auto r = run_corpus_file(file, report_path, {"destination=discard"});
     CHECK_THAT(r.out, Catch::Contains("destination discard"));
-    const auto report = read_json(report_path);
-    REQUIRE(report["tensors"].size() == tensors.size());
-    for (const auto& [name, expected] : tensors.items()) {
-      INFO("tensor " << name);
-      CHECK(report["tensors"][name]["xxh3"] == expected["xxh3"]);
-    }
+    check_report_matches_manifest(read_json(report_path), tensors);
   }
 }
 
@@ -458,34 +451,24 @@ TEST_CASE("config: reader and destination", "[reader][config]") {
 TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact; uring exits 69",
           "[seccomp][reader][corpus]") {
   const std::string helper = seccomp_helper();
-  if (helper.empty()) {
-    WARN("built without libseccomp: skipping (install libseccomp-dev)");
-    return;
-  }
+  if (helper.empty()) return;
   TempDir dir;
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   // Not `*manifest.items().begin()`: the proxy is a temporary, its key a dangling reference.
   const auto first = manifest.begin();
   const std::string file = first.key();
   const auto& tensors = first.value();
   const auto checkpoint = (corpus_dir() / "real" / file).string();
   const auto report_path = dir / "report.json";
-  const auto r = run_process({helper, cli_path().string(), "run", "--set",
-                              "checkpoint=" + checkpoint, "--set", "chunk_size=4KiB",
-                              "--report", report_path.string()});
+  const auto r = run_under_seccomp(helper, false, checkpoint,
+                                   {"--set", "chunk_size=4KiB", "--report", report_path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.err, Catch::Contains("io_uring unavailable") && Catch::Contains("pread"));
   CHECK_THAT(r.out, Catch::Contains("reader pread"));
-  const auto report = read_json(report_path);
-  REQUIRE(report["tensors"].size() == tensors.size());
-  for (const auto& [name, expected] : tensors.items()) {
-    INFO("tensor " << name);
-    CHECK(report["tensors"][name]["xxh3"] == expected["xxh3"]);
-  }
+  check_report_matches_manifest(read_json(report_path), tensors);
 
-  const auto strict = run_process({helper, cli_path().string(), "run", "--set",
-                                   "checkpoint=" + checkpoint, "--set", "reader=uring"});
+  const auto strict = run_under_seccomp(helper, false, checkpoint, {"--set", "reader=uring"});
   INFO(strict.out << strict.err);
   CHECK(strict.exit_status == 69);
   CHECK_THAT(strict.err, Catch::Contains("io_uring unavailable") && Catch::Contains("reader"));
@@ -494,19 +477,15 @@ TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact; u
 TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice; on exits 74",
           "[seccomp][direct_io][corpus]") {
   const std::string helper = seccomp_helper();
-  if (helper.empty()) {
-    WARN("built without libseccomp: skipping (install libseccomp-dev)");
-    return;
-  }
+  if (helper.empty()) return;
   TempDir dir;
   // A cold copy, so that auto would choose O_DIRECT were it allowed.
   const auto path = write_odd_checkpoint(dir.path(), 20, 8, 100'000);
   const auto expected = expected_digests(path);
   evict(path);
   const auto report_path = dir / "report.json";
-  const auto r = run_process({helper, "--deny-o-direct", cli_path().string(), "run", "--set",
-                              "checkpoint=" + path.string(), "--set", "direct_io=auto",
-                              "--report", report_path.string()});
+  const auto r = run_under_seccomp(helper, true, path.string(),
+                                   {"--set", "direct_io=auto", "--report", report_path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.out, Catch::Contains("buffered reads"));
@@ -523,9 +502,7 @@ TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice
     CHECK_THAT(r.err, Catch::Contains("refuses O_DIRECT"));
   }
 
-  const auto strict = run_process({helper, "--deny-o-direct", cli_path().string(), "run",
-                                   "--set", "checkpoint=" + path.string(), "--set",
-                                   "direct_io=on"});
+  const auto strict = run_under_seccomp(helper, true, path.string(), {"--set", "direct_io=on"});
   INFO(strict.out << strict.err);
   CHECK(strict.exit_status == 74);
   CHECK_THAT(strict.err, Catch::Contains(path.string()) && Catch::Contains("O_DIRECT"));
@@ -546,18 +523,10 @@ std::filesystem::path write_sparse_checkpoint(const std::filesystem::path& dir, 
         {"shape", {tensor_bytes}},
         {"data_offsets", {t * tensor_bytes, (t + 1) * tensor_bytes}}};
   }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
   const auto path = dir / "sparse.safetensors";
-  {
-    std::ofstream out(path, std::ios::binary);
-    std::uint64_t n = json.size();
-    char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
-    out.write(le, 8);
-    out << json;
-  }
-  std::filesystem::resize_file(path, 8 + json.size() + tensors * tensor_bytes);
+  const std::string header_bytes = make_safetensors(header.dump(), "");
+  write_file(path, header_bytes);
+  std::filesystem::resize_file(path, header_bytes.size() + tensors * tensor_bytes);
   return path;
 }
 

@@ -4,24 +4,19 @@
 
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
-#include <fstream>
+#include <map>
 #include <unistd.h>
 
 using namespace weightcast;
 using namespace weightcast::test;
 
 namespace {
-
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
 
 // XXH3 of every tensor of one safetensors file, read with plain pread and a header parsed
 // by nlohmann::json: independent of weightcast's parser, plan and pipeline.
@@ -56,26 +51,15 @@ std::map<std::string, std::string> independent_digests(const std::filesystem::pa
 
 TEST_CASE("run: every real corpus file, report digests equal the manifest", "[run][corpus]") {
   TempDir dir;
-  const auto manifest = read_json(corpus_dir() / "real" / "MANIFEST.json");
+  const auto manifest = corpus_manifest();
   for (const auto& [file, tensors] : manifest.items()) {
     INFO("file " << file);
     const auto report_path = dir / "report.json";
-    const auto r = run_cli({"run", "--set", "checkpoint=" + (corpus_dir() / "real" / file).string(),
-                            "--set", "chunk_size=4KiB", "--report", report_path.string()});
-    INFO(r.out << r.err);
-    REQUIRE(r.exit_status == 0);
+    run_corpus_file(file, report_path);
     const auto report = read_json(report_path);
     REQUIRE(report["rank"] == 0);
     REQUIRE(report["world_size"] == 1);
-    REQUIRE(report["tensors"].size() == tensors.size());
-    for (const auto& [name, expected] : tensors.items()) {
-      INFO("tensor " << name);
-      REQUIRE(report["tensors"].contains(name));
-      const auto& got = report["tensors"][name];
-      CHECK(got["xxh3"] == expected["xxh3"]);
-      CHECK(got["dtype"] == expected["dtype"]);
-      CHECK(got["shape"] == expected["shape"]);
-    }
+    check_report_matches_manifest(report, tensors);
   }
 }
 

@@ -4,6 +4,7 @@
 #include "weightcast/error.hpp"
 #include "weightcast/synth.hpp"
 
+#include "utils/expect_error.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 
@@ -20,6 +21,7 @@
 using namespace weightcast;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
+using weightcast::test::expect_error;
 
 namespace {
 
@@ -118,17 +120,6 @@ std::set<std::string> dir_listing(const fs::path& dir) {
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
   return names;
-}
-
-template <typename Fn>
-Error expect_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("expected weightcast::Error, nothing was thrown");
-  throw std::logic_error("unreachable");
 }
 
 }  // namespace

@@ -4,25 +4,20 @@
 #include "weightcast/synth.hpp"
 #include "weightcast/trace.hpp"
 
+#include "utils/host_load.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/report.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 
 using namespace weightcast;
 using namespace weightcast::test;
 
 namespace {
-
-nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);  // throws (fails the test) on anything but valid JSON
-}
 
 struct Slice {
   double begin_us;
@@ -65,7 +60,7 @@ TEST_CASE("trace: a multi-chunk load gives one slice per chunk per stage, and re
 
   const auto trace_path = dir / "trace.json";
   recorder.write(trace_path);
-  const auto trace = read_json_file(trace_path);
+  const auto trace = read_json(trace_path);
 
   // Track names: one thread_name metadata event per stage, on pid 0.
   std::map<int, std::string> names;
@@ -147,7 +142,7 @@ TEST_CASE("trace: run --trace and the trace key write a parseable trace", "[trac
                     "--trace", path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  auto trace = read_json_file(path);
+  auto trace = read_json(path);
   int slices = 0;
   for (const auto& e : trace["traceEvents"]) slices += e["ph"] == "X" ? 1 : 0;
   CHECK(slices > 0);
@@ -158,7 +153,7 @@ TEST_CASE("trace: run --trace and the trace key write a parseable trace", "[trac
   r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "trace=" + keyed.string()});
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.out, Catch::Contains("trace: " + keyed.string()));
-  CHECK(read_json_file(keyed)["traceEvents"].size() > 0);
+  CHECK(read_json(keyed)["traceEvents"].size() > 0);
 }
 
 TEST_CASE("trace: a load that fails midway has traced the chunks before the failure",
@@ -169,15 +164,12 @@ TEST_CASE("trace: a load that fails midway has traced the chunks before the fail
   REQUIRE(catalogue.shards.size() == 1);
   // Cut the shard in half and make the catalogue agree, so the reader meets the end of file.
   const std::uint64_t cut = catalogue.shards[0].file_bytes / 2;
-  std::filesystem::resize_file(catalogue.shards[0].path, cut);
-  catalogue.shards[0].file_bytes = cut;
-  auto device = make_host_device();
-  auto transport = make_local_transport();
+  truncate_shard(catalogue, cut);
   LoadOptions options;
   options.chunk_bytes = 16 << 10;
   TraceRecorder recorder(0);
   options.on_stage_event = recorder.hook();
-  CHECK_THROWS_AS(load(catalogue, *device, *transport, options), Error);
+  expect_host_load_error(catalogue, options);
   CHECK(recorder.size() > 0);
   const auto trace = nlohmann::json::parse(recorder.to_json());
   std::uint64_t reads = 0;

@@ -1,5 +1,7 @@
 #include "utils/job.hpp"
 
+#include "utils/spawn.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -11,8 +13,6 @@
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace weightcast::test {
 
@@ -27,31 +27,15 @@ std::string slurp(const std::filesystem::path& path) {
 
 BackgroundJob::BackgroundJob(const std::vector<std::string>& argv,
                              const std::vector<std::string>& env) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (const auto& kv : env) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    env_strings.push_back(kv);
-  }
-  std::vector<char*> c_argv;
-  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-  c_argv.push_back(nullptr);
-  std::vector<char*> c_env;
-  for (auto& s : env_strings) c_env.push_back(s.data());
-  c_env.push_back(nullptr);
   const std::string out = (_dir / "output").string();
-  _pid = ::fork();
-  REQUIRE(_pid >= 0);
-  if (_pid == 0) {
-    ::setpgid(0, 0);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::execvpe(c_argv[0], c_argv.data(), c_env.data());
-    ::_exit(127);
-  }
-  ::setpgid(_pid, _pid);
+  const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  _pid = spawn_process(argv, env,
+                       SpawnOptions{.stdout_fd = fd,
+                                    .stderr_fd = fd,
+                                    .own_process_group = true,
+                                    .search_path = true});
+  ::close(fd);
 }
 
 BackgroundJob::~BackgroundJob() {

@@ -1,6 +1,7 @@
 #include "utils/process.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/spawn.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -11,8 +12,6 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace weightcast::test {
 
@@ -34,29 +33,8 @@ ProcessResult run_process(const std::vector<std::string>& argv,
   int err_pipe[2];
   REQUIRE(pipe2(out_pipe, O_CLOEXEC) == 0);
   REQUIRE(pipe2(err_pipe, O_CLOEXEC) == 0);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (const auto& kv : env) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    env_strings.push_back(kv);
-  }
-  std::vector<char*> c_argv;
-  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-  c_argv.push_back(nullptr);
-  std::vector<char*> c_env;
-  for (auto& s : env_strings) c_env.push_back(s.data());
-  c_env.push_back(nullptr);
-
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    execve(c_argv[0], c_argv.data(), c_env.data());
-    std::perror("execve");
-    _exit(127);
-  }
+  const pid_t pid = spawn_process(argv, env,
+                                  SpawnOptions{.stdout_fd = out_pipe[1], .stderr_fd = err_pipe[1]});
   close(out_pipe[1]);
   close(err_pipe[1]);
 
