@@ -4,6 +4,7 @@
 #include "commands.hpp"
 
 #include "weightcast/config.hpp"
+#include "weightcast/detail/exec_image.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/log.hpp"
@@ -23,8 +24,6 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
-
-extern char** environ;
 
 namespace weightcast::cli {
 namespace {
@@ -80,19 +79,7 @@ class ChildGroup {
   /// Starts @p argv with @p env added; @p label names it in messages ("rank 2", "mpirun").
   void spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
              std::string label) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-    for (const auto& kv : env) {
-      const auto key = kv.substr(0, kv.find('=') + 1);
-      std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-      env_strings.push_back(kv);
-    }
-    std::vector<char*> c_argv;
-    for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-    c_argv.push_back(nullptr);
-    std::vector<char*> c_env;
-    for (auto& s : env_strings) c_env.push_back(s.data());
-    c_env.push_back(nullptr);
+    const detail::ExecImage image(argv, env);  // before fork: the child only execs
 
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -104,8 +91,8 @@ class ChildGroup {
       if (::getppid() != parent) ::_exit(127);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
-      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
-      std::fprintf(stderr, "weightcast launch: cannot run %s: %s\n", c_argv[0],
+      ::execvpe(image.argv()[0], image.argv(), image.envp());
+      std::fprintf(stderr, "weightcast launch: cannot run %s: %s\n", image.argv()[0],
                    std::strerror(errno));
       ::_exit(127);
     }

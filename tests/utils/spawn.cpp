@@ -1,11 +1,11 @@
 #include "utils/spawn.hpp"
 
+#include "weightcast/detail/exec_image.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace weightcast::test {
 
@@ -13,19 +13,7 @@ pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std:
                     const SpawnOptions& options) {
   REQUIRE(!argv.empty());
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (const auto& kv : env) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    env_strings.push_back(kv);
-  }
-  std::vector<char*> c_argv;
-  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-  c_argv.push_back(nullptr);
-  std::vector<char*> c_env;
-  for (auto& s : env_strings) c_env.push_back(s.data());
-  c_env.push_back(nullptr);
+  const detail::ExecImage image(argv, env);
 
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
@@ -34,11 +22,11 @@ pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std:
     if (options.stdout_fd >= 0) ::dup2(options.stdout_fd, STDOUT_FILENO);
     if (options.stderr_fd >= 0) ::dup2(options.stderr_fd, STDERR_FILENO);
     if (options.search_path) {
-      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+      ::execvpe(image.argv()[0], image.argv(), image.envp());
     } else {
-      ::execve(c_argv[0], c_argv.data(), c_env.data());
+      ::execve(image.argv()[0], image.argv(), image.envp());
     }
-    std::perror(c_argv[0]);
+    std::perror(image.argv()[0]);
     ::_exit(127);
   }
   // Set in both processes, so the group exists before either goes on.
