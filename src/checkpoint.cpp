@@ -167,6 +167,12 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
       if (shard.empty()) {
         throw Error(Errc::invalid_checkpoint, where + ": shard file name is empty");
       }
+      // JSON allows "\u0000"; the C file API stops at the first NUL, so "a\u0000.safetensors"
+      // would open the file "a".
+      if (shard.find('\0') != std::string::npos) {
+        throw Error(Errc::invalid_checkpoint,
+                    fmt::format("{}: shard file name {} holds a NUL byte", where, quote(shard)));
+      }
       if (relative.is_absolute()) {
         throw Error(Errc::invalid_checkpoint,
                     fmt::format("{}: shard path {} is absolute; shards must be named relative "
@@ -245,9 +251,11 @@ Catalogue open_index(const fs::path& index_path) {
         it->second = fs::is_regular_file(entry.shard_path, ec);
       }
       if (!it->second) {
-        fail(index_name, fmt::format("weight_map entry {}: shard {} does not exist (looked for "
-                                     "{})",
+        std::error_code ec;
+        const bool exists = fs::exists(entry.shard_path, ec);
+        fail(index_name, fmt::format("weight_map entry {}: shard {} {} (looked for {})",
                                      quote(entry.tensor), quote(entry.shard),
+                                     exists ? "is not a regular file" : "does not exist",
                                      entry.shard_path.string()));
       }
     }

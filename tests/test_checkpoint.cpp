@@ -358,6 +358,24 @@ TEST_CASE("index: a missing shard names the first entry, in index order", "[chec
                            Contains("does not exist"));
 }
 
+TEST_CASE("index: a shard name with a NUL byte is refused, not cut short",
+          "[checkpoint][index]") {
+  // "a\u0000.safetensors" would open "a" through the C file API.
+  test::TempDir dir;
+  write_shard(dir / "a", {{"t", 4}});
+  write_index(dir / "model.safetensors.index.json", {{"t", R"(a\u0000.safetensors)"}});
+  auto e = open_failure(dir.path(), Errc::invalid_checkpoint);
+  CHECK_THAT(e.what(), Contains("entry 't'") && Contains("holds a NUL byte"));
+}
+
+TEST_CASE("index: a shard that is a directory is not called missing", "[checkpoint][index]") {
+  test::TempDir dir;
+  fs::create_directory(dir / "a.safetensors");
+  write_index(dir / "model.safetensors.index.json", {{"t", "a.safetensors"}});
+  auto e = open_failure(dir.path(), Errc::invalid_checkpoint);
+  CHECK_THAT(e.what(), Contains("'a.safetensors' is not a regular file"));
+}
+
 TEST_CASE("index: an indexed tensor its shard lacks", "[checkpoint][index]") {
   test::TempDir dir;
   write_shard(dir / "a.safetensors", {{"x", 1}});
