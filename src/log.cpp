@@ -8,20 +8,76 @@
 
 namespace weightcast {
 
+namespace {
+
+/// Bidirectional formatting controls (Unicode TR9): they reorder how a line displays, so a
+/// name could show as something else ("Trojan Source", CVE-2021-42574).
+bool is_bidi_control(char32_t c) {
+  return c == 0x061c || c == 0x200e || c == 0x200f || (c >= 0x202a && c <= 0x202e) ||
+         (c >= 0x2066 && c <= 0x2069);
+}
+
+/// Length of the well-formed UTF-8 sequence at @p text (Unicode Table 3-7), 0 when the bytes
+/// there are not one; @p code_point receives its value.
+std::size_t utf8_sequence(std::string_view text, char32_t& code_point) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  std::size_t length = 0;
+  unsigned char low = 0x80, high = 0xbf;  // range of the second byte
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    length = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3;
+    if (lead == 0xe0) low = 0xa0;   // no overlong forms
+    if (lead == 0xed) high = 0x9f;  // no surrogates
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;  // nothing above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (text.size() < length || byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t i = 2; i < length; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  }
+  code_point = lead & (0xff >> (length + 1));
+  for (std::size_t i = 1; i < length; ++i) code_point = (code_point << 6) | (byte(i) & 0x3f);
+  return length;
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
+  std::size_t i = 0;
+  while (i < text.size()) {
     const auto byte = static_cast<unsigned char>(text[i]);
-    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0u;
-    if (byte < 0x20 || byte == 0x7f) {
-      out += fmt::format("\\x{:02x}", byte);
-    } else if (byte == 0xc2 && next >= 0x80 && next <= 0x9f) {  // UTF-8 of U+0080..U+009F
-      out += fmt::format("\\x{:02x}", next);
+    if (byte < 0x80) {
+      if (byte < 0x20 || byte == 0x7f) {
+        out += fmt::format("\\x{:02x}", byte);
+      } else {
+        out += static_cast<char>(byte);
+      }
       ++i;
-    } else {
-      out += static_cast<char>(byte);
+      continue;
     }
+    char32_t code_point = 0;
+    const std::size_t length = utf8_sequence(text.substr(i), code_point);
+    if (length == 0) {  // not UTF-8: a raw 0x9b would be the 8-bit CSI on some terminals
+      out += fmt::format("\\x{:02x}", byte);
+      ++i;
+      continue;
+    }
+    if (code_point <= 0x9f) {  // C1 controls, U+0080..U+009F
+      out += fmt::format("\\x{:02x}", static_cast<unsigned>(code_point));
+    } else if (is_bidi_control(code_point)) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(code_point));
+    } else {
+      out.append(text.substr(i, length));
+    }
+    i += length;
   }
   return out;
 }

@@ -62,8 +62,21 @@ TEST_CASE("printable escapes C0, DEL and C1 controls and keeps everything else",
         "model.layers.0.self_attn.q_proj.weight");
   CHECK(printable("é → ✓ \\x1b") == "é → ✓ \\x1b");  // UTF-8 and backslashes stay
   CHECK(printable(std::string("a\0b", 3)) == "a\\x00b");
-  CHECK(printable("\xc2") == "\xc2");  // a lone lead byte at the end is not a C1 control
   CHECK_FALSE(has_control(printable(hostile)));
+}
+
+TEST_CASE("printable escapes bytes that are not UTF-8, and bidi controls", "[log]") {
+  CHECK(printable("bad\x9b" "31m") == "bad\\x9b31m");  // a raw 8-bit CSI
+  CHECK(printable("\xff\xfe") == "\\xff\\xfe");
+  CHECK(printable("\xc2") == "\\xc2");                      // cut short at the end
+  CHECK(printable("\xc0\x80") == "\\xc0\\x80");           // overlong NUL
+  CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // a surrogate
+  CHECK(printable("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  // U+202E RIGHT-TO-LEFT OVERRIDE would show "weight.txt" for "weight\u202etxt.";
+  // U+2066 LEFT-TO-RIGHT ISOLATE likewise reorders.
+  CHECK(printable("a\u202eb\u2066c") == "a\\u202eb\\u2066c");
+  // Well-formed text of every length is kept: 2, 3 and 4 bytes.
+  CHECK(printable("\u00e9\u4e2d\U0001F600") == "\u00e9\u4e2d\U0001F600");
 }
 
 TEST_CASE("the log escapes controls in every message", "[log]") {
