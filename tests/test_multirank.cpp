@@ -230,6 +230,26 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
   CHECK(count(r.out, "weightcast: error: rank 1 is gone: its control connection closed") == 2);
 }
 
+TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
+          "[multirank]") {
+  // mpirun ends the job and exits 128 + 9 when a rank is killed by SIGKILL; launch turns
+  // that into 69, a signal death, as the local spawner does.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
+                                     "mpirun", "--set", "checkpoint=" + checkpoint.string()},
+                                    base_sets(29743, "10s")),
+                                8000);
+  const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const auto r = job->wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.out, Contains("weightcast launch: mpirun exited with status 137: a rank was "
+                             "killed by signal 9"));
+}
+
 TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;

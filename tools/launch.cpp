@@ -263,9 +263,17 @@ int launch(const LaunchArgs& args) {
   }
   if (const auto& failure = group.first_failure()) {
     const auto& [label, status] = *failure;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_status(Errc::unavailable);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_status(Errc::unavailable);
+    std::string how = describe_status(status);
+    // mpirun exits 128 + N when it ended the job because a rank was killed by signal N: a
+    // signal death is 69, as with the local spawner, and the line says so.
+    if (mpirun && WIFEXITED(status) && code > 128 && code < 128 + NSIG) {
+      how += fmt::format(": a rank was killed by signal {} ({})", code - 128,
+                         ::strsignal(code - 128));
+      code = exit_status(Errc::unavailable);
+    }
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast launch: {} {}{}\n", label, describe_status(status),
+    fmt::print(stderr, "weightcast launch: {} {}{}\n", label, how,
                mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");
     return code;
   }
