@@ -9,12 +9,15 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <fcntl.h>
+#include <filesystem>
 #include <map>
 #include <unistd.h>
 
 using namespace weightcast;
 using namespace weightcast::test;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -87,6 +90,36 @@ TEST_CASE("run: missing checkpoint 66, bad config 78, no checkpoint 78", "[run]"
   CHECK(bad.exit_status == 78);
   CHECK_THAT(bad.err, Catch::Contains("chunk_size") && Catch::Contains("lots"));
   CHECK(run_cli({"run", "--set", "checkpoint="}).exit_status == 78);
+}
+
+TEST_CASE("run: destination discard with several ranks is refused before any rendezvous",
+          "[run]") {
+  // Without the early check rank 0 would wait `timeout` for a peer that never comes.
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set",
+                          "destination=discard", "--set", "world.size=2", "--set",
+                          "world.rank=0", "--set", "timeout=60s"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains("destination: discard: needs world size 1 (got 2)"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("run: {rank} in --report PATH becomes 0 with one rank", "[run]") {
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  test::TempDir dir;
+  for (const bool json : {false, true}) {
+    std::vector<std::string> args{"run", "--quiet", "--set", "checkpoint=" + file.string(),
+                                  "--report", (dir / "r{rank}.json").string()};
+    if (json) args.emplace_back("--json");
+    const auto r = run_cli(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(fs::exists(dir / "r0.json"));
+    CHECK_FALSE(fs::exists(dir / "r{rank}.json"));
+    fs::remove(dir / "r0.json");
+  }
 }
 
 TEST_CASE("run: a multi-GiB sharded synthetic checkpoint loads bit-exact", "[run][synth][large]") {

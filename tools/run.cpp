@@ -147,6 +147,12 @@ int run(const RunArgs& args) {
     fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}# world: {}\n",
                WEIGHTCAST_VERSION, config.to_yaml(), world.describe());
   }
+  // Refused before any rendezvous: the other ranks would otherwise wait for `timeout`.
+  WEIGHTCAST_EXPECT(config.destination != Destination::discard || world.world_size == 1,
+                    Errc::config,
+                    fmt::format("destination: discard: needs world size 1 (got {}); it checks "
+                                "and times rank 0's reads only",
+                                world.world_size));
   if (world.world_size > 1) return run_ranks(args, config, world);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
@@ -180,13 +186,14 @@ int run(const RunArgs& args) {
   if (progress) progress->finish();
   write_trace(trace, config, transport->rank(), transport->world_size(), false);
   const std::uint64_t peak_rss = peak_rss_bytes();
+  // "{rank}" in --report PATH becomes the rank, as with several ranks (here 0).
+  const std::string report_path = report_path_for_rank(args.report_path, transport->rank());
 
   if (args.json) {
     print_json_summary(result, config, shards, transport->rank(), transport->world_size(),
                        peak_rss);
     if (!args.report_path.empty()) {
-      write_report(args.report_path, result, transport->rank(), transport->world_size(),
-                   peak_rss);
+      write_report(report_path, result, transport->rank(), transport->world_size(), peak_rss);
     }
     return 0;
   }
@@ -196,15 +203,15 @@ int run(const RunArgs& args) {
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
   fmt::print("# reader {} ({} reads), destination {}, device {}, transport {}, {} chunks of <= "
-             "{}, staging ring {} ({} x {})\n",
+             "{}, staging ring {} (buffer_depth {}, chunk_size {})\n",
              result.stats.reader, result.stats.io_mode, to_string(config.destination),
              result.stats.device, result.stats.transport, result.stats.chunks,
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth, format_bytes(config.chunk_bytes));
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
   if (!args.report_path.empty()) {
-    write_report(args.report_path, result, transport->rank(), transport->world_size(), peak_rss);
-    fmt::print("# report written to {}\n", args.report_path);
+    write_report(report_path, result, transport->rank(), transport->world_size(), peak_rss);
+    fmt::print("# report written to {}\n", report_path);
   }
   return 0;
 }

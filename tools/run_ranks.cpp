@@ -109,15 +109,6 @@ TransportKind resolve_transport(const Config& config, const Device& device, int 
   return TransportKind::mpi;
 }
 
-std::string report_path_for_rank(const std::string& pattern, int rank) {
-  std::string path = pattern;
-  const std::string marker = "{rank}";
-  for (auto at = path.find(marker); at != std::string::npos; at = path.find(marker, at)) {
-    path.replace(at, marker.size(), std::to_string(rank));
-  }
-  return path;
-}
-
 // The same JSON as world-size-1 `run --report`, for this rank.
 void write_rank_report(const std::string& path, const LoadResult& result,
                        const std::vector<std::uint64_t>& digests, int rank, int world_size) {
@@ -176,6 +167,15 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 }
 
 }  // namespace
+
+std::string report_path_for_rank(const std::string& pattern, int rank) {
+  std::string path = pattern;
+  const std::string marker = "{rank}";
+  for (auto at = path.find(marker); at != std::string::npos; at = path.find(marker, at)) {
+    path.replace(at, marker.size(), std::to_string(rank));
+  }
+  return path;
+}
 
 namespace {
 
