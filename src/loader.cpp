@@ -37,6 +37,14 @@ using asio::use_awaitable;
 using namespace asio::experimental::awaitable_operators;
 using Clock = std::chrono::steady_clock;
 
+void check_destination(Destination destination, int world_size) {
+  // Discarding keeps nothing, so there is nothing for other ranks to receive either.
+  WEIGHTCAST_EXPECT(destination != Destination::discard || world_size == 1, Errc::config,
+                    fmt::format("destination: discard: needs world size 1 (got {}); it checks "
+                                "and times rank 0's reads only",
+                                world_size));
+}
+
 LoadOptions LoadOptions::from_config(const Config& config) {
   LoadOptions options;
   options.chunk_bytes = config.chunk_bytes;
@@ -468,11 +476,7 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
   result.layout = layout_arena(result.catalogue, options.tensor_alignment);
   const Plan plan = make_plan(result.catalogue, result.layout, options.chunk_bytes);
   const bool discard = options.destination == Destination::discard;
-  // Discarding keeps nothing, so there is nothing for other ranks to receive either.
-  WEIGHTCAST_EXPECT(!discard || transport.world_size() == 1, Errc::config,
-                    fmt::format("destination: discard: needs world size 1 (got {}); it checks "
-                                "and times rank 0's reads only",
-                                transport.world_size()));
+  check_destination(options.destination, transport.world_size());
   result.arena = discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
 
   const auto start = Clock::now();

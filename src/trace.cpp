@@ -113,16 +113,17 @@ void TraceRecorder::write(const std::filesystem::path& path) const {
   }
 }
 
-std::filesystem::path trace_path_for_rank(const std::string& path, int rank, int world_size) {
-  const std::string placeholder = "{rank}";
-  if (auto at = path.find(placeholder); at != std::string::npos) {
-    std::string out = path;
-    while (at != std::string::npos) {
-      out.replace(at, placeholder.size(), std::to_string(rank));
-      at = out.find(placeholder, at);
-    }
-    return out;
+std::string with_rank(std::string_view pattern, int rank) {
+  constexpr std::string_view placeholder = "{rank}";
+  std::string out(pattern);
+  for (auto at = out.find(placeholder); at != std::string::npos; at = out.find(placeholder, at)) {
+    out.replace(at, placeholder.size(), std::to_string(rank));
   }
+  return out;
+}
+
+std::filesystem::path trace_path_for_rank(const std::string& path, int rank, int world_size) {
+  if (path.find("{rank}") != std::string::npos) return with_rank(path, rank);
   if (world_size <= 1 || rank == 0) return path;
   std::filesystem::path p(path);
   const std::string stem = p.stem().string();

@@ -29,9 +29,6 @@ namespace weightcast::cli {
 /// plane, final report compared on rank 0.
 int run_ranks(const RunArgs& args, const Config& config, const World& world);
 
-/// @return @p pattern (a --report PATH) with every "{rank}" replaced by @p rank.
-std::string report_path_for_rank(const std::string& pattern, int rank);
-
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
   std::string config_path;             ///< YAML config passed to every rank.

@@ -147,12 +147,8 @@ int run(const RunArgs& args) {
     fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}# world: {}\n",
                WEIGHTCAST_VERSION, config.to_yaml(), world.describe());
   }
-  // Refused before any rendezvous: the other ranks would otherwise wait for `timeout`.
-  WEIGHTCAST_EXPECT(config.destination != Destination::discard || world.world_size == 1,
-                    Errc::config,
-                    fmt::format("destination: discard: needs world size 1 (got {}); it checks "
-                                "and times rank 0's reads only",
-                                world.world_size));
+  // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
+  check_destination(config.destination, world.world_size);
   if (world.world_size > 1) return run_ranks(args, config, world);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
@@ -187,7 +183,7 @@ int run(const RunArgs& args) {
   write_trace(trace, config, transport->rank(), transport->world_size(), false);
   const std::uint64_t peak_rss = peak_rss_bytes();
   // "{rank}" in --report PATH becomes the rank, as with several ranks (here 0).
-  const std::string report_path = report_path_for_rank(args.report_path, transport->rank());
+  const std::string report_path = with_rank(args.report_path, transport->rank());
 
   if (args.json) {
     print_json_summary(result, config, shards, transport->rank(), transport->world_size(),

@@ -9,6 +9,7 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
+#include "weightcast/trace.hpp"
 #include "weightcast/transport_mpi.hpp"
 
 #include <fmt/core.h>
@@ -168,15 +169,6 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 
 }  // namespace
 
-std::string report_path_for_rank(const std::string& pattern, int rank) {
-  std::string path = pattern;
-  const std::string marker = "{rank}";
-  for (auto at = path.find(marker); at != std::string::npos; at = path.find(marker, at)) {
-    path.replace(at, marker.size(), std::to_string(rank));
-  }
-  return path;
-}
-
 namespace {
 
 int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& world) {
@@ -266,7 +258,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     if (!args.report_path.empty()) {
       const bool per_rank = args.report_path.find("{rank}") != std::string::npos;
       if (per_rank || rank == 0) {
-        const std::string path = report_path_for_rank(args.report_path, rank);
+        const std::string path = with_rank(args.report_path, rank);
         write_rank_report(path, result, digests, rank, world.world_size);
         fmt::print("# report written to {}\n", path);
       }

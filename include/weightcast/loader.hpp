@@ -136,6 +136,15 @@ struct LoadResult {
 };
 
 /**
+ * @brief Checks that @p destination suits a world of @p world_size ranks: `discard` keeps
+ *        nothing on rank 0, so there is nothing to broadcast, and it needs world size 1.
+ *        `load` checks this; a launcher calls it before any rendezvous, so that the other
+ *        ranks do not wait for a peer that fails at once.
+ * @throws Error `config` (78) naming the world size when `discard` meets world size > 1.
+ */
+void check_destination(Destination destination, int world_size);
+
+/**
  * @brief Loads @p catalogue into an arena on @p device, broadcasting over @p transport.
  *
  * Rank 0 (`transport.rank() == 0`) opens the shard files and reads them; other ranks only

@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weightcast {
@@ -91,6 +92,10 @@ class TraceRecorder {
   std::vector<Record> _events;
   std::uint64_t _dropped = 0;
 };
+
+/// @return @p pattern with every `{rank}` replaced by @p rank: the placeholder the `trace`
+///         path and `--report PATH` share ("r{rank}.json" → "r3.json").
+std::string with_rank(std::string_view pattern, int rank);
 
 /**
  * @brief The trace file of @p rank for the configured `trace` path @p path.
