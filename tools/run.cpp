@@ -199,11 +199,11 @@ int run(const RunArgs& args) {
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
   fmt::print("# reader {} ({} reads), destination {}, device {}, transport {}, {} chunks of <= "
-             "{}, staging ring {} (buffer_depth {}, chunk_size {})\n",
+             "{}, staging ring {} (buffer_depth {})\n",
              result.stats.reader, result.stats.io_mode, to_string(config.destination),
              result.stats.device, result.stats.transport, result.stats.chunks,
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
-             config.buffer_depth, format_bytes(config.chunk_bytes));
+             config.buffer_depth);
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
   if (!args.report_path.empty()) {
     write_report(report_path, result, transport->rank(), transport->world_size(), peak_rss);
