@@ -1,4 +1,5 @@
 // The host arena's and the staging ring's memory: 2 MiB aligned, zeroed, huge-page advised.
+#include "utils/paths.hpp"
 #include "weightcast/detail/host_mapping.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/error.hpp"
@@ -7,24 +8,17 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <sstream>
 #include <string>
 
 using weightcast::detail::huge_page_bytes;
 using weightcast::detail::HostMapping;
+using weightcast::test::read_file;
 
 namespace {
 
 bool aligned(const std::byte* p) {
   return reinterpret_cast<std::uintptr_t>(p) % huge_page_bytes == 0;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 /// The `THPeligible:` value /proc/self/smaps gives the mapping that contains @p p, or -1.

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 
@@ -99,14 +98,12 @@ TEST_CASE("the log escapes controls in every message", "[log]") {
   close(saved);
   configure_log(LogLevel::warn);
 
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  INFO(text.str());
-  CHECK(text.str().find("weightcast[rank 3]: ") != std::string::npos);
-  CHECK(text.str().find("shard 'embed\\x1b[2J\\x1b[31mred\\x0d\\x0a\\x9b0m\\x7f' is odd") !=
+  const std::string text = weightcast::test::read_file(path);
+  INFO(text);
+  CHECK(text.find("weightcast[rank 3]: ") != std::string::npos);
+  CHECK(text.find("shard 'embed\\x1b[2J\\x1b[31mred\\x0d\\x0a\\x9b0m\\x7f' is odd") !=
         std::string::npos);
-  CHECK_FALSE(has_control(text.str()));
+  CHECK_FALSE(has_control(text));
 }
 
 TEST_CASE("inspect and errors print a hostile tensor name escaped", "[log][cli]") {

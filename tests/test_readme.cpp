@@ -1,9 +1,9 @@
 // The README's config reference stays in step with configs/default.yaml and the key table.
+#include "utils/paths.hpp"
 #include "weightcast/config.hpp"
 
 #include <catch2/catch.hpp>
 
-#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -11,11 +11,9 @@
 namespace {
 
 std::string read_source_file(const std::string& relative) {
-  std::ifstream in(std::string(WEIGHTCAST_SOURCE_DIR) + "/" + relative);
-  REQUIRE(in.good());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text = weightcast::test::read_file(std::string(WEIGHTCAST_SOURCE_DIR) + "/" + relative);
+  REQUIRE(!text.empty());
+  return text;
 }
 
 // Top-level `key: value` lines of a YAML text (the effective config or default.yaml).

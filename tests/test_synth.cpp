@@ -15,7 +15,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -26,11 +25,8 @@ using weightcast::test::expect_error;
 namespace {
 
 std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  REQUIRE(fs::is_regular_file(path));
+  return weightcast::test::read_file(path);
 }
 
 struct ParsedTensor {

@@ -1,5 +1,7 @@
 #include "utils/job.hpp"
 
+#include "utils/paths.hpp"
+
 #include "utils/spawn.hpp"
 
 #include <catch2/catch.hpp>
@@ -15,15 +17,6 @@
 #include <unistd.h>
 
 namespace weightcast::test {
-
-namespace {
-std::string slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
 
 BackgroundJob::BackgroundJob(const std::vector<std::string>& argv,
                              const std::vector<std::string>& env) {
@@ -45,7 +38,7 @@ BackgroundJob::~BackgroundJob() {
   ::waitpid(_pid, &status, 0);
 }
 
-std::string BackgroundJob::output() const { return slurp(_dir / "output"); }
+std::string BackgroundJob::output() const { return read_file(_dir / "output"); }
 
 bool BackgroundJob::wait_for_output(const std::string& text, int timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
@@ -106,7 +99,7 @@ pid_t BackgroundJob::find_descendant_with_env(const std::string& entry) const {
       at = parent;
     }
     if (!ours) continue;
-    const std::string environ_text = slurp(proc.path() / "environ");
+    const std::string environ_text = read_file(proc.path() / "environ");
     std::size_t begin = 0;
     while (begin < environ_text.size()) {
       const auto end = environ_text.find('\0', begin);

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <random>
 
 namespace weightcast::test {
@@ -19,6 +21,13 @@ std::filesystem::path corpus_dir() {
          << " (expected ../shared/corpus beside the source tree, or set WEIGHTCAST_CORPUS)");
   }
   return std::filesystem::canonical(dir);
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 std::filesystem::path cli_path() { return WEIGHTCAST_CLI_PATH; }

@@ -10,6 +10,9 @@ namespace weightcast::test {
 /// FAILs the running test (never skips) when the directory is missing.
 std::filesystem::path corpus_dir();
 
+/// The whole of @p path as bytes; empty when it cannot be opened (a /proc or /sys file
+/// that vanished or does not exist here). Callers that need the file REQUIRE it non-empty.
+std::string read_file(const std::filesystem::path& path);
 /// Path of the built `weightcast` launcher.
 std::filesystem::path cli_path();
 
