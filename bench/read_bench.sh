@@ -22,9 +22,11 @@
 # layer: O_DIRECT reads go through the loop driver and nothing is cached outside the guest,
 # so who reads first no longer matters (on a VM, a virtual disk is cached by the host,
 # which the guest's DONTNEED cannot drop). It measures the software path of each reader,
-# not a disk; the mount and loop device are removed on exit. Environment: WEIGHTCAST (the launcher, default
-# build/weightcast), REPS (default 3), CHUNK (default 16MiB), BUFFER_DEPTH (4), IO_DEPTH (4),
-# MODES (compare's modes, default "buffered direct").
+# not a disk; the mount and loop device are removed on exit.
+#
+# Environment: WEIGHTCAST (the launcher, default build/weightcast), REPS (default 3), CHUNK
+# (default 16MiB), BUFFER_DEPTH (4), IO_DEPTH (4), MODES (compare's modes, default
+# "buffered direct"), LOOP (above).
 set -euo pipefail
 
 what=${1:-all}
@@ -51,7 +53,7 @@ fi
 
 if [ "${LOOP:-0}" = 1 ]; then
   [ "$(id -u)" -eq 0 ] || { echo "read_bench: LOOP=1 needs root (losetup, mount)" >&2; exit 77; }
-  loop_image=/dev/shm/weightcast-read-bench-loop.img
+  loop_image=$(mktemp /dev/shm/weightcast-read-bench-loop.XXXXXX)
   loop_mount=$(mktemp -d /tmp/weightcast-read-bench-mnt.XXXXXX)
   loop_device=""
   cleanup_loop() {
