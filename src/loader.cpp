@@ -89,6 +89,13 @@ using ReadyChannel = asio::experimental::channel<void(boost::system::error_code)
 /// Slot or chunk indices handed from one stage to the next, in plan order.
 using IndexChannel = asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
 
+/// A chunk's broadcast, posted on this rank and not yet seen to complete.
+struct InFlight {
+  std::size_t chunk = 0;
+  std::unique_ptr<Pending> pending;  ///< null: already complete (or nothing to send)
+  Clock::time_point begin;           ///< when it was posted
+};
+
 class Pipeline {
  public:
   Pipeline(const asio::any_io_executor& executor, const Catalogue& catalogue, const Plan& plan,
@@ -104,6 +111,7 @@ class Pipeline {
         _options(options),
         _landed(catalogue.tensors.size(), 0),
         _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
+        _to_land(executor, broadcasts_in_flight - 2),
         _last_progress(Clock::now()) {}
 
   awaitable<void> run() {
@@ -143,9 +151,10 @@ class Pipeline {
       spdlog::debug("{} reader, {} reads; registered buffers: {}, registered files: {}",
                     _reader->name(), _files->mode(), fixed_buffers, fixed_files);
       co_await (guarded(read_stage()) && guarded(completion_stage()) &&
-                guarded(upload_stage()) && guarded(broadcast_stage()) && guarded(watchdog()));
+                guarded(upload_stage()) && guarded(broadcast_stage()) &&
+                guarded(landing_stage()) && guarded(watchdog()));
     } else {
-      co_await (guarded(broadcast_stage()) && guarded(watchdog()));
+      co_await (guarded(broadcast_stage()) && guarded(landing_stage()) && guarded(watchdog()));
     }
   }
 
@@ -262,19 +271,14 @@ class Pipeline {
     }
   }
 
-  // Broadcast stage: every rank broadcasts the plan's chunks in order from rank 0's arena,
-  // keeping up to `broadcasts_in_flight` posted: the next chunk's broadcast is already
-  // queued when one completes, so no rank idles between chunks while a poll notices the
+  // Broadcast stage: every rank posts one grouped broadcast per chunk, in plan order, from
+  // rank 0's arena, and hands it to the landing stage. Posting waits for that hand-over, so
+  // at most `broadcasts_in_flight` are posted at once: the next chunk's broadcast is already
+  // queued when one completes, and no rank idles between chunks while a poll notices the
   // completion (MPI and NCCL both allow several collectives in flight, posted in the same
   // order on every rank).
   awaitable<void> broadcast_stage() {
     const bool root = _transport.rank() == 0;
-    struct InFlight {
-      std::size_t chunk;
-      std::unique_ptr<Pending> pending;
-      Clock::time_point begin;
-    };
-    std::deque<InFlight> in_flight;
     for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
       if (root) {
         const std::size_t uploaded = co_await _to_broadcast.async_receive(use_awaitable);
@@ -282,9 +286,9 @@ class Pipeline {
       }
       const Chunk& chunk = _plan.chunks[c];
       const auto broadcast_begin = Clock::now();
-      // One grouped broadcast per chunk. On rank 0 the upload stage hands a chunk over only
-      // once its own copies have completed (polled), so the broadcast needs no stream wait:
-      // waiting on the device's latest upload event would also wait for the next chunk's H2D.
+      // On rank 0 the upload stage hands a chunk over only once its own copies have completed
+      // (polled), so the broadcast needs no stream wait: waiting on the device's latest upload
+      // event would also wait for the next chunk's H2D.
       _ranges.clear();
       if (chunk.arena_contiguous) {
         _ranges.push_back({_arena.data() + chunk.arena_offset, chunk.bytes});
@@ -296,14 +300,27 @@ class Pipeline {
       }
       std::unique_ptr<Pending> pending;
       if (!discarding()) pending = _transport.broadcast_group(_ranges, 0, nullptr);
-      in_flight.push_back(InFlight{c, std::move(pending), broadcast_begin});
-      const bool last = c + 1 == _plan.chunks.size();
-      while (!in_flight.empty() && (last || in_flight.size() >= broadcasts_in_flight)) {
-        InFlight done = std::move(in_flight.front());
-        in_flight.pop_front();
-        co_await wait(std::move(done.pending));
-        chunk_landed(done.chunk, done.begin);
+      _posted.push_back(InFlight{c, std::move(pending), broadcast_begin});
+      co_await _to_land.async_send(boost::system::error_code{}, c, use_awaitable);
+    }
+  }
+
+  // Landing stage: waits for each posted broadcast in plan order and marks its chunk landed.
+  // It runs beside the broadcast stage so that a completion is seen as soon as it happens,
+  // not when rank 0's next chunk is ready to post; polling it also drives the transport's
+  // progress (MPI progresses a non-blocking collective only inside MPI calls) while rank 0
+  // waits on its reads.
+  awaitable<void> landing_stage() {
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      const std::size_t posted = co_await _to_land.async_receive(use_awaitable);
+      if (posted != c || _posted.front().chunk != c) {
+        throw Error(Errc::internal, "broadcasts landed out of order");
       }
+      std::unique_ptr<Pending> pending = std::move(_posted.front().pending);
+      const Clock::time_point begin = _posted.front().begin;
+      _posted.pop_front();
+      co_await wait(std::move(pending));
+      chunk_landed(c, begin);
     }
     // The last stage to finish ends the watchdog (`||` would not cancel it on failure:
     // it waits for one success; `&&` cancels every operand as soon as one fails).
@@ -434,7 +451,10 @@ class Pipeline {
 
   // Chunks whose broadcast may be posted at once (see broadcast_stage). Two measured 1.4×
   // faster whole loads than one with 2 ranks (bench/RESULTS.md); more gave nothing more.
+  // In flight at once: the one the landing stage waits on, those queued in `_to_land`, and
+  // the one whose hand-over is blocked; hence `_to_land`'s capacity of this minus 2.
   static constexpr std::size_t broadcasts_in_flight = 2;
+  static_assert(broadcasts_in_flight >= 2);
 
   asio::any_io_executor _executor;
   const Catalogue& _catalogue;
@@ -458,6 +478,8 @@ class Pipeline {
   std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
   std::optional<IndexChannel> _to_upload;             // slot indices, plan order
   IndexChannel _to_broadcast;                         // chunk indices, plan order
+  IndexChannel _to_land;                              // posted chunks, plan order
+  std::deque<InFlight> _posted;                       // their broadcasts, not yet landing
   std::vector<Transport::Range> _ranges;              // the chunk being broadcast
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring
   Clock::time_point _last_progress;
