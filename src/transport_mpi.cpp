@@ -46,8 +46,9 @@ std::string mpi_error(int code) {
 /// One or more `MPI_Ibcast` requests of one broadcast.
 class MpiBroadcast final : public Pending {
  public:
-  MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes)
-      : _session(session), _requests(std::move(requests)), _bytes(bytes) {}
+  MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes,
+               bool receiving)
+      : _session(session), _requests(std::move(requests)), _bytes(bytes), _receiving(receiving) {}
   ~MpiBroadcast() override {
     for (MPI_Request request : _requests) {
       if (request != MPI_REQUEST_NULL) {
@@ -60,10 +61,14 @@ class MpiBroadcast final : public Pending {
   }
   bool test() override {
     // Open MPI progresses a non-blocking collective only inside MPI calls (no progress
-    // thread), and the loader sleeps between polls; so each poll drives progress for a short
-    // budget instead of testing once. The budget stays far below any timeout and keeps rank
-    // 0's other stages (reads complete in the kernel meanwhile) waiting at most that long.
-    const auto until = std::chrono::steady_clock::now() + progress_budget;
+    // thread), and the loader sleeps between polls. A receiving rank copies the bytes inside
+    // those calls (shared memory: it reads the root's buffer), so there each poll drives
+    // progress for a short budget instead of testing once; the budget stays far below any
+    // timeout. The root only has its sends' completions to learn of: it tests once, and
+    // leaves its one thread to the read and upload stages (a buffered io_uring read of a
+    // cached page copies inside the submit call, on that thread).
+    const auto budget = _receiving ? progress_budget : std::chrono::microseconds(0);
+    const auto until = std::chrono::steady_clock::now() + budget;
     int done = 0;
     do {
       const int rc = MPI_Testall(static_cast<int>(_requests.size()), _requests.data(), &done,
@@ -81,6 +86,7 @@ class MpiBroadcast final : public Pending {
   MpiSession& _session;
   std::vector<MPI_Request> _requests;
   std::uint64_t _bytes;
+  bool _receiving;  // this rank is not the broadcast's root
 };
 
 class MpiTransport final : public Transport {
@@ -105,7 +111,8 @@ class MpiTransport final : public Transport {
       }
       requests.push_back(request);
     }
-    return std::make_unique<MpiBroadcast>(_session, std::move(requests), bytes);
+    return std::make_unique<MpiBroadcast>(_session, std::move(requests), bytes,
+                                          _session.rank() != root);
   }
 
  private:
