@@ -22,6 +22,11 @@ if [ "$(id -u)" -eq 0 ]; then mpirun_args+=(--allow-run-as-root); fi
 
 echo "# $(uname -n): $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "# $(mpirun --version | head -1); $ranks ranks on one node (shared memory), chunk $chunk"
+if ((ranks > $(nproc))); then
+  # Rank 0's read stage needs a core the raw MPI_Bcast loop does not: with fewer cores than
+  # ranks the stages take CPU from each other, and the broadcast stage stretches with them.
+  echo "# note: $ranks ranks on $(nproc) cores: the load's stages compete for CPU (bench/RESULTS.md)"
+fi
 for p in "${params[@]}"; do
   dir="$bench_dir/weightcast-bcast-$p"
   if [ ! -d "$dir" ]; then "$build/weightcast" synth "$dir" --params "$p" >/dev/null; fi
