@@ -15,7 +15,9 @@
 // ends each span where rank 0 saw its own broadcast complete, which lags whenever rank 0's
 // thread is busy queueing a read. #wrong counts ranks whose buffer's XXH3-64 differs from
 // rank 0's. busbw = algbw for broadcast (nccl-tests). cpu(s) is the CPU time (user + system)
-// of all ranks together, so cpu / time is how many cores the job kept busy.
+// of all ranks together, so cpu / time is how many cores the job kept busy. "rank 0 alone"
+// is the same load at world size 1 while the other ranks wait (its cpu(s) is rank 0's):
+// the whole load can be no faster, and where it is as fast the broadcast cost nothing.
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
@@ -175,7 +177,8 @@ int main(int argc, char** argv) {
     // loader's do), or a buffer faulted in once (the MPI_Bcast bandwidth alone).
     std::vector<std::byte> warm(rank == 0 ? 0 : plan.total_bytes);
 
-    Row loader_row, stage_row, root_stage_row, raw_row, warm_row;
+    Row loader_row, stage_row, root_stage_row, raw_row, warm_row, alone_row;
+    auto local = make_local_transport();
     for (int i = 0; i <= iterations; ++i) {  // iteration 0 warms up page cache and MPI
       MPI_Barrier(MPI_COMM_WORLD);
       std::fill(broadcast_spans.begin(), broadcast_spans.end(), Span{});
@@ -207,6 +210,19 @@ int main(int argc, char** argv) {
         raw_loop(rank == 0 ? result.arena->data() : fresh->data(), raw_row);
       }
       raw_loop(rank == 0 ? result.arena->data() : warm.data(), warm_row);
+      // Rank 0 alone: the same load with no broadcast (world size 1), while the others wait.
+      // The whole load can be no faster; the gap between the two is what broadcasting cost.
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0) {
+        LoadOptions alone_options = options;
+        alone_options.on_stage_event = nullptr;
+        const double cpu_begin = cpu_seconds();
+        const auto begin = Clock::now();
+        load(catalogue, *device, *local, alone_options);
+        const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+        if (i > 0) alone_row.add(seconds, cpu_seconds() - cpu_begin, 0);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
       if (i > 0) {
         loader_row.add(loader_s, loader_cpu, loader_wrong);
         stage_row.add(union_seconds(landed_spans), 0, loader_wrong);
@@ -225,6 +241,8 @@ int main(int argc, char** argv) {
                 stage_row, false);
       print_row("weightcast broadcast stage (rank 0 post to rank 0 completion)",
                 plan.total_bytes, root_stage_row, false);
+      print_row("rank 0 alone: the same load, no broadcast", plan.total_bytes, alone_row,
+                true);
       print_row("MPI_Bcast, same bytes, fresh receive arena", plan.total_bytes, raw_row, true);
       print_row("MPI_Bcast, same bytes, pre-faulted receive buffer", plan.total_bytes, warm_row,
                 true);
@@ -233,6 +251,9 @@ int main(int argc, char** argv) {
                  "MPI_Bcast {:.3f}\n",
                  raw_row.seconds / loader_row.seconds, raw_row.seconds / stage_row.seconds,
                  raw_row.seconds / root_stage_row.seconds, warm_row.seconds / stage_row.seconds);
+      fmt::print("# whole load / rank 0 alone: {:.3f} (1.0: the broadcast is hidden behind "
+                 "rank 0's reads)\n",
+                 loader_row.seconds / alone_row.seconds);
     }
     const bool all_right =
         loader_row.wrong == 0 && raw_row.wrong == 0 && warm_row.wrong == 0;
