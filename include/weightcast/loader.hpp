@@ -6,10 +6,12 @@
  * rank 0:  disk ─io_uring─▶ staging slot ─upload─▶ arena ─broadcast─▶ ranks 1..N-1
  * ```
  * The stages are C++20 coroutines on one Boost.Asio `io_context` (DESIGN.md layer 10):
- * chunk k is broadcast while chunk k+1 is uploaded and chunks k+2.. are read. A staging slot
- * returns to the ring only when its upload has completed, so rank 0's host memory beyond the
- * arena stays `chunk_size × buffer_depth`. Ranks other than 0 run only the broadcast stage
- * and allocate no staging.
+ * chunk k is broadcast while chunk k+1 is uploaded and chunks k+2.. are read. Up to two
+ * chunks' broadcasts are in flight; each lands (its tensors become ready) as soon as this rank
+ * sees it complete, not when the next chunk is posted. A staging slot returns to the ring only
+ * when its upload has completed, so rank 0's host memory beyond the arena stays
+ * `chunk_size × buffer_depth`. Ranks other than 0 run only the broadcast stage and allocate
+ * no staging.
  *
  * The blocking `load()` is for callers that do not use Asio; `weightcast/asio.hpp` has the
  * coroutine form for callers that do.
@@ -46,7 +48,9 @@ struct TensorView {
 enum class Stage : std::uint8_t {
   read,       ///< Rank 0: a chunk's read, from its submission to its completion signal.
   upload,     ///< Rank 0: a chunk's copy from its staging slot into the arena.
-  broadcast,  ///< Every rank: a chunk's broadcast from rank 0's arena.
+  broadcast,  ///< Every rank: a chunk's broadcast from rank 0's arena, from its post on this
+              ///< rank to this rank seeing it complete (polled, so up to ~1 ms late; two
+              ///< chunks' broadcasts may be in flight at once).
 };
 
 /// @return "read", "upload" or "broadcast".
