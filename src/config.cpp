@@ -157,12 +157,14 @@ std::optional<std::uint64_t> scale(std::string_view digits, std::uint64_t multip
   for (char c : digits) {
     if (c != '_') clean += c;
   }
-  auto point = clean.find('.');
-  std::string int_part = clean.substr(0, point);
-  std::string frac_part = point == std::string::npos ? std::string() : clean.substr(point + 1);
+  const std::string_view number(clean);
+  const auto point = number.find('.');
+  std::string_view int_part = number.substr(0, point);
+  std::string_view frac_part =
+      point == std::string_view::npos ? std::string_view() : number.substr(point + 1);
   if (int_part.empty()) int_part = "0";
   // Fractions beyond 18 digits cannot matter for byte or millisecond counts.
-  if (frac_part.size() > 18) frac_part.resize(18);
+  frac_part = frac_part.substr(0, 18);
 
   std::uint64_t whole = 0;
   auto [p, ec] = std::from_chars(int_part.data(), int_part.data() + int_part.size(), whole);
