@@ -92,6 +92,25 @@ TEST_CASE("run: missing checkpoint 66, bad config 78, no checkpoint 78", "[run]"
   CHECK(run_cli({"run", "--set", "checkpoint="}).exit_status == 78);
 }
 
+TEST_CASE("run: chunk_size 1 on a 2 MB checkpoint exits 78 naming the smallest that fits",
+          "[run][synth]") {
+  // ~1M BF16 params: about 2 million one-byte chunks, over the plan's limit of 2^20 (which
+  // once cost ~90 bytes of RSS per checkpoint byte; terabytes on a 100 GB checkpoint).
+  TempDir dir;
+  const auto ckpt = dir / "ckpt";
+  const auto synth = run_cli({"synth", ckpt.string(), "--params", "1M", "--seed", "5"});
+  INFO(synth.out << synth.err);
+  REQUIRE(synth.exit_status == 0);
+  const auto r = run_cli({"run", "--set", "checkpoint=" + ckpt.string(), "--set", "chunk_size=1",
+                          "--set", "device=host"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains("chunk_size 1 (1 B) would split the checkpoint's") &&
+                        Catch::Contains("over the limit of 1048576 chunks per plan") &&
+                        Catch::Contains("set chunk_size to at least 2 (2 B)"));
+  // (chunk_size=2 loads, but its ~1M chunks take seconds; test_plan.cpp covers the boundary.)
+}
+
 TEST_CASE("run: destination discard with several ranks is refused before any rendezvous",
           "[run]") {
   // Without the early check rank 0 would wait `timeout` for a peer that never comes.

@@ -53,7 +53,7 @@ struct Chunk {
 
 /// The whole plan.
 struct Plan {
-  std::vector<Chunk> chunks;
+  std::vector<Chunk> chunks;        ///< In plan order; at most `max_plan_chunks`.
   std::vector<Piece> pieces;        ///< All pieces, chunk by chunk.
   std::uint64_t total_bytes = 0;    ///< Sum of chunk sizes = sum of tensor sizes, bytes.
   std::uint64_t chunk_bytes = 0;    ///< The `chunk_size` the plan was made with, bytes.
@@ -62,9 +62,63 @@ struct Plan {
 };
 
 /**
- * @brief Splits the catalogue into chunks of at most @p chunk_bytes.
+ * @brief The most chunks one plan may hold: 2^20 = 1,048,576.
+ *
+ * Every rank holds the whole plan in host memory: 48 bytes per `Chunk` and 40 per `Piece`
+ * (one piece per chunk, plus one per tensor boundary inside a chunk), about 88 MiB at this
+ * limit plus 40 bytes per tensor — the order of the default staging window (64 MiB). Without
+ * it, `chunk_size: 1` cost about 90 bytes of every rank's RAM per checkpoint byte.
+ * Checkpoints of up to `max_plan_chunks × chunk_size` bytes of tensor data fit: 16 TiB at the
+ * default 16 MiB, 64 TiB at 64 MiB, 4 PiB at the 4 GiB maximum. The limit also keeps every
+ * piece index within `Chunk::first_piece`'s 32 bits (see `make_plan`).
+ */
+inline constexpr std::uint64_t max_plan_chunks = std::uint64_t{1} << 20;
+
+/// The most tensors a catalogue may have to be planned: `Piece::tensor` and
+/// `Chunk::first_piece` are 32-bit, and a plan has fewer than tensors + chunks pieces.
+inline constexpr std::uint64_t max_plan_tensors = 0xFFFF'FFFFull - max_plan_chunks;
+
+/// How many chunks and pieces `make_plan` builds for a catalogue and a `chunk_size`.
+struct PlanSize {
+  std::uint64_t chunks = 0;  ///< Number of chunks (saturates at 2^64 - 1).
+  std::uint64_t pieces = 0;  ///< Number of pieces (saturates at 2^64 - 1).
+};
+
+/**
+ * @brief Counts the chunks and pieces `make_plan` would build, without building them.
+ *
+ * O(tensors) arithmetic and no allocation, so it is safe for any @p chunk_bytes and any
+ * catalogue size. Does not apply the limits.
  * @param chunk_bytes `chunk_size` in bytes, > 0.
- * @throws Error `config` if @p chunk_bytes is 0; `internal` if the layout does not match.
+ * @throws Error `config` if @p chunk_bytes is 0; `internal` if a tensor's byte range ends
+ *         past 2^64 (a catalogue no checkpoint or control-plane message can produce).
+ */
+PlanSize plan_size(const Catalogue& catalogue, std::uint64_t chunk_bytes);
+
+/**
+ * @brief The smallest `chunk_size` whose plan has at most @p max_chunks chunks.
+ *
+ * Each shard needs at least one chunk of its own, so none fits when the tensor data lies in
+ * more than @p max_chunks shards.
+ * @param max_chunks the chunk limit, ≥ 1 (`max_plan_chunks` for `make_plan`).
+ * @return bytes, ≥ 1; 1 for a catalogue with no tensor data; 0 when no `chunk_size` fits.
+ * @throws Error `internal` as `plan_size`.
+ */
+std::uint64_t min_chunk_bytes(const Catalogue& catalogue,
+                              std::uint64_t max_chunks = max_plan_chunks);
+
+/**
+ * @brief Splits the catalogue into chunks of at most @p chunk_bytes.
+ *
+ * Counts the chunks first (`plan_size`) and refuses a plan over the limits before allocating
+ * any of it. Within the limits every piece index fits the 32-bit fields: a plan has at most
+ * nonzero-size tensors + chunks - 1 pieces.
+ * @param chunk_bytes `chunk_size` in bytes, > 0.
+ * @throws Error `config` (78) if @p chunk_bytes is 0, or if the plan would have more than
+ *         `max_plan_chunks` chunks — the message names `chunk_size`, the checkpoint's tensor
+ *         bytes, the chunk count, the limit and the smallest `chunk_size` that fits
+ *         (`min_chunk_bytes`); `invalid_checkpoint` (65) if the catalogue has more than
+ *         `max_plan_tensors` tensors; `internal` if the layout does not match the catalogue.
  */
 Plan make_plan(const Catalogue& catalogue, const ArenaLayout& layout, std::uint64_t chunk_bytes);
 
