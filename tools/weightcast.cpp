@@ -78,8 +78,28 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : exit_status(Errc::usage);
+    // --help and --version: CLI11 prints them and the status is 0.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // Everything else is a usage error, in weightcast's own one-line form (the text quotes
+    // the command line: untrusted, so printable).
+    const auto chosen = app.get_subcommands();
+    const std::string command =
+        chosen.empty() ? "weightcast" : "weightcast " + chosen.front()->get_name();
+    std::string what = e.what();
+    if (chosen.empty()) {
+      // CLI11 says only "A subcommand is required", also for `weightcast lod` or `--bogus`.
+      constexpr const char* subcommands = "run, launch, inspect or synth";
+      const std::string first = argc > 1 ? argv[1] : "";
+      what = first.empty()       ? fmt::format("a subcommand is required: {}", subcommands)
+             : first[0] == '-' ? fmt::format("unknown option '{}' (before the subcommand: "
+                                             "--help, --version)",
+                                             first)
+                               : fmt::format("'{}' is not a subcommand: {}", first, subcommands);
+    }
+    fmt::print(stderr, "weightcast: error: {}{}; see '{} --help'\n",
+               chosen.empty() ? "" : chosen.front()->get_name() + ": ", printable(what),
+               command);
+    return exit_status(Errc::usage);
   }
 
   try {
