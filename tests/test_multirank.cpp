@@ -128,7 +128,7 @@ TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every ra
     const auto r = run_process(argv, {}, job_timeout_s);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
-    CHECK(count(r.out, "bit-exact") == 3);
+    CHECK(count(r.out, "bit-exact") == 1);  // rank 0's verdict, once
     const auto& expected = manifest.at(file);
     for (int rank = 0; rank < 3; ++rank) {
       const auto got = read_json(dir / ("r" + std::to_string(rank) + ".json"));
@@ -151,8 +151,9 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
   const auto r = run_cli(args, {}, job_timeout_s);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
+  CHECK(count(r.out, "# rank ") == 3);  // every rank's own summary
   CHECK_THAT(r.out, Contains("3 ranks × "));
-  CHECK(count(r.out, "bit-exact") == 3);
+  CHECK(count(r.out, "bit-exact") == 1);  // the job's verdict: rank 0's, once
   const auto root = read_json(dir / "rank0.json");
   REQUIRE(root["tensors"].size() > 10);
   for (int rank = 1; rank < 3; ++rank) {
@@ -179,7 +180,7 @@ TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint pat
   const auto r = run_process(argv, {}, job_timeout_s);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  CHECK(count(r.out, "bit-exact") == 3);
+  CHECK(count(r.out, "bit-exact") == 1);
   const auto root = read_json(dir / "r0.json");
   CHECK(read_json(dir / "r1.json")["tensors"] == root["tensors"]);
   CHECK(read_json(dir / "r2.json")["tensors"] == root["tensors"]);
@@ -314,4 +315,24 @@ TEST_CASE("multirank: device cuda without a usable GPU ends the rank with 69 nam
                          {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1"}, 60);
   CHECK(r.exit_status == 69);
   CHECK_THAT(r.err, Contains("rank 1: cuda:1:"));  // LOCAL_RANK picks the GPU
+}
+
+TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every rank exits 70",
+          "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  const auto r = run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string()},
+                             base_sets(29791)),
+                         {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 70);
+  CHECK(count(r.err, "weightcast: error: rank 0: 1 tensor mismatch(es) against rank 0's bytes: "
+                     "rank 2: tensor '") == 1);
+  for (const std::string rank : {"1", "2"}) {
+    CHECK(count(r.err, "weightcast: error: rank " + rank +
+                           ": rank 0 found tensor mismatches between the ranks") == 1);
+  }
+  CHECK(count(r.out, "# rank ") == 3);
+  CHECK(r.out.find("bit-exact") == std::string::npos);
 }

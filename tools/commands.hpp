@@ -2,7 +2,9 @@
 // weightcast::Error for failures (main() prints it and exits with its sysexits status).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,12 +24,28 @@ int run(const RunArgs& args);
 namespace weightcast {
 struct Config;
 struct World;
+struct LoadResult;
+class TraceRecorder;
 }  // namespace weightcast
 
 namespace weightcast::cli {
 /// `run` when the world has more than one rank (tools/run_ranks.cpp): control plane, data
 /// plane, final report compared on rank 0.
 int run_ranks(const RunArgs& args, const Config& config, const World& world);
+
+/// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
+/// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
+/// @param shards the checkpoint's shard count; @p peak_rss in bytes.
+void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
+                        int rank, int world_size, std::uint64_t peak_rss,
+                        const std::string& verdict = {});
+
+/// Writes @p trace (if any) to the config's `trace` path for @p rank (tools/run.cpp).
+/// @param failing the load failed: a trace that cannot be written is then only a warning, so
+///        that the load's own error is the one reported.
+/// @throws Error `io` (74) when the trace cannot be written and @p failing is false.
+void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
+                 int world_size, bool failing);
 
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
