@@ -26,6 +26,7 @@ struct Config;
 struct World;
 struct LoadResult;
 class TraceRecorder;
+enum class TransportKind;
 }  // namespace weightcast
 
 namespace weightcast::cli {
@@ -47,11 +48,24 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
 void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
                  int world_size, bool failing);
 
+/**
+ * @brief The data plane a world of @p world_size > 1 ranks uses with @p config, on a device
+ *        that is host memory (@p host_device) or a GPU (tools/run_ranks.cpp). Every rank of
+ *        `run` applies it before the rendezvous, and `launch` before it starts any rank.
+ * @return `mpi` or `nccl` (`auto` resolved: mpi for host memory, nccl for a GPU).
+ * @throws Error `config` (78) for transport local (it moves no bytes between processes),
+ *         mpi with a GPU device, or nccl with host memory; the message names both keys.
+ */
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size);
+
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
   std::string config_path;             ///< YAML config passed to every rank.
   std::vector<std::string> overrides;  ///< --set key=value, passed to every rank.
   std::string report_path;             ///< --report PATH, passed to every rank.
+  std::string trace_path;              ///< --trace PATH, passed to every rank.
+  bool quiet = false;                  ///< --quiet, passed to every rank (and quiets launch).
+  bool json = false;                   ///< --json, passed to every rank: one JSON line each.
   std::string spawner = "auto";        ///< --spawner auto|mpirun|local.
   double grace_s = 5;                  ///< --grace: SIGTERM → SIGKILL delay, seconds.
 };

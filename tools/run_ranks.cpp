@@ -97,34 +97,6 @@ class InitWatchdog {
   std::thread _thread;  // last: starts after the members it uses exist
 };
 
-// The data plane for this world, decided before the rendezvous so that a config mistake
-// ends every rank the same way without waiting for the others.
-TransportKind resolve_transport(const Config& config, const Device& device, int world_size) {
-  const bool host = device.name() == "host";
-  switch (config.transport) {
-    case TransportKind::local:
-      throw Error(Errc::config,
-                  fmt::format("transport: local moves no bytes between processes; a world of {} "
-                              "ranks needs transport mpi (device host) or nccl (device cuda)",
-                              world_size));
-    case TransportKind::mpi:
-      if (!mpi_compiled_in()) MpiSession{};  // throws "this build has no MPI"
-      WEIGHTCAST_EXPECT(host, Errc::config,
-                        fmt::format("transport: mpi broadcasts host memory, but the device is "
-                                    "{} (set device: host, or transport: nccl)",
-                                    device.name()));
-      return TransportKind::mpi;
-    case TransportKind::nccl:
-      WEIGHTCAST_EXPECT(!host, Errc::config,
-                        "transport: nccl broadcasts GPU memory, but the device is host (set "
-                        "device: cuda or auto on a GPU machine, or transport: mpi)");
-      return TransportKind::nccl;
-    case TransportKind::automatic:
-      return host ? TransportKind::mpi : TransportKind::nccl;
-  }
-  return TransportKind::mpi;
-}
-
 // The same JSON as world-size-1 `run --report`, for this rank.
 void write_rank_report(const std::string& path, const LoadResult& result,
                        const std::vector<std::uint64_t>& digests, int rank, int world_size) {
@@ -198,7 +170,8 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   try {
     // host memory travels over mpi; a cuda arena (this rank's GPU: LOCAL_RANK) over nccl.
     device = make_device(config.device, world.local_rank);
-    kind = resolve_transport(config, *device, world.world_size);
+    kind = transport_for_world(config, device->name() == "host", world.world_size);
+    if (kind == TransportKind::mpi && !mpi_compiled_in()) MpiSession{};  // "no MPI" (69)
     if (rank == 0) {
       WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                         "checkpoint: not set (give it in the config or with --set "
@@ -338,6 +311,29 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
 }
 
 }  // namespace
+
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size) {
+  switch (config.transport) {
+    case TransportKind::local:
+      throw Error(Errc::config,
+                  fmt::format("transport: local moves no bytes between processes; a world of {} "
+                              "ranks needs transport mpi (device host) or nccl (device cuda)",
+                              world_size));
+    case TransportKind::mpi:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: mpi broadcasts host memory, but the device is cuda (set "
+                        "device: host, or transport: nccl)");
+      return TransportKind::mpi;
+    case TransportKind::nccl:
+      WEIGHTCAST_EXPECT(!host_device, Errc::config,
+                        "transport: nccl broadcasts GPU memory, but the device is host (set "
+                        "device: cuda or auto on a GPU machine, or transport: mpi)");
+      return TransportKind::nccl;
+    case TransportKind::automatic:
+      return host_device ? TransportKind::mpi : TransportKind::nccl;
+  }
+  return TransportKind::mpi;
+}
 
 int run_ranks(const RunArgs& args, const Config& config, const World& world) {
   try {

@@ -49,6 +49,13 @@ int main(int argc, char** argv) {
       ->take_all();
   launch->add_option("--report", launch_args.report_path,
                      "per-rank JSON report; {rank} in PATH becomes the rank");
+  launch->add_option("--trace", launch_args.trace_path,
+                     "per-rank pipeline trace; rank R > 0 writes PATH.rankR, or {rank} in PATH");
+  launch->add_flag("-q,--quiet", launch_args.quiet,
+                   "every rank prints only errors and its summary (and launch only errors)");
+  launch->add_flag("--json", launch_args.json,
+                   "every rank prints its summary as one JSON line on stdout (rank 0's has the "
+                   "verdict)");
   launch->add_option("--spawner", launch_args.spawner,
                      "auto (mpirun for transport mpi, else local), mpirun, or local")
       ->check(CLI::IsMember({"auto", "mpirun", "local"}))
