@@ -1,6 +1,7 @@
 // `weightcast inspect PATH`, run as a process.
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -64,4 +65,24 @@ TEST_CASE("inspect: a missing path exits 66", "[cli][inspect]") {
   INFO("stderr:\n" << result.err);
   CHECK(result.exit_status == 66);
   CHECK_THAT(result.err, Contains(missing) && Contains("no such file"));
+}
+
+TEST_CASE("inspect: columns line up by display width with UTF-8 names", "[cli][inspect]") {
+  // "ä" is one column in two bytes; each CJK character is two columns in three bytes.
+  weightcast::test::TempDir dir;
+  const auto file = dir / "utf8.safetensors";
+  weightcast::test::write_file(
+      file, weightcast::test::make_safetensors(
+                R"({"abcdefgh":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                R"("重みの名前":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},)"
+                R"("ä":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})",
+                weightcast::test::zeros(3)));
+  auto result = weightcast::test::run_cli({"inspect", file.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  REQUIRE(result.exit_status == 0);
+  // The name column is as wide as the widest name, 10 columns: every DTYPE starts at column 12.
+  CHECK_THAT(result.out, StartsWith("NAME        DTYPE  SHAPE  BYTES  SHARD\n"
+                                    "abcdefgh    U8     [1]        1  utf8.safetensors\n"
+                                    "重みの名前  U8     [1]        1  utf8.safetensors\n"
+                                    "ä           U8     [1]        1  utf8.safetensors\n"));
 }

@@ -2,7 +2,9 @@
 // weightcast::Error for failures (main() prints it and exits with its sysexits status).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,9 @@ int run(const RunArgs& args);
 namespace weightcast {
 struct Config;
 struct World;
+struct LoadResult;
+class TraceRecorder;
+enum class TransportKind;
 }  // namespace weightcast
 
 namespace weightcast::cli {
@@ -29,11 +34,38 @@ namespace weightcast::cli {
 /// plane, final report compared on rank 0.
 int run_ranks(const RunArgs& args, const Config& config, const World& world);
 
+/// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
+/// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
+/// @param shards the checkpoint's shard count; @p peak_rss in bytes.
+void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
+                        int rank, int world_size, std::uint64_t peak_rss,
+                        const std::string& verdict = {});
+
+/// Writes @p trace (if any) to the config's `trace` path for @p rank (tools/run.cpp).
+/// @param failing the load failed: a trace that cannot be written is then only a warning, so
+///        that the load's own error is the one reported.
+/// @throws Error `io` (74) when the trace cannot be written and @p failing is false.
+void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
+                 int world_size, bool failing);
+
+/**
+ * @brief The data plane a world of @p world_size > 1 ranks uses with @p config, on a device
+ *        that is host memory (@p host_device) or a GPU (tools/run_ranks.cpp). Every rank of
+ *        `run` applies it before the rendezvous, and `launch` before it starts any rank.
+ * @return `mpi` or `nccl` (`auto` resolved: mpi for host memory, nccl for a GPU).
+ * @throws Error `config` (78) for transport local (it moves no bytes between processes),
+ *         mpi with a GPU device, or nccl with host memory; the message names both keys.
+ */
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size);
+
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
   std::string config_path;             ///< YAML config passed to every rank.
   std::vector<std::string> overrides;  ///< --set key=value, passed to every rank.
   std::string report_path;             ///< --report PATH, passed to every rank.
+  std::string trace_path;              ///< --trace PATH, passed to every rank.
+  bool quiet = false;                  ///< --quiet, passed to every rank (and quiets launch).
+  bool json = false;                   ///< --json, passed to every rank: one JSON line each.
   std::string spawner = "auto";        ///< --spawner auto|mpirun|local.
   double grace_s = 5;                  ///< --grace: SIGTERM → SIGKILL delay, seconds.
 };

@@ -16,11 +16,14 @@
 namespace weightcast::cli {
 namespace {
 
-// fmt pads UTF-8 by code points, so the column width must count them too, not bytes.
+// The columns a terminal gives @p text, as fmt counts them when it pads: fmt 9 counts code
+// points, and two for the East Asian wide ones (CJK, Hangul, fullwidth forms, emoji). Measured
+// through fmt's public API, so the column widths agree with fmt's padding in any version.
 std::size_t display_width(std::string_view text) {
-  return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
-    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-  }));
+  // Padding to a width W at least the text's adds W - width one-byte fill characters; no
+  // UTF-8 text is wider than two columns per byte.
+  const std::size_t wide = 2 * text.size() + 1;
+  return wide + text.size() - fmt::formatted_size("{:<{}}", text, wide);
 }
 
 }  // namespace
@@ -41,18 +44,18 @@ int inspect(const InspectArgs& args) {
   rows.reserve(catalogue.tensors.size());
   Row header{"NAME", "DTYPE", "SHAPE", "BYTES", "SHARD"};
   std::size_t name_width = display_width(header.name);
-  std::size_t dtype_width = header.dtype.size();
-  std::size_t shape_width = header.shape.size();
-  std::size_t bytes_width = header.bytes.size();
+  std::size_t dtype_width = display_width(header.dtype);
+  std::size_t shape_width = display_width(header.shape);
+  std::size_t bytes_width = display_width(header.bytes);
   for (const auto& tensor : catalogue.tensors) {
     // Names come from the header: untrusted text (weightcast/log.hpp, printable).
     Row row{printable(tensor.name), dtype_name(tensor.dtype),
             fmt::format("[{}]", fmt::join(tensor.shape, ", ")), fmt::format("{}", tensor.bytes),
             printable(catalogue.shards[tensor.shard].name)};
     name_width = std::max(name_width, display_width(row.name));
-    dtype_width = std::max(dtype_width, row.dtype.size());
-    shape_width = std::max(shape_width, row.shape.size());
-    bytes_width = std::max(bytes_width, row.bytes.size());
+    dtype_width = std::max(dtype_width, display_width(row.dtype));
+    shape_width = std::max(shape_width, display_width(row.shape));
+    bytes_width = std::max(bytes_width, display_width(row.bytes));
     rows.push_back(std::move(row));
   }
   auto print_row = [&](const Row& row) {

@@ -7,6 +7,7 @@
 #include "weightcast/detail/exec_image.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
 
 #include <fmt/core.h>
@@ -169,6 +170,46 @@ class ChildGroup {
   std::optional<std::pair<std::string, int>> _first_failure;
 };
 
+// Test hook (tests/test_multirank.cpp): the local spawner starts ranks whose data plane would
+// be mpi even so, so that a failure test can run it on a machine without a GPU (the ranks fail
+// over the control plane before they reach the data plane). Not a user feature.
+constexpr const char* local_mpi_hook_env = "WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI";
+
+// Refuses, before any rank starts, what every rank would refuse or fail at: otherwise N ranks
+// each print the same error (or mpi's world-size mismatch) after starting up.
+void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
+  if (args.ranks == 1) return;  // a world of one: `run` alone decides
+  check_destination(config.destination, args.ranks);
+  WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,
+                    fmt::format("world.rank/world.size: set in the config, so all {} ranks "
+                                "would take the same place; launch gives each rank its own "
+                                "(remove the world keys)",
+                                args.ranks));
+  // Whether the ranks' arena is host memory: known for device host and cuda, and for auto
+  // when the ranks run on this machine (the local spawner) and see the GPUs this process sees.
+  std::optional<bool> host_device;
+  if (config.device == DeviceKind::host) host_device = true;
+  if (config.device == DeviceKind::cuda) host_device = false;
+  if (config.device == DeviceKind::automatic && !mpirun) host_device = cuda_device_count() == 0;
+  if (!host_device) {  // device auto on mpirun's hosts: only what fails on any device
+    if (config.transport == TransportKind::local) transport_for_world(config, true, args.ranks);
+    return;
+  }
+  // Throws for local, mpi on a GPU, nccl on host memory: what each rank would say.
+  const TransportKind kind = transport_for_world(config, *host_device, args.ranks);
+  if (!mpirun && kind == TransportKind::mpi && std::getenv(local_mpi_hook_env) == nullptr) {
+    throw Error(Errc::config,
+                fmt::format("launch --spawner {}: transport {} needs its ranks started by mpirun "
+                            "(MPI joins them), but the local spawner starts them as plain "
+                            "processes; use --spawner mpirun (or auto), or transport: nccl",
+                            args.spawner,
+                            config.transport != TransportKind::automatic ? "mpi"
+                            : config.device == DeviceKind::host
+                                ? "auto (mpi, as the device is host)"
+                                : "auto (mpi, as device auto finds no GPU here)"));
+  }
+}
+
 bool use_mpirun(const LaunchArgs& args, const Config& config) {
   if (args.spawner != "auto") return args.spawner == "mpirun";
   switch (config.transport) {
@@ -188,7 +229,9 @@ bool use_mpirun(const LaunchArgs& args, const Config& config) {
 
 int launch(const LaunchArgs& args) {
   const Config config = load_config(args.config_path, args.overrides);
-  configure_log(config.log_level);
+  configure_log(args.quiet ? LogLevel::error : config.log_level);
+  const bool mpirun = use_mpirun(args, config);
+  check_launch(args, config, mpirun);
 
   // One job token for all ranks, unless the user chose one: a stray rank of another job on
   // the same port is then refused rather than mixed in.
@@ -208,11 +251,16 @@ int launch(const LaunchArgs& args) {
     run_argv.push_back("--report");
     run_argv.push_back(args.report_path);
   }
+  if (!args.trace_path.empty()) {
+    run_argv.push_back("--trace");
+    run_argv.push_back(args.trace_path);
+  }
+  if (args.quiet) run_argv.emplace_back("--quiet");
+  if (args.json) run_argv.emplace_back("--json");
 
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   ChildGroup group;
-  const bool mpirun = use_mpirun(args, config);
   if (mpirun) {
     std::vector<std::string> argv{"mpirun", "-np", std::to_string(args.ranks), "--oversubscribe"};
     if (::geteuid() == 0) argv.push_back("--allow-run-as-root");

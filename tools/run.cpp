@@ -87,10 +87,13 @@ void write_report(const std::string& path, const LoadResult& result, int rank, i
   if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
 }
 
+}  // namespace
+
 // `run --json`: the summary as one JSON object on stdout (the effective config went to
 // stderr), so `weightcast run --json ... | python3 -m json.tool` works.
 void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
-                        int rank, int world_size, std::uint64_t peak_rss) {
+                        int rank, int world_size, std::uint64_t peak_rss,
+                        const std::string& verdict) {
   nlohmann::ordered_json summary;
   summary["rank"] = rank;
   summary["world_size"] = world_size;
@@ -114,6 +117,7 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   if (!config.trace.empty()) {
     summary["trace"] = trace_path_for_rank(config.trace, rank, world_size).string();
   }
+  if (!verdict.empty()) summary["verdict"] = verdict;
   fmt::print("{}\n", summary.dump());
   std::fflush(stdout);
 }
@@ -133,8 +137,6 @@ void write_trace(const std::optional<TraceRecorder>& trace, const Config& config
     spdlog::warn("{}", e.what());
   }
 }
-
-}  // namespace
 
 int run(const RunArgs& args) {
   Config config = load_config(args.config_path, args.overrides);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sys/resource.h>
 #include <thread>
 
@@ -42,6 +43,20 @@ void honour_pause_hook() {
   if (ec != std::errc() || ms <= 0) return;
   spdlog::info("test hook {}: pausing {} ms after reading the catalogue", pause_hook_env, ms);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// Test hook (tests/test_multirank.cpp): the rank named here reports a wrong XXH3-64 for the
+// first tensor, so that rank 0's verdict finds a mismatch. Not a user feature.
+constexpr const char* corrupt_hook_env = "WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK";
+
+void honour_corrupt_hook(int rank, std::vector<std::uint64_t>& digests) {
+  const char* text = std::getenv(corrupt_hook_env);
+  if (text == nullptr || digests.empty()) return;
+  int target = -1;
+  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), target);
+  if (ec != std::errc() || target != rank) return;
+  spdlog::info("test hook {}: reporting a wrong digest for the first tensor", corrupt_hook_env);
+  digests.front() = ~digests.front();
 }
 
 /// Ends the process (through the control plane's ABORT, status 75) if a blocking call that
@@ -81,34 +96,6 @@ class InitWatchdog {
   bool _finished = false;
   std::thread _thread;  // last: starts after the members it uses exist
 };
-
-// The data plane for this world, decided before the rendezvous so that a config mistake
-// ends every rank the same way without waiting for the others.
-TransportKind resolve_transport(const Config& config, const Device& device, int world_size) {
-  const bool host = device.name() == "host";
-  switch (config.transport) {
-    case TransportKind::local:
-      throw Error(Errc::config,
-                  fmt::format("transport: local moves no bytes between processes; a world of {} "
-                              "ranks needs transport mpi (device host) or nccl (device cuda)",
-                              world_size));
-    case TransportKind::mpi:
-      if (!mpi_compiled_in()) MpiSession{};  // throws "this build has no MPI"
-      WEIGHTCAST_EXPECT(host, Errc::config,
-                        fmt::format("transport: mpi broadcasts host memory, but the device is "
-                                    "{} (set device: host, or transport: nccl)",
-                                    device.name()));
-      return TransportKind::mpi;
-    case TransportKind::nccl:
-      WEIGHTCAST_EXPECT(!host, Errc::config,
-                        "transport: nccl broadcasts GPU memory, but the device is host (set "
-                        "device: cuda or auto on a GPU machine, or transport: mpi)");
-      return TransportKind::nccl;
-    case TransportKind::automatic:
-      return host ? TransportKind::mpi : TransportKind::nccl;
-  }
-  return TransportKind::mpi;
-}
 
 // The same JSON as world-size-1 `run --report`, for this rank.
 void write_rank_report(const std::string& path, const LoadResult& result,
@@ -183,7 +170,8 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   try {
     // host memory travels over mpi; a cuda arena (this rank's GPU: LOCAL_RANK) over nccl.
     device = make_device(config.device, world.local_rank);
-    kind = resolve_transport(config, *device, world.world_size);
+    kind = transport_for_world(config, device->name() == "host", world.world_size);
+    if (kind == TransportKind::mpi && !mpi_compiled_in()) MpiSession{};  // "no MPI" (69)
     if (rank == 0) {
       WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                         "checkpoint: not set (give it in the config or with --set "
@@ -245,22 +233,38 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
     const std::size_t shards = catalogue.shards.size();
-    LoadResult result = load(std::move(catalogue), *device, *transport, options);
+    std::optional<TraceRecorder> trace;
+    if (!config.trace.empty()) {
+      trace.emplace(rank);
+      options.on_stage_event = trace->hook();
+    }
+    LoadResult result;
+    try {
+      result = load(std::move(catalogue), *device, *transport, options);
+    } catch (...) {
+      write_trace(trace, config, rank, world.world_size, true);
+      throw;
+    }
+    write_trace(trace, config, rank, world.world_size, false);
     // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
     // that landed in GPU memory, not a host copy of them.
-    const std::vector<std::uint64_t> digests = tensor_digests(result);
+    std::vector<std::uint64_t> digests = tensor_digests(result);
+    honour_corrupt_hook(rank, digests);
 
-    fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s, "
-               "transport {}\n",
-               rank, world.world_size, result.catalogue.tensors.size(), shards,
-               shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
-               result.stats.seconds, result.stats.gbps(), result.stats.transport);
+    // Each rank's own summary; the job's verdict is rank 0's alone, printed once below.
+    if (!args.json) {
+      fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s, "
+                 "transport {}\n",
+                 rank, world.world_size, result.catalogue.tensors.size(), shards,
+                 shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
+                 result.stats.seconds, result.stats.gbps(), result.stats.transport);
+    }
     if (!args.report_path.empty()) {
       const bool per_rank = args.report_path.find("{rank}") != std::string::npos;
       if (per_rank || rank == 0) {
         const std::string path = with_rank(args.report_path, rank);
         write_rank_report(path, result, digests, rank, world.world_size);
-        fmt::print("# report written to {}\n", path);
+        if (!args.json) fmt::print("# report written to {}\n", path);
       }
     }
     std::fflush(stdout);
@@ -271,9 +275,24 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     else control->gather(std::move(report));
     verdict = control->finish(std::move(verdict));
     if (verdict.status != 0) {
-      throw RemoteAbort(static_cast<Errc>(verdict.status), "rank 0: " + verdict.message);
+      // The mismatch list is rank 0's to print; the others end with its status and say where
+      // to look, so a job of N ranks does not print the list N times.
+      throw RemoteAbort(static_cast<Errc>(verdict.status),
+                        rank == 0 ? "rank 0: " + verdict.message
+                                  : fmt::format("rank {}: rank 0 found tensor mismatches "
+                                                "between the ranks (its message lists them)",
+                                                rank));
     }
-    fmt::print("# {}\n", printable(verdict.message));
+    if (args.json) {
+      rusage usage{};
+      getrusage(RUSAGE_SELF, &usage);
+      print_json_summary(result, config, shards, rank, world.world_size,
+                         static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
+                         rank == 0 ? verdict.message : std::string());
+    } else if (rank == 0) {
+      fmt::print("# {}\n", printable(verdict.message));
+    }
+    std::fflush(stdout);
     return 0;
   } catch (const RemoteAbort&) {
     if (mpi) mpi->abandon();
@@ -292,6 +311,29 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
 }
 
 }  // namespace
+
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size) {
+  switch (config.transport) {
+    case TransportKind::local:
+      throw Error(Errc::config,
+                  fmt::format("transport: local moves no bytes between processes; a world of {} "
+                              "ranks needs transport mpi (device host) or nccl (device cuda)",
+                              world_size));
+    case TransportKind::mpi:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: mpi broadcasts host memory, but the device is cuda (set "
+                        "device: host, or transport: nccl)");
+      return TransportKind::mpi;
+    case TransportKind::nccl:
+      WEIGHTCAST_EXPECT(!host_device, Errc::config,
+                        "transport: nccl broadcasts GPU memory, but the device is host (set "
+                        "device: cuda or auto on a GPU machine, or transport: mpi)");
+      return TransportKind::nccl;
+    case TransportKind::automatic:
+      return host_device ? TransportKind::mpi : TransportKind::nccl;
+  }
+  return TransportKind::mpi;
+}
 
 int run_ranks(const RunArgs& args, const Config& config, const World& world) {
   try {

@@ -49,6 +49,13 @@ int main(int argc, char** argv) {
       ->take_all();
   launch->add_option("--report", launch_args.report_path,
                      "per-rank JSON report; {rank} in PATH becomes the rank");
+  launch->add_option("--trace", launch_args.trace_path,
+                     "per-rank pipeline trace; rank R > 0 writes PATH.rankR, or {rank} in PATH");
+  launch->add_flag("-q,--quiet", launch_args.quiet,
+                   "every rank prints only errors and its summary (and launch only errors)");
+  launch->add_flag("--json", launch_args.json,
+                   "every rank prints its summary as one JSON line on stdout (rank 0's has the "
+                   "verdict)");
   launch->add_option("--spawner", launch_args.spawner,
                      "auto (mpirun for transport mpi, else local), mpirun, or local")
       ->check(CLI::IsMember({"auto", "mpirun", "local"}))
@@ -78,8 +85,28 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : exit_status(Errc::usage);
+    // --help and --version: CLI11 prints them and the status is 0.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // Everything else is a usage error, in weightcast's own one-line form (the text quotes
+    // the command line: untrusted, so printable).
+    const auto chosen = app.get_subcommands();
+    const std::string command =
+        chosen.empty() ? "weightcast" : "weightcast " + chosen.front()->get_name();
+    std::string what = e.what();
+    if (chosen.empty()) {
+      // CLI11 says only "A subcommand is required", also for `weightcast lod` or `--bogus`.
+      constexpr const char* subcommands = "run, launch, inspect or synth";
+      const std::string first = argc > 1 ? argv[1] : "";
+      what = first.empty()       ? fmt::format("a subcommand is required: {}", subcommands)
+             : first[0] == '-' ? fmt::format("unknown option '{}' (before the subcommand: "
+                                             "--help, --version)",
+                                             first)
+                               : fmt::format("'{}' is not a subcommand: {}", first, subcommands);
+    }
+    fmt::print(stderr, "weightcast: error: {}{}; see '{} --help'\n",
+               chosen.empty() ? "" : chosen.front()->get_name() + ": ", printable(what),
+               command);
+    return exit_status(Errc::usage);
   }
 
   try {

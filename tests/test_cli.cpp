@@ -1,0 +1,77 @@
+// The launcher's command line (tools/weightcast.cpp): every subcommand's parse errors read like
+// weightcast's other errors, and --help / --version still succeed.
+#include "utils/process.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+using namespace weightcast::test;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line, status 64",
+          "[cli]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string what;  // the part of the line that says what is wrong
+    std::string help;  // the --help the line points to
+  };
+  const std::vector<Case> cases{
+      {{"run", "--bogus"}, "run: The following argument was not expected: --bogus",
+       "weightcast run --help"},
+      {{"run", "--set"}, "run: --set: 1 required TEXT missing", "weightcast run --help"},
+      {{"run", "a.yaml", "b.yaml"}, "run: The following argument was not expected: b.yaml",
+       "weightcast run --help"},
+      {{"launch"}, "launch: --ranks is required", "weightcast launch --help"},
+      {{"launch", "-n", "0"}, "launch: --ranks: Value 0 not in range", "weightcast launch --help"},
+      {{"launch", "-n", "2", "--spawner", "ssh"}, "launch: --spawner: ssh not in",
+       "weightcast launch --help"},
+      {{"inspect"}, "inspect: path is required", "weightcast inspect --help"},
+      {{"inspect", "a", "b"}, "inspect: The following argument was not expected: b",
+       "weightcast inspect --help"},
+      {{"synth"}, "synth: out_dir is required", "weightcast synth --help"},
+      {{"synth", "out", "--seed", "x"}, "synth: Could not convert: --seed = x",
+       "weightcast synth --help"},
+      {{}, "a subcommand is required: run, launch, inspect or synth", "weightcast --help"},
+      {{"lod"}, "'lod' is not a subcommand: run, launch, inspect or synth", "weightcast --help"},
+      {{"--bogus"}, "unknown option '--bogus'", "weightcast --help"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_cli(c.args, {}, 30);
+    INFO("args: " << (c.args.empty() ? std::string() : c.args.front()) << " ...\nstdout:\n"
+                  << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 64);
+    CHECK(r.out.empty());
+    CHECK_THAT(r.err, StartsWith("weightcast: error: " + c.what));
+    CHECK_THAT(r.err, Contains("see '" + c.help + "'"));
+    // One line, like every other weightcast error.
+    CHECK(r.err.find('\n') == r.err.size() - 1);
+  }
+}
+
+TEST_CASE("cli: a parse error quotes the command line with its control characters escaped",
+          "[cli]") {
+  const auto r = run_cli({"run", "--\x1b[2Jx"}, {}, 30);
+  INFO(r.err);
+  CHECK(r.exit_status == 64);
+  CHECK_THAT(r.err, Contains("--\\x1b[2Jx"));
+  CHECK(r.err.find('\x1b') == std::string::npos);
+}
+
+TEST_CASE("cli: --help of every subcommand and --version exit 0 on stdout", "[cli]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--help"}, "SUBCOMMAND"},          {{"run", "--help"}, "--quiet"},
+      {{"launch", "--help"}, "--spawner"}, {{"launch", "-h"}, "--ranks"},
+      {{"inspect", "--help"}, "path"},     {{"synth", "--help"}, "--shard-size"},
+      {{"--version"}, "weightcast "},
+  };
+  for (const auto& [args, expected] : cases) {
+    const auto r = run_cli(args, {}, 30);
+    INFO(args.front() << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 0);
+    CHECK(r.err.empty());
+    CHECK_THAT(r.out, Contains(expected));
+  }
+}
