@@ -237,7 +237,10 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
 TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
           "[multirank]") {
   // mpirun ends the job and exits 128 + 9 when a rank is killed by SIGKILL; launch turns
-  // that into 69, a signal death, as the local spawner does.
+  // that into 69, a signal death, as the local spawner does. The other ranks see rank 1's
+  // control connection close at the same moment and exit 69 naming it: when one of them
+  // ends before mpirun has reaped rank 1, mpirun exits with their 69 instead. Either way the
+  // status is 69 and the output says which rank and why.
   TempDir dir;
   const auto checkpoint = synth_sharded(dir);
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
@@ -251,7 +254,9 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
   INFO(r.out);
   CHECK(r.exit_status == 69);
   CHECK_THAT(r.out, Contains("weightcast launch: mpirun exited with status 137: a rank was "
-                             "killed by signal 9"));
+                             "killed by signal 9") ||
+                        (Contains("rank 1 is gone: its control connection closed") &&
+                         Contains("weightcast launch: mpirun exited with status 69")));
 }
 
 TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[multirank]") {
