@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_set>
 #include <vector>
@@ -35,36 +36,93 @@ static std::string json_error_text(const std::exception& error) {
   return out;
 }
 
-JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member) {
-  JsonDocument doc;
-  // keys_by_depth[d] holds the keys seen so far in the innermost open object at depth d
-  // (the callback reports a key with the depth of the object it belongs to plus one).
-  std::vector<std::unordered_set<std::string>> keys_by_depth;
-  std::string top_key;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-    if (event == json::parse_event_t::object_start) {
-      auto level = static_cast<std::size_t>(depth) + 1;
-      if (keys_by_depth.size() <= level) keys_by_depth.resize(level + 1);
-      keys_by_depth[level].clear();
-    } else if (event == json::parse_event_t::key) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      auto level = static_cast<std::size_t>(depth);
-      if (keys_by_depth.size() <= level) keys_by_depth.resize(level + 1);
-      if (depth == 1) top_key = key;
-      bool recorded = ordered_member.empty() ? depth == 1
-                                             : depth == 2 && top_key == ordered_member;
-      if (recorded) doc.ordered_keys.push_back(key);
-      if (!keys_by_depth[level].insert(key).second && !doc.duplicate) {
-        doc.duplicate = DuplicateKey{key, depth, depth == 1 ? std::string() : top_key};
-      }
+namespace {
+
+/// The deepest nesting of arrays and objects accepted: serde_json's recursion limit, which
+/// the reference implementation parses headers with (`serde_json::from_str`: 128 levels, the
+/// 128th open container is refused). It also keeps every later walk of the DOM shallow.
+constexpr std::size_t max_json_depth = 127;
+
+/// A SAX pass over the whole text (nlohmann's `json_sax` interface): records repeated keys,
+/// the document order of one object's keys and the first syntax error, and refuses nesting
+/// deeper than `max_json_depth`, without building a DOM. nlohmann's callback parser would
+/// do the first two, but after every object it scans its parent for discarded values, which
+/// made a header of N tensors cost O(N^2) (20,000 tensors: 2 minutes).
+class StrictScan {
+ public:
+  StrictScan(JsonDocument& doc, std::string_view ordered_member)
+      : _doc(doc), _ordered_member(ordered_member) {}
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return open(); }
+  bool start_array(std::size_t) { return open(); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& key) {
+    // The depth of a key is the number of containers open around it (1: the top level).
+    const std::size_t depth = _open.size();
+    if (depth == 1) _top_key = key;
+    const bool recorded = _ordered_member.empty()
+                              ? depth == 1
+                              : depth == 2 && _top_key == _ordered_member;
+    if (recorded) _doc.ordered_keys.push_back(key);
+    if (!_open.back().insert(key).second && !_doc.duplicate) {
+      _doc.duplicate = DuplicateKey{key, static_cast<int>(depth),
+                                    depth == 1 ? std::string() : _top_key};
     }
     return true;
-  };
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) {
+    _error = json_error_text(error);
+    return false;
+  }
+
+  /// @return the syntax error that stopped the scan, if any.
+  [[nodiscard]] const std::optional<std::string>& error() const noexcept { return _error; }
+
+ private:
+  bool open() {
+    if (_open.size() == max_json_depth) {
+      _error = fmt::format("more than {} nested arrays and objects (serde_json's recursion "
+                           "limit, which the reference parser uses)",
+                           max_json_depth);
+      return false;
+    }
+    _open.emplace_back();  // an array's set stays empty: it only counts the depth
+    return true;
+  }
+  bool close() {
+    _open.pop_back();
+    return true;
+  }
+
+  JsonDocument& _doc;
+  std::string_view _ordered_member;
+  std::vector<std::unordered_set<std::string>> _open;  // keys seen, per open container
+  std::string _top_key;
+  std::optional<std::string> _error;
+};
+
+}  // namespace
+
+JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member) {
   if (auto nul = text.find('\0'); nul != std::string_view::npos) {
     throw JsonSyntaxError(fmt::format("NUL byte at offset {}", nul));
   }
+  JsonDocument doc;
+  StrictScan scan(doc, ordered_member);
+  if (!json::sax_parse(text.begin(), text.end(), &scan)) {
+    throw JsonSyntaxError(scan.error().value_or("the JSON parser stopped"));
+  }
+  // The text is known good and shallow: the DOM parser (no callback) is linear.
   try {
-    doc.value = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+    doc.value = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     throw JsonSyntaxError(json_error_text(e));
   }
@@ -108,6 +166,15 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
 }
 
 std::string quote(std::string_view text) {
+  // A hostile header can hold a name or dtype of megabytes; a message stays one readable
+  // line. The cut backs off to a UTF-8 character boundary.
+  constexpr std::size_t max_bytes = 256;
+  const std::size_t whole = text.size();
+  if (whole > max_bytes) {
+    std::size_t cut = max_bytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    text = text.substr(0, cut);
+  }
   std::string out;
   out.reserve(text.size() + 2);
   out += '\'';
@@ -123,7 +190,8 @@ std::string quote(std::string_view text) {
       out += c;
     }
   }
-  out += '\'';
+  if (whole > text.size()) out += fmt::format("…' ({} bytes)", whole);
+  else out += '\'';
   return out;
 }
 

@@ -205,6 +205,46 @@ TEST_CASE("rule 5: the header must be JSON", "[safetensors]") {
   CHECK_THAT(parse_failure(std::string("{}\0garbage", 10), 0).what(), Contains("NUL byte"));
 }
 
+TEST_CASE("rule 5: nesting deeper than serde_json's recursion limit is refused, not a crash",
+          "[safetensors]") {
+  // A million levels once overflowed the stack (exit 139). serde_json, which the reference
+  // parses with, refuses the 128th open array or object; 127 levels are still JSON (and then
+  // fail a later rule).
+  const std::string deep_shape = "{\"a\":{\"dtype\":\"F32\",\"shape\":" +
+                                 std::string(1'000'000, '[') + std::string(1'000'000, ']') +
+                                 ",\"data_offsets\":[0,0]}}";
+  CHECK_THAT(parse_failure(deep_shape, 0).what(),
+             Contains("not valid JSON: more than 127 nested arrays and objects"));
+  auto nested_metadata = [](int levels) {  // levels of objects, the top one included
+    std::string text = "{\"__metadata__\":";
+    for (int i = 1; i < levels; ++i) text += "{\"a\":";
+    return text + "1" + std::string(levels, '}');
+  };
+  CHECK_THAT(parse_failure(nested_metadata(1'000'000), 0).what(),
+             Contains("more than 127 nested"));
+  CHECK_THAT(parse_failure(nested_metadata(128), 0).what(), Contains("more than 127 nested"));
+  CHECK_THAT(parse_failure(nested_metadata(127), 0).what(),
+             Contains("__metadata__ value of key 'a' is an object"));
+}
+
+TEST_CASE("rule 5: a header of 100,000 tensors parses (in linear time)", "[safetensors]") {
+  // nlohmann's callback parser rescanned the top-level object after each entry: 20,000
+  // tensors took minutes. The parse result is what is checked here; time is bench's.
+  std::vector<std::string> entries;
+  constexpr int count = 100'000;
+  for (int i = 0; i < count; ++i) {
+    entries.push_back(entry(fmt::format("t{}", i), "U8", "[1]", fmt::format("[{},{}]", i, i + 1)));
+  }
+  const auto header = parse_safetensors_header(object(entries), count, shard_name);
+  REQUIRE(header.tensors.size() == count);
+  CHECK(header.tensors.front().name == "t0");
+  CHECK(header.tensors.back().name == fmt::format("t{}", count - 1));
+  // A repeated name among them is still found, wherever it is.
+  entries.push_back(entry("t77777", "U8", "[1]", fmt::format("[{},{}]", count, count + 1)));
+  CHECK_THAT(parse_failure(object(entries), count + 1).what(),
+             Contains("tensor 't77777': name appears twice"));
+}
+
 TEST_CASE("rule 6: the header JSON must be an object", "[safetensors]") {
   CHECK_THAT(parse_failure("[1, 2, 3]", 0).what(), Contains("is an array"));
   CHECK_THAT(parse_failure("\"w\"", 0).what(), Contains("is a string"));
@@ -538,4 +578,23 @@ TEST_CASE("names in messages are escaped onto one line", "[safetensors]") {
   auto json = object({entry("bad\\nname", "F7", "[1]", "[0,1]")});
   auto e = parse_failure(json, 1);
   CHECK_THAT(e.what(), Contains("tensor 'bad\\nname'"));
+}
+
+TEST_CASE("a long name or dtype in a message is cut at 256 bytes", "[safetensors]") {
+  // A 100 KB dtype once made a 100 KB error line. The cut never splits a UTF-8 character.
+  const std::string dtype(100'000, 'x');
+  const std::string e = parse_failure(object({entry("w", dtype, "[1]", "[0,1]")}), 1).what();
+  CHECK_THAT(e, Contains("unknown dtype '" + std::string(256, 'x') + "…' (100000 bytes)"));
+  CHECK(e.size() < 1000);
+  // 'a', 200 b and 40 c are 241 bytes; then ten 2-byte é: byte 256 is the second byte of
+  // the eighth, so the cut keeps seven.
+  const std::string prefix = "a" + std::string(200, 'b') + std::string(40, 'c');
+  std::string name = prefix;
+  for (int i = 0; i < 10; ++i) name += "\xc3\xa9";
+  name += std::string(100, 'd');
+  std::string kept = prefix;
+  for (int i = 0; i < 7; ++i) kept += "\xc3\xa9";
+  const std::string named =
+      parse_failure(object({entry(name, "F7", "[1]", "[0,1]")}), 1).what();
+  CHECK_THAT(named, Contains("tensor '" + kept + "…' (361 bytes)"));
 }

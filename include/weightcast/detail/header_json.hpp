@@ -59,7 +59,8 @@ JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_m
 ///         Rust's `str::from_utf8`), or nullopt if @p text is valid.
 std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept;
 
-/// @return @p text in single quotes for a one-line message, control characters escaped.
+/// @return @p text in single quotes for a one-line message, control characters escaped;
+///         text over 256 bytes is cut there (at a UTF-8 boundary) and ends `…' (N bytes)`.
 std::string quote(std::string_view text);
 
 /// @return @p value as an unsigned integer if it is a non-negative JSON integer
