@@ -206,8 +206,10 @@ class Pipeline {
       request.user = slot;
       _read_begin[slot] = Clock::now();
       _reader->submit(&request);
-      co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
-                                      use_awaitable);
+      // The lease passes to the upload stage only once the hand-over completes: cancelled
+      // while it waits, the lease still owns the slot and returns it.
+      co_await _to_upload->async_send(boost::system::error_code{}, slot, use_awaitable);
+      lease.release();
     }
   }
 
