@@ -431,7 +431,9 @@ class Pipeline {
   [[nodiscard]] Error read_error(const ReadRequest& request) const {
     const Chunk& chunk = _plan.chunks[_slot_chunk[request.user]];
     const ShardInfo& shard = _catalogue.shards[chunk.shard];
-    const std::uint64_t offset = request.file_offset + request.bytes_done;
+    // The first byte that did not arrive; an O_DIRECT request may begin before the chunk.
+    const std::uint64_t offset =
+        std::max(request.file_offset + request.bytes_done, chunk.file_offset);
     std::string tensor = "?";
     for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
       const Piece& piece = _plan.pieces[chunk.first_piece + p];
@@ -441,10 +443,17 @@ class Pipeline {
       }
     }
     if (request.end_of_file) {
+      // A read that starts past the new end returns nothing at its own offset (for O_DIRECT
+      // an aligned one): the file's size says where it really ends.
+      std::uint64_t end = offset;
+      struct stat st {};
+      if (::fstat(request.fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < end) {
+        end = static_cast<std::uint64_t>(st.st_size);
+      }
       return Error(Errc::io,
                    fmt::format("{}: file ended at offset {} inside tensor '{}' (expected {} "
                                "bytes): the shard shrank after its header was read",
-                               shard.name, offset, tensor, shard.file_bytes));
+                               shard.name, end, tensor, shard.file_bytes));
     }
     return system_error(Errc::io, request.error,
                         fmt::format("{}: read failed at offset {} (tensor '{}')", shard.name,

@@ -225,6 +225,45 @@ TEST_CASE("a shard that shrinks mid-load fails once with 74, every slot returned
   CHECK(log.find("internal error") == std::string::npos);
 }
 
+TEST_CASE("a read that starts past a shard's new end reports where the file ends", "[loader]") {
+  const auto direct = GENERATE(DirectIo::off, DirectIo::on);
+  INFO("direct_io " << static_cast<int>(direct));
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  // One slot: chunk 2 is submitted only after chunk 1's read has completed and been
+  // uploaded. Cutting just before chunk 2 (tensor 1) makes its read start past the end.
+  const std::uint64_t cut = catalogue.tensors[1].file_offset - 10;
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = 1;
+  options.reader = ReaderKind::pread;
+  options.direct_io = direct;
+  bool cut_done = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 1 || cut_done) return;
+    std::filesystem::resize_file(path, cut);
+    cut_done = true;
+  };
+  std::optional<Error> error;
+  try {
+    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
+  } catch (const Error& e) {
+    error = e;
+  }
+  REQUIRE(error.has_value());
+  if (direct == DirectIo::on && std::string(error->what()).find("O_DIRECT") != std::string::npos) {
+    WARN("the temporary directory's filesystem refuses O_DIRECT: " << error->what());
+    return;
+  }
+  INFO(error->what());
+  REQUIRE(cut_done);
+  CHECK(error->code() == Errc::io);
+  CHECK_THAT(error->what(),
+             Catch::Contains(fmt::format("file ended at offset {} inside tensor '{}'", cut,
+                                         catalogue.tensors[1].name)));
+}
+
 TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {
   TempDir dir;
   const auto path = write_random_checkpoint(dir.path(), 5, 4);
