@@ -220,12 +220,18 @@ class Pipeline {
     asio::posix::stream_descriptor event(_executor, fd);
     std::vector<ReadRequest*> finished;
     std::size_t reaped = 0;
+    // Reads still to complete per shard: once a shard's last one has, one fstat says whether
+    // the file changed while it was read (they may complete out of order).
+    std::vector<std::size_t> reads_left(_catalogue.shards.size(), 0);
+    for (const Chunk& chunk : _plan.chunks) ++reads_left[chunk.shard];
     while (reaped < _plan.chunks.size()) {
       co_await event.async_wait(asio::posix::stream_descriptor::wait_read, use_awaitable);
       finished.clear();
       reaped += _reader->reap(finished);
       for (ReadRequest* request : finished) {
         if (request->error != 0 || request->end_of_file) throw read_error(*request);
+        const std::uint32_t shard = _plan.chunks[_slot_chunk[request->user]].shard;
+        if (--reads_left[shard] == 0) _files->check_unchanged(shard);
         _ready[request->user]->try_send(boost::system::error_code{});
         _last_progress = Clock::now();
         stage_event(Stage::read, _slot_chunk[request->user], _read_begin[request->user]);

@@ -264,6 +264,48 @@ TEST_CASE("a read that starts past a shard's new end reports where the file ends
                                          catalogue.tensors[1].name)));
 }
 
+TEST_CASE("a shard modified in place during the load fails with 74 naming it", "[loader]") {
+  const auto reader = GENERATE(ReaderKind::pread, ReaderKind::automatic);
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = 1;
+  options.reader = reader;
+  bool modified = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 0 || modified) return;
+    // Overwrite 4 KiB of tensor 2, not read yet: same size, different bytes.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const std::vector<char> junk(4096, '\x5a');
+    REQUIRE(::pwrite(fd, junk.data(), junk.size(),
+                     static_cast<off_t>(catalogue.tensors[2].file_offset)) == 4096);
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    // Move the modification time on by a whole second, whatever the write did to it: the
+    // test does not depend on the filesystem's timestamp granularity.
+    timespec times[2] = {{0, UTIME_OMIT}, st.st_mtim};
+    times[1].tv_sec += 1;
+    REQUIRE(::futimens(fd, times) == 0);
+    ::close(fd);
+    modified = true;
+  };
+  std::optional<Error> error;
+  try {
+    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
+  } catch (const Error& e) {
+    error = e;
+  }
+  REQUIRE(modified);
+  REQUIRE(error.has_value());
+  INFO(error->what());
+  CHECK(error->code() == Errc::io);
+  CHECK_THAT(error->what(), Catch::Contains("random.safetensors") &&
+                                Catch::Contains("changed during the load"));
+}
+
 TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {
   TempDir dir;
   const auto path = write_random_checkpoint(dir.path(), 5, 4);
