@@ -206,8 +206,10 @@ class Pipeline {
       request.user = slot;
       _read_begin[slot] = Clock::now();
       _reader->submit(&request);
-      co_await _to_upload->async_send(boost::system::error_code{}, lease.release(),
-                                      use_awaitable);
+      // The lease passes to the upload stage only once the hand-over completes: cancelled
+      // while it waits, the lease still owns the slot and returns it.
+      co_await _to_upload->async_send(boost::system::error_code{}, slot, use_awaitable);
+      lease.release();
     }
   }
 
@@ -218,12 +220,18 @@ class Pipeline {
     asio::posix::stream_descriptor event(_executor, fd);
     std::vector<ReadRequest*> finished;
     std::size_t reaped = 0;
+    // Reads still to complete per shard: once a shard's last one has, one fstat says whether
+    // the file changed while it was read (they may complete out of order).
+    std::vector<std::size_t> reads_left(_catalogue.shards.size(), 0);
+    for (const Chunk& chunk : _plan.chunks) ++reads_left[chunk.shard];
     while (reaped < _plan.chunks.size()) {
       co_await event.async_wait(asio::posix::stream_descriptor::wait_read, use_awaitable);
       finished.clear();
       reaped += _reader->reap(finished);
       for (ReadRequest* request : finished) {
         if (request->error != 0 || request->end_of_file) throw read_error(*request);
+        const std::uint32_t shard = _plan.chunks[_slot_chunk[request->user]].shard;
+        if (--reads_left[shard] == 0) _files->check_unchanged(shard);
         _ready[request->user]->try_send(boost::system::error_code{});
         _last_progress = Clock::now();
         stage_event(Stage::read, _slot_chunk[request->user], _read_begin[request->user]);
@@ -429,7 +437,9 @@ class Pipeline {
   [[nodiscard]] Error read_error(const ReadRequest& request) const {
     const Chunk& chunk = _plan.chunks[_slot_chunk[request.user]];
     const ShardInfo& shard = _catalogue.shards[chunk.shard];
-    const std::uint64_t offset = request.file_offset + request.bytes_done;
+    // The first byte that did not arrive; an O_DIRECT request may begin before the chunk.
+    const std::uint64_t offset =
+        std::max(request.file_offset + request.bytes_done, chunk.file_offset);
     std::string tensor = "?";
     for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
       const Piece& piece = _plan.pieces[chunk.first_piece + p];
@@ -439,10 +449,17 @@ class Pipeline {
       }
     }
     if (request.end_of_file) {
+      // A read that starts past the new end returns nothing at its own offset (for O_DIRECT
+      // an aligned one): the file's size says where it really ends.
+      std::uint64_t end = offset;
+      struct stat st {};
+      if (::fstat(request.fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < end) {
+        end = static_cast<std::uint64_t>(st.st_size);
+      }
       return Error(Errc::io,
                    fmt::format("{}: file ended at offset {} inside tensor '{}' (expected {} "
                                "bytes): the shard shrank after its header was read",
-                               shard.name, offset, tensor, shard.file_bytes));
+                               shard.name, end, tensor, shard.file_bytes));
     }
     return system_error(Errc::io, request.error,
                         fmt::format("{}: read failed at offset {} (tensor '{}')", shard.name,

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -88,7 +89,7 @@ std::uint32_t direct_io_alignment(int fd) noexcept {
   return std::max<std::uint32_t>(alignment, 512);
 }
 
-ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) {
+ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue(catalogue) {
   _fds.reserve(catalogue.shards.size());
   bool told_refusal = false;
   try {
@@ -102,7 +103,11 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) {
       _fds.push_back(fd);
       _alignments.push_back(1);
       struct stat st {};
-      if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {
+      if (fstat(fd, &st) != 0) {
+        throw system_error(Errc::io, errno, fmt::format("{}: cannot stat shard", shard.name));
+      }
+      _opened.push_back(Identity{static_cast<std::uint64_t>(st.st_size), st.st_mtim});
+      if (static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {
         throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} bytes "
                                           "then, {} bytes now",
                                           shard.name, shard.file_bytes, st.st_size));
@@ -145,6 +150,28 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) {
 
 ShardFiles::~ShardFiles() {
   for (int fd : _fds) ::close(fd);
+}
+
+void ShardFiles::check_unchanged(std::uint32_t shard) const {
+  const ShardInfo& info = _catalogue.shards.at(shard);
+  const Identity& then = _opened.at(shard);
+  struct stat st {};
+  if (fstat(_fds.at(shard), &st) != 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot stat shard", info.name));
+  }
+  const auto bytes = static_cast<std::uint64_t>(st.st_size);
+  if (bytes == then.bytes && st.st_mtim.tv_sec == then.modified.tv_sec &&
+      st.st_mtim.tv_nsec == then.modified.tv_nsec) {
+    return;
+  }
+  std::tm utc{};
+  gmtime_r(&st.st_mtim.tv_sec, &utc);
+  char when[32] = "?";
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &utc);
+  throw Error(Errc::io,
+              fmt::format("{}: changed during the load (modified at {}.{:09} UTC; {} bytes when "
+                          "opened, {} now): the bytes read may mix old and new contents",
+                          info.name, when, st.st_mtim.tv_nsec, then.bytes, bytes));
 }
 
 std::string ShardFiles::mode() const {

@@ -3,6 +3,8 @@
 #include "weightcast/device.hpp"
 #include "weightcast/error.hpp"
 
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
@@ -31,14 +33,15 @@ std::byte* SlotLease::data() const noexcept { return _ring->slot_data(_index); }
 
 StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
                          std::uint64_t slot_bytes, weightcast::Device* device)
-    : _slots(slots == 0 ? 1 : slots), _free(executor, _slots) {
+    : _slots(slots == 0 ? 1 : slots), _slot_freed(executor) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   _slot_bytes = (std::max<std::uint64_t>(slot_bytes, 1) + page - 1) / page * page;
   _memory = HostMapping(_slots * _slot_bytes,
                         fmt::format("the staging ring ({} slots of {} bytes)", _slots,
                                     _slot_bytes));
   if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
-  for (std::size_t i = 0; i < _slots; ++i) _free.try_send(boost::system::error_code{}, i);
+  _leased.assign(_slots, false);
+  for (std::size_t i = 0; i < _slots; ++i) _free.push_back(i);
 }
 
 // Fewer pinned slots beat pageable ones: an async H2D copy from pageable memory goes through
@@ -75,14 +78,35 @@ StagingRing::~StagingRing() {
 }
 
 boost::asio::awaitable<SlotLease> StagingRing::acquire() {
-  std::size_t index = co_await _free.async_receive(boost::asio::use_awaitable);
+  namespace asio = boost::asio;
+  while (_free.empty()) {
+    // The timer never expires: give_back() cancels the wait, as does cancelling this
+    // coroutine (the awaitable operators do when another stage fails).
+    _slot_freed.expires_at(asio::steady_timer::time_point::max());
+    boost::system::error_code ec;
+    co_await _slot_freed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none) {
+      throw boost::system::system_error(asio::error::operation_aborted);
+    }
+  }
+  const std::size_t index = _free.front();
+  _free.pop_front();
+  _leased[index] = true;
   co_return SlotLease(this, index);
 }
 
 void StagingRing::give_back(std::size_t index) noexcept {
-  // Never fails: at most `_slots` leases exist and the channel holds `_slots` entries.
-  if (!_free.try_send(boost::system::error_code{}, index)) {
+  // Each slot has at most one lease: a second return is a bug in the caller.
+  if (index >= _slots || !_leased[index]) {
     std::fprintf(stderr, "weightcast: internal error: staging slot %zu returned twice\n", index);
+    return;
+  }
+  _leased[index] = false;
+  _free.push_back(index);
+  try {
+    _slot_freed.cancel();  // wakes a waiting acquire(); the timer service never fails here
+  } catch (...) {
   }
 }
 

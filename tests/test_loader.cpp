@@ -12,11 +12,17 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <fcntl.h>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
+#include <sys/stat.h>
+#include <unistd.h>
 
 using namespace weightcast;
 using weightcast::test::corpus_dir;
@@ -44,6 +50,46 @@ std::filesystem::path write_random_checkpoint(const std::filesystem::path& dir, 
       dir / "random.safetensors", count, seed, [](std::mt19937_64& rng, int) {
         return std::uniform_int_distribution<std::uint64_t>(0, 20000)(rng);
       });
+}
+
+// Sends this process's stderr (fd 2) to a file until finish(): what the library prints there.
+class StderrCapture {
+ public:
+  explicit StderrCapture(std::filesystem::path path) : _path(std::move(path)) {
+    std::fflush(stderr);
+    _saved = dup(STDERR_FILENO);
+    REQUIRE(_saved >= 0);
+    const int fd = ::open(_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~StderrCapture() { restore(); }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+
+  /// Restores stderr. @return what was written to it meanwhile.
+  std::string finish() {
+    restore();
+    return test::read_file(_path);
+  }
+
+ private:
+  void restore() {
+    if (_saved < 0) return;
+    std::fflush(stderr);
+    dup2(_saved, STDERR_FILENO);
+    ::close(_saved);
+    _saved = -1;
+  }
+
+  std::filesystem::path _path;
+  int _saved = -1;
+};
+
+// Four 8 KiB tensors: with 4 KiB chunks, chunk c holds half of tensor c / 2.
+std::filesystem::path write_four_tensors(const std::filesystem::path& dir) {
+  return test::write_random_checkpoint(dir / "random.safetensors", {8192, 8192, 8192, 8192}, 7);
 }
 
 }  // namespace
@@ -134,6 +180,130 @@ TEST_CASE("a shard truncated after its header was read fails with 74 naming the 
   CHECK(e.code() == Errc::io);
   CHECK_THAT(e.what(), Catch::Contains("'" + victim_name + "'") &&
                            Catch::Contains("random.safetensors") && Catch::Contains("shrank"));
+}
+
+TEST_CASE("a shard that shrinks mid-load fails once with 74, every slot returned once",
+          "[loader]") {
+  // The read stage waits for a free slot while the others hold them; the failing read ends
+  // every stage, and each lease must go back to the ring exactly once.
+  const auto depth = GENERATE(1u, 2u, 3u);
+  const auto reader = GENERATE(ReaderKind::pread, ReaderKind::automatic);
+  INFO("buffer_depth " << depth << ", reader " << static_cast<int>(reader));
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  // Cut inside tensor 2 (chunks 4 and 5): when chunk 0's read completes, at most chunks
+  // 0 to depth - 1 have been submitted, so the reader meets the new end of file.
+  const std::uint64_t cut = catalogue.tensors[2].file_offset + 100;
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = depth;
+  options.io_depth = 1;
+  options.reader = reader;
+  options.direct_io = DirectIo::off;
+  bool cut_done = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 0 || cut_done) return;
+    std::filesystem::resize_file(path, cut);
+    cut_done = true;
+  };
+  StderrCapture capture(dir.path() / "stderr.txt");
+  std::optional<Error> error;
+  try {
+    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
+  } catch (const Error& e) {
+    error = e;
+  }
+  const std::string log = capture.finish();
+  INFO("stderr:\n" << log);
+  REQUIRE(cut_done);
+  REQUIRE(error.has_value());
+  CHECK(error->code() == Errc::io);
+  CHECK_THAT(error->what(), Catch::Contains("random.safetensors") &&
+                                Catch::Contains("'" + catalogue.tensors[2].name + "'") &&
+                                Catch::Contains("shrank"));
+  CHECK(log.find("internal error") == std::string::npos);
+}
+
+TEST_CASE("a read that starts past a shard's new end reports where the file ends", "[loader]") {
+  const auto direct = GENERATE(DirectIo::off, DirectIo::on);
+  INFO("direct_io " << static_cast<int>(direct));
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  // One slot: chunk 2 is submitted only after chunk 1's read has completed and been
+  // uploaded. Cutting just before chunk 2 (tensor 1) makes its read start past the end.
+  const std::uint64_t cut = catalogue.tensors[1].file_offset - 10;
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = 1;
+  options.reader = ReaderKind::pread;
+  options.direct_io = direct;
+  bool cut_done = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 1 || cut_done) return;
+    std::filesystem::resize_file(path, cut);
+    cut_done = true;
+  };
+  std::optional<Error> error;
+  try {
+    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
+  } catch (const Error& e) {
+    error = e;
+  }
+  REQUIRE(error.has_value());
+  if (direct == DirectIo::on && std::string(error->what()).find("O_DIRECT") != std::string::npos) {
+    WARN("the temporary directory's filesystem refuses O_DIRECT: " << error->what());
+    return;
+  }
+  INFO(error->what());
+  REQUIRE(cut_done);
+  CHECK(error->code() == Errc::io);
+  CHECK_THAT(error->what(),
+             Catch::Contains(fmt::format("file ended at offset {} inside tensor '{}'", cut,
+                                         catalogue.tensors[1].name)));
+}
+
+TEST_CASE("a shard modified in place during the load fails with 74 naming it", "[loader]") {
+  const auto reader = GENERATE(ReaderKind::pread, ReaderKind::automatic);
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = 1;
+  options.reader = reader;
+  bool modified = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 0 || modified) return;
+    // Overwrite 4 KiB of tensor 2, not read yet: same size, different bytes.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const std::vector<char> junk(4096, '\x5a');
+    REQUIRE(::pwrite(fd, junk.data(), junk.size(),
+                     static_cast<off_t>(catalogue.tensors[2].file_offset)) == 4096);
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    // Move the modification time on by a whole second, whatever the write did to it: the
+    // test does not depend on the filesystem's timestamp granularity.
+    timespec times[2] = {{0, UTIME_OMIT}, st.st_mtim};
+    times[1].tv_sec += 1;
+    REQUIRE(::futimens(fd, times) == 0);
+    ::close(fd);
+    modified = true;
+  };
+  std::optional<Error> error;
+  try {
+    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
+  } catch (const Error& e) {
+    error = e;
+  }
+  REQUIRE(modified);
+  REQUIRE(error.has_value());
+  INFO(error->what());
+  CHECK(error->code() == Errc::io);
+  CHECK_THAT(error->what(), Catch::Contains("random.safetensors") &&
+                                Catch::Contains("changed during the load"));
 }
 
 TEST_CASE("a shard whose size changed before the load is refused with 74", "[loader]") {

@@ -14,6 +14,7 @@
 #include "weightcast/config.hpp"
 
 #include <cstdint>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ class ShardFiles {
    *         cannot be opened, whose size changed since its header was read, or (`direct_io:
    *         on`) whose filesystem refuses O_DIRECT, naming the file.
    * @note `auto` logs one notice per load when it falls back to buffered reads.
+   *       @p catalogue must outlive the ShardFiles (messages name its shards).
    */
   ShardFiles(const Catalogue& catalogue, DirectIo policy);
   ~ShardFiles();
@@ -66,9 +68,29 @@ class ShardFiles {
   /// @return "direct", "buffered", or "direct+buffered" when shards differ.
   [[nodiscard]] std::string mode() const;
 
+  /**
+   * @brief Checks that @p shard is as it was when it was opened: one `fstat` of the open file,
+   *        comparing its size and modification time (st_mtim) with those seen at open.
+   *
+   * Call it once every read of the shard has completed: a write into the file while it was
+   * read (in place, same size) moves its modification time, so bytes that may mix old and
+   * new contents are refused. A change that keeps the modification time (a write through a
+   * writable mmap not yet written back, a time set back with utimensat) is not seen.
+   * @throws Error `io` (74) naming the shard, its new modification time and sizes.
+   */
+  void check_unchanged(std::uint32_t shard) const;
+
  private:
+  /// What `check_unchanged` compares: a shard file's size and modification time.
+  struct Identity {
+    std::uint64_t bytes = 0;
+    timespec modified{};
+  };
+
+  const Catalogue& _catalogue;
   std::vector<int> _fds;
   std::vector<std::uint32_t> _alignments;  // per shard; 1 = buffered
+  std::vector<Identity> _opened;           // per shard: as seen when it was opened
   std::uint32_t _max_alignment = 1;
 };
 

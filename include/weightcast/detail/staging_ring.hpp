@@ -2,10 +2,15 @@
  * @file staging_ring.hpp
  * @brief The staging ring: `buffer_depth` host slots handed out as RAII leases.
  *
- * Internal (includes Boost.Asio). A lease is awaited from an Asio channel holding the free
- * slot indices; when every slot is leased, the read stage waits — the ring is the
- * backpressure that bounds rank 0's host memory to `slots × slot_bytes` (DESIGN.md layer 6).
- * Slots are page-aligned (O_DIRECT needs aligned buffers).
+ * Internal (includes Boost.Asio). A lease is awaited from the ring's list of free slots;
+ * when every slot is leased, the read stage waits — the ring is the backpressure that bounds
+ * rank 0's host memory to `slots × slot_bytes` (DESIGN.md layer 6). Slots are page-aligned
+ * (O_DIRECT needs aligned buffers).
+ *
+ * The free list is plain bookkeeping, not an Asio channel: a slot must go back whatever
+ * state the waiters are in. (Boost 1.81's channel leaves its send side blocked once a
+ * waiting receive is cancelled, so a slot given back after a cancelled acquire() — any
+ * stage failing while slots are leased — could not be returned.)
  */
 #pragma once
 
@@ -13,10 +18,12 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/experimental/channel.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <vector>
 
 namespace weightcast {
 class Device;
@@ -70,7 +77,11 @@ class StagingRing {
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
-  /// Waits for a free slot.
+  /**
+   * @brief Waits for a free slot (slots come back in the order they were given back).
+   * @throws boost::system::system_error `operation_aborted` when the awaiting coroutine is
+   *         cancelled while it waits.
+   */
   boost::asio::awaitable<SlotLease> acquire();
 
   [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
@@ -88,13 +99,13 @@ class StagingRing {
   void give_back(std::size_t index) noexcept;
   void pin_slots(weightcast::Device& device);
 
-  using FreeChannel =
-      boost::asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
   std::size_t _slots;
   std::uint64_t _slot_bytes;
   HostMapping _memory;  // 2 MiB aligned, transparent huge pages
   weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
-  FreeChannel _free;
+  std::deque<std::size_t> _free;             // free slot indices, oldest first
+  std::vector<bool> _leased;                 // per slot: a lease holds it
+  boost::asio::steady_timer _slot_freed;     // acquire() sleeps on it; give_back() wakes it
 };
 
 }  // namespace weightcast::detail
