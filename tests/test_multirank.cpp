@@ -419,3 +419,23 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   CHECK(count(r.out, "# rank ") == 3);
   CHECK(r.out.find("bit-exact") == std::string::npos);
 }
+
+TEST_CASE("multirank: a rank's --report path that cannot be written ends the job before the "
+          "load", "[multirank]") {
+  // Rank 1's report would go to a missing directory: found after the load, it cost the whole
+  // load on every rank; now every rank ends before it with rank 1's reason.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  fs::create_directory(dir / "0");
+  const auto report = (dir / "{rank}" / "r.json").string();
+  const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
+                          "checkpoint=" + checkpoint.string(), "--set", "device=host", "--set",
+                          "rendezvous.port=29811", "--set", "timeout=20s", "--report", report},
+                         {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 74);
+  CHECK_THAT(r.err, Contains("weightcast: error: rank 1: " + (dir / "1" / "r.json").string() +
+                             ": cannot create the report: No such file or directory"));
+  CHECK_THAT(r.out, !Contains("GB/s"));  // no rank loaded
+  CHECK_FALSE(fs::exists(dir / "0" / "r.json"));
+}

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <unistd.h>
 
@@ -170,4 +171,46 @@ TEST_CASE("run: a multi-GiB sharded synthetic checkpoint loads bit-exact", "[run
     INFO("tensor " << name);
     CHECK(report["tensors"][name]["xxh3"] == digest);
   }
+}
+
+TEST_CASE("run: a --report or --trace path that cannot be written fails before the load",
+          "[run]") {
+  // Found after the load it cost the whole load and said only "cannot write the report".
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const std::string missing = (dir / "no-such-dir" / "out.json").string();
+  for (const std::string option : {"--report", "--trace"}) {
+    const std::string what = option == "--report" ? "the report" : "the trace file";
+    INFO(option);
+    auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), option, missing});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains(missing + ": cannot create " + what +
+                                      ": No such file or directory"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));  // no load, so no summary
+    // A directory is no file to write.
+    r = run_cli({"run", "--set", "checkpoint=" + file.string(), option, dir.path().string()});
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains(": cannot create " + what + ": Is a directory"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
+  // A write that fails after the load (/dev/full: ENOSPC) says why too.
+  if (fs::exists("/dev/full")) {
+    const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(),
+                            "--report", "/dev/full"});
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains("/dev/full: cannot write the report: No space left on "
+                                      "device"));
+  }
+  // The check leaves nothing behind when the load then fails, and keeps an existing report
+  // whole until there is a new one to write.
+  const auto report = dir / "r.json";
+  auto r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", "--report",
+                    report.string()});
+  CHECK(r.exit_status == 66);
+  CHECK_FALSE(fs::exists(report));
+  { std::ofstream(report) << "old"; }
+  r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", "--report", report.string()});
+  CHECK(r.exit_status == 66);
+  CHECK(read_file(report) == "old");
 }
