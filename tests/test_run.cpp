@@ -214,3 +214,21 @@ TEST_CASE("run: a --report or --trace path that cannot be written fails before t
   CHECK(r.exit_status == 66);
   CHECK(read_file(report) == "old");
 }
+
+TEST_CASE("run: --quiet prints the summary but not where the report went", "[run]") {
+  // README: --quiet prints only errors and the summary; "# report written to" is a notice,
+  // like the trace's "written to" (a log line that --quiet silences).
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const auto report = dir / "r.json";
+  auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--report",
+                    report.string()});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK(fs::exists(report));
+  CHECK_THAT(r.out, Catch::Contains("4 tensors") && !Catch::Contains("report written"));
+  CHECK(r.err.empty());
+  r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report", report.string()});
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::Contains("# report written to " + report.string()));
+}

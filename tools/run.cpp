@@ -256,7 +256,7 @@ int run(const RunArgs& args) {
   if (!report_path.empty()) {
     write_report(report_path, result, digests, transport->rank(), transport->world_size(),
                    peak_rss);
-    fmt::print("# report written to {}\n", report_path);
+    if (!args.quiet) fmt::print("# report written to {}\n", report_path);
   }
   return 0;
 }

@@ -245,7 +245,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       getrusage(RUSAGE_SELF, &usage);
       write_report(report_path, result, digests, rank, world.world_size,
                    static_cast<std::uint64_t>(usage.ru_maxrss) * 1024);
-      if (!args.json) fmt::print("# report written to {}\n", report_path);
+      if (!args.json && !args.quiet) fmt::print("# report written to {}\n", report_path);
     }
     std::fflush(stdout);
 
