@@ -232,3 +232,32 @@ TEST_CASE("run: --quiet prints the summary but not where the report went", "[run
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.out, Catch::Contains("# report written to " + report.string()));
 }
+
+TEST_CASE("run: --report and --trace naming the same file are refused before the load",
+          "[run]") {
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const auto path = (dir / "out.json").string();
+  const auto same = (dir / "." / "out{rank}.json").string();  // r0: the same file, spelled apart
+  for (const auto& [report, trace] :
+       {std::pair{path, path}, std::pair{same, (dir / "out0.json").string()}}) {
+    const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report", report,
+                            "--trace", trace});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains("--report " + report) &&
+                          Catch::Contains("--trace " + trace) &&
+                          Catch::Contains("same file"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
+  // launch refuses it before it starts any rank; here only rank 1's paths collide (its trace
+  // is t.rank1.json).
+  const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
+                          "checkpoint=" + file.string(), "--report",
+                          (dir / "t.rank{rank}.json").string(), "--trace",
+                          (dir / "t.json").string()});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains("same file for rank 1"));
+  CHECK_THAT(r.out + r.err, !Catch::Contains("local ranks"));
+}

@@ -56,6 +56,13 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
 ///         other than 0 of several when @p path has no "{rank}").
 std::string report_path_for_rank(const std::string& path, int rank, int world_size);
 
+/// Refuses a `--report` (@p report_path) and trace (@p trace_path: `--trace` or the config's
+/// `trace`) that name the same file for @p rank of @p world_size, which would silently leave
+/// only one of them. Either path may be empty (none).
+/// @throws Error `config` (78) naming both paths.
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int rank, int world_size);
+
 /// check_output_file for this rank's trace (the config's `trace`) and report (@p args).
 /// @throws Error `io` (74) naming the first path that cannot be written.
 void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size);

@@ -89,6 +89,22 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
   return with_rank(path, rank);
 }
 
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int rank, int world_size) {
+  const std::string report = report_path_for_rank(report_path, rank, world_size);
+  if (report.empty() || trace_path.empty()) return;
+  const std::filesystem::path trace = trace_path_for_rank(trace_path, rank, world_size);
+  if (std::filesystem::absolute(report).lexically_normal() !=
+      std::filesystem::absolute(trace).lexically_normal()) {
+    return;
+  }
+  throw Error(Errc::config,
+              fmt::format("--report {} and --trace {} (or the config's trace) are the same file "
+                          "for rank {} ({}): one would overwrite the other; give them different "
+                          "paths",
+                          report_path, trace_path, rank, report));
+}
+
 void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size) {
   if (!config.trace.empty()) {
     check_output_file(trace_path_for_rank(config.trace, rank, world_size), "the trace file");
@@ -191,6 +207,7 @@ int run(const RunArgs& args) {
   }
   // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
   check_destination(config.destination, world.world_size);
+  check_distinct_outputs(args.report_path, config.trace, world.rank, world.world_size);
   if (world.world_size > 1) return run_ranks(args, config, world);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
