@@ -327,6 +327,15 @@ constexpr std::array<std::pair<std::string_view, LogLevel>, 5> log_level_names{{
 
 std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64_t hi,
                             std::string_view what) {
+  // A negative or too large integer is a whole number out of range, not "not a whole number".
+  std::string_view digits = trim(text);
+  if (!digits.empty() && digits.front() == '-') digits.remove_prefix(1);
+  const bool integer = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+    return (c >= '0' && c <= '9') || c == '_';
+  });
+  if (integer && (digits.size() != trim(text).size() || digits.size() > 19)) {
+    bad_value(fmt::format("'{}' is out of range (must be {} to {}: {})", text, lo, hi, what));
+  }
   auto value = parse_integer_value(text, what);
   if (value < lo || value > hi) {
     bad_value(fmt::format("'{}' is out of range (must be {} to {}: {})", text, lo, hi, what));

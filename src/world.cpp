@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 
 namespace weightcast {
@@ -48,8 +49,16 @@ int env_int(const char* name, const char* text) {
   std::string_view view(text);
   int value = -1;
   auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value);
-  if (ec != std::errc() || end != view.data() + view.size() || value < 0) {
+  const bool digits = end == view.data() + view.size();
+  if (!digits || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
     throw Error(Errc::config, fmt::format("environment {}='{}': not a whole number", name, text));
+  }
+  if (ec == std::errc::result_out_of_range) {
+    throw Error(Errc::config, fmt::format("environment {}='{}': out of range (at most {})", name,
+                                          text, std::numeric_limits<int>::max()));
+  }
+  if (value < 0) {
+    throw Error(Errc::config, fmt::format("environment {}='{}': must be >= 0", name, text));
   }
   return value;
 }
@@ -108,6 +117,20 @@ World detect_world(const Config& config) {
     world.source = source.source;
     check(world, source.rank, source.size);
     return world;
+  }
+  // No launcher set both: one that set only half is a mistake (a missing export, a typo), not a
+  // world of one rank, which would load as rank 0 and leave the real job waiting.
+  for (const EnvSource& source : env_sources) {
+    const char* rank = env(source.rank);
+    const char* size = env(source.size);
+    if ((rank == nullptr) == (size == nullptr)) continue;
+    const char* set = rank != nullptr ? source.rank : source.size;
+    const char* missing = rank != nullptr ? source.size : source.rank;
+    throw Error(Errc::config,
+                fmt::format("environment: {}={} is set but {} is not: a partial {} environment "
+                            "(set both {} and {}, or neither for a world of one rank)",
+                            set, rank != nullptr ? rank : size, missing, to_string(source.source),
+                            source.rank, source.size));
   }
   if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
   return world;

@@ -21,6 +21,7 @@
 using namespace weightcast;
 using namespace weightcast::test;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
 
@@ -418,4 +419,57 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   }
   CHECK(count(r.out, "# rank ") == 3);
   CHECK(r.out.find("bit-exact") == std::string::npos);
+}
+
+TEST_CASE("multirank: a rank's --report path that cannot be written ends the job before the "
+          "load", "[multirank]") {
+  // Rank 1's report would go to a missing directory: found after the load, it cost the whole
+  // load on every rank; now every rank ends before it with rank 1's reason.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  fs::create_directory(dir / "0");
+  const auto report = (dir / "{rank}" / "r.json").string();
+  const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
+                          "checkpoint=" + checkpoint.string(), "--set", "device=host", "--set",
+                          "rendezvous.port=29811", "--set", "timeout=20s", "--report", report},
+                         {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 74);
+  CHECK_THAT(r.err, Contains("weightcast: error: rank 1: " + (dir / "1" / "r.json").string() +
+                             ": cannot create the report: No such file or directory"));
+  CHECK_THAT(r.out, !Contains("GB/s"));  // no rank loaded
+  CHECK_FALSE(fs::exists(dir / "0" / "r.json"));
+}
+
+TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 + signal",
+          "[multirank]") {
+  // The shell's convention (130 for Ctrl-C, 143 for a scheduler's SIGTERM), and a last line
+  // that says so, rather than the status of a rank our SIGTERM ended.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  {
+    const auto job = start_paused({cli_path().string(), "launch", "-n", "2", "--spawner",
+                                   "local", "--set", "checkpoint=" + checkpoint.string(),
+                                   "--set", "device=host", "--set", "rendezvous.port=29813",
+                                   "--set", "timeout=20s"},
+                                  20000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
+    REQUIRE(::kill(job->pid(), SIGINT) == 0);
+    const auto r = job->wait(job_timeout_s);
+    INFO(r.out);
+    CHECK(r.exit_status == 130);
+    CHECK_THAT(r.out, EndsWith("weightcast launch: interrupted by SIGINT: ranks ended\n"));
+  }
+  if (!have_mpirun()) {
+    WARN("SIGTERM under mpirun skipped: this build has no MPI or mpirun is not on PATH");
+    return;
+  }
+  const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "2", "--spawner",
+                                     "mpirun", "--set", "checkpoint=" + checkpoint.string()},
+                                    base_sets(29815, "20s")),
+                                20000);
+  REQUIRE(::kill(job->pid(), SIGTERM) == 0);
+  const auto r = job->wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 143);
+  CHECK_THAT(r.out, EndsWith("weightcast launch: interrupted by SIGTERM: ranks ended\n"));
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <unistd.h>
 
@@ -170,4 +171,93 @@ TEST_CASE("run: a multi-GiB sharded synthetic checkpoint loads bit-exact", "[run
     INFO("tensor " << name);
     CHECK(report["tensors"][name]["xxh3"] == digest);
   }
+}
+
+TEST_CASE("run: a --report or --trace path that cannot be written fails before the load",
+          "[run]") {
+  // Found after the load it cost the whole load and said only "cannot write the report".
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const std::string missing = (dir / "no-such-dir" / "out.json").string();
+  for (const std::string option : {"--report", "--trace"}) {
+    const std::string what = option == "--report" ? "the report" : "the trace file";
+    INFO(option);
+    auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), option, missing});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains(missing + ": cannot create " + what +
+                                      ": No such file or directory"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));  // no load, so no summary
+    // A directory is no file to write.
+    r = run_cli({"run", "--set", "checkpoint=" + file.string(), option, dir.path().string()});
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains(": cannot create " + what + ": Is a directory"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
+  // A write that fails after the load (/dev/full: ENOSPC) says why too.
+  if (fs::exists("/dev/full")) {
+    const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(),
+                            "--report", "/dev/full"});
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains("/dev/full: cannot write the report: No space left on "
+                                      "device"));
+  }
+  // The check leaves nothing behind when the load then fails, and keeps an existing report
+  // whole until there is a new one to write.
+  const auto report = dir / "r.json";
+  auto r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", "--report",
+                    report.string()});
+  CHECK(r.exit_status == 66);
+  CHECK_FALSE(fs::exists(report));
+  { std::ofstream(report) << "old"; }
+  r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", "--report", report.string()});
+  CHECK(r.exit_status == 66);
+  CHECK(read_file(report) == "old");
+}
+
+TEST_CASE("run: --quiet prints the summary but not where the report went", "[run]") {
+  // README: --quiet prints only errors and the summary; "# report written to" is a notice,
+  // like the trace's "written to" (a log line that --quiet silences).
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const auto report = dir / "r.json";
+  auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--report",
+                    report.string()});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK(fs::exists(report));
+  CHECK_THAT(r.out, Catch::Contains("4 tensors") && !Catch::Contains("report written"));
+  CHECK(r.err.empty());
+  r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report", report.string()});
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::Contains("# report written to " + report.string()));
+}
+
+TEST_CASE("run: --report and --trace naming the same file are refused before the load",
+          "[run]") {
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  TempDir dir;
+  const auto path = (dir / "out.json").string();
+  const auto same = (dir / "." / "out{rank}.json").string();  // r0: the same file, spelled apart
+  for (const auto& [report, trace] :
+       {std::pair{path, path}, std::pair{same, (dir / "out0.json").string()}}) {
+    const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report", report,
+                            "--trace", trace});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains("--report " + report) &&
+                          Catch::Contains("--trace " + trace) &&
+                          Catch::Contains("same file"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
+  // launch refuses it before it starts any rank; here only rank 1's paths collide (its trace
+  // is t.rank1.json).
+  const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
+                          "checkpoint=" + file.string(), "--report",
+                          (dir / "t.rank{rank}.json").string(), "--trace",
+                          (dir / "t.json").string()});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains("same file for rank 1"));
+  CHECK_THAT(r.out + r.err, !Catch::Contains("local ranks"));
 }

@@ -7,6 +7,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 using namespace weightcast;
 using Catch::Matchers::Contains;
 using test::ScopedEnv;
@@ -114,4 +118,70 @@ TEST_CASE("world: world.* and rendezvous.* keys round-trip through the config", 
   CHECK_THAT(d.to_yaml(), Contains("world.rank: auto") && Contains("rendezvous.port: 29555"));
   CHECK_THROWS_AS(with({"rendezvous.port=0"}), Error);
   CHECK_THROWS_AS(with({"world.size=0"}), Error);
+}
+
+TEST_CASE("world: a partial launcher environment is a config error naming both variables",
+          "[world]") {
+  // Half of torchrun's pair once meant a world of one: the process loaded as rank 0 and
+  // the real job waited for a rank that never came.
+  ScopedEnv clean(test::no_launcher_env());
+  auto error_of = [] {
+    try {
+      detect_world(Config{});
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::internal, std::string("no error"));
+  };
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases{
+      {"RANK", "1", "WORLD_SIZE"},
+      {"WORLD_SIZE", "4", "RANK"},
+      {"SLURM_PROCID", "2", "SLURM_NTASKS"},
+      {"OMPI_COMM_WORLD_SIZE", "3", "OMPI_COMM_WORLD_RANK"}};
+  for (const auto& [set, value, missing] : cases) {
+    ScopedEnv env({{set, value}});
+    auto [code, what] = error_of();
+    INFO(what);
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains(set + "=" + value + " is set but " + missing + " is not"));
+  }
+  {  // a complete source still wins over another's stray half (torchrun inside srun)
+    ScopedEnv env({{"WORLD_SIZE", "4"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+    CHECK(detect_world(Config{}).source == WorldSource::slurm);
+  }
+  {  // LOCAL_RANK alone picks a GPU for a world of one; it is no partial world
+    ScopedEnv env(std::vector<ScopedEnv::Entry>{{"LOCAL_RANK", "1"}});
+    CHECK(detect_world(Config{}).world_size == 1);
+  }
+}
+
+TEST_CASE("world: negative and too large numbers say so, not 'not a whole number'",
+          "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  auto error_of = [](const std::vector<std::string>& sets) {
+    try {
+      detect_world(with(sets));
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::internal, std::string("no error"));
+  };
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "99999999999999"}});
+    auto [code, what] = error_of({});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("WORLD_SIZE='99999999999999': out of range"));
+  }
+  {
+    ScopedEnv env({{"RANK", "-1"}, {"WORLD_SIZE", "2"}});
+    auto [code, what] = error_of({});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("RANK='-1': must be >= 0"));
+  }
+  for (const std::string bad : {"-3", "99999999999999999999999"}) {
+    INFO(bad);
+    auto [code, what] = error_of({"world.local_rank=" + bad});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("'" + bad + "' is out of range (must be 0 to"));
+  }
 }

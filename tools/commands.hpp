@@ -4,8 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weightcast::cli {
@@ -40,6 +42,38 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world);
 void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
                         int rank, int world_size, std::uint64_t peak_rss,
                         const std::string& verdict = {});
+
+/// Checks, before a load, that @p path can be written: an existing file is opened for
+/// writing (not truncated), a missing one is created and removed again. So a `--report` or
+/// `--trace` path in a missing directory, a read-only place or a directory fails at once
+/// rather than after the whole load (tools/run.cpp).
+/// @param what names the file in the message ("the report", "the trace file").
+/// @throws Error `io` (74): "PATH: cannot create WHAT: <strerror>".
+void check_output_file(const std::filesystem::path& path, std::string_view what);
+
+/// @return the `--report` path @p path of @p rank in a world of @p world_size ranks, "{rank}"
+///         replaced by the rank; empty when this rank writes none (no `--report`, or a rank
+///         other than 0 of several when @p path has no "{rank}").
+std::string report_path_for_rank(const std::string& path, int rank, int world_size);
+
+/// Refuses a `--report` (@p report_path) and trace (@p trace_path: `--trace` or the config's
+/// `trace`) that name the same file for @p rank of @p world_size, which would silently leave
+/// only one of them. Either path may be empty (none).
+/// @throws Error `config` (78) naming both paths.
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int rank, int world_size);
+
+/// check_output_file for this rank's trace (the config's `trace`) and report (@p args).
+/// @throws Error `io` (74) naming the first path that cannot be written.
+void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size);
+
+/// Writes this rank's `--report` JSON to @p path: rank, world size, bytes, seconds, peak RSS
+/// (@p peak_rss, bytes) and, per tensor, dtype, shape and the XXH3-64 @p digests (in the
+/// catalogue's order).
+/// @throws Error `io` (74) naming @p path and the reason when it cannot be created or written.
+void write_report(const std::string& path, const LoadResult& result,
+                  const std::vector<std::uint64_t>& digests, int rank, int world_size,
+                  std::uint64_t peak_rss);
 
 /// Writes @p trace (if any) to the config's `trace` path for @p rank (tools/run.cpp).
 /// @param failing the load failed: a trace that cannot be written is then only a warning, so

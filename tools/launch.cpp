@@ -178,6 +178,10 @@ constexpr const char* local_mpi_hook_env = "WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS
 // Refuses, before any rank starts, what every rank would refuse or fail at: otherwise N ranks
 // each print the same error (or mpi's world-size mismatch) after starting up.
 void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
+  const std::string& trace = args.trace_path.empty() ? config.trace : args.trace_path;
+  for (int r = 0; r < args.ranks; ++r) {
+    check_distinct_outputs(args.report_path, trace, r, args.ranks);
+  }
   if (args.ranks == 1) return;  // a world of one: `run` alone decides
   check_destination(config.destination, args.ranks);
   WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,
@@ -287,10 +291,14 @@ int launch(const LaunchArgs& args) {
   // their own, then SIGTERM (and SIGCONT, so a stopped one acts on it), then SIGKILL.
   std::optional<Clock::time_point> failed_at;
   std::optional<Clock::time_point> terminated_at;
+  bool failed_before_signal = false;  // a rank's own failure, not one our SIGTERM caused
   while (group.running() > 0) {
     group.reap(true);
     const auto now = Clock::now();
-    if (!failed_at && (group.first_failure() || g_signal != 0)) failed_at = now;
+    if (!failed_at && (group.first_failure() || g_signal != 0)) {
+      failed_at = now;
+      failed_before_signal = group.first_failure().has_value() && g_signal == 0;
+    }
     if (failed_at && !terminated_at && (g_signal != 0 || now - *failed_at >= settle_time)) {
       if (group.running() > 0) {
         spdlog::debug("launch: ending {} remaining process(es) with SIGTERM", group.running());
@@ -304,10 +312,14 @@ int launch(const LaunchArgs& args) {
     }
   }
 
-  if (g_signal != 0 && !group.first_failure()) {
-    fmt::print(stderr, "weightcast launch: stopped by signal {}; ended every rank\n",
-               static_cast<int>(g_signal));
-    return 128 + g_signal;
+  // Interrupted (Ctrl-C, a scheduler's SIGTERM): the ranks' non-zero exits are our SIGTERM's
+  // doing, so the status is the shell's 128 + signal, as if launch itself had been killed.
+  if (g_signal != 0 && !failed_before_signal) {
+    const int sig = g_signal;
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast launch: interrupted by {}: ranks ended\n",
+               sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : ::strsignal(sig));
+    return 128 + sig;
   }
   if (const auto& failure = group.first_failure()) {
     const auto& [label, status] = *failure;

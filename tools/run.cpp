@@ -15,10 +15,14 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <fcntl.h>
 #include <fstream>
 #include <optional>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace weightcast::cli {
 namespace {
@@ -65,7 +69,52 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
   return make_local_transport();
 }
 
-void write_report(const std::string& path, const LoadResult& result, int rank, int world_size,
+}  // namespace
+
+void check_output_file(const std::filesystem::path& path, std::string_view what) {
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  // No O_TRUNC: an existing file keeps its contents until the load has something to write.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot create {}", path.string(), what));
+  }
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());  // a failed load leaves no empty file behind
+}
+
+std::string report_path_for_rank(const std::string& path, int rank, int world_size) {
+  if (path.empty()) return {};
+  if (world_size > 1 && rank != 0 && path.find("{rank}") == std::string::npos) return {};
+  return with_rank(path, rank);
+}
+
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int rank, int world_size) {
+  const std::string report = report_path_for_rank(report_path, rank, world_size);
+  if (report.empty() || trace_path.empty()) return;
+  const std::filesystem::path trace = trace_path_for_rank(trace_path, rank, world_size);
+  if (std::filesystem::absolute(report).lexically_normal() !=
+      std::filesystem::absolute(trace).lexically_normal()) {
+    return;
+  }
+  throw Error(Errc::config,
+              fmt::format("--report {} and --trace {} (or the config's trace) are the same file "
+                          "for rank {} ({}): one would overwrite the other; give them different "
+                          "paths",
+                          report_path, trace_path, rank, report));
+}
+
+void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size) {
+  if (!config.trace.empty()) {
+    check_output_file(trace_path_for_rank(config.trace, rank, world_size), "the trace file");
+  }
+  const std::string report = report_path_for_rank(args.report_path, rank, world_size);
+  if (!report.empty()) check_output_file(report, "the report");
+}
+
+void write_report(const std::string& path, const LoadResult& result,
+                  const std::vector<std::uint64_t>& digests, int rank, int world_size,
                   std::uint64_t peak_rss) {
   nlohmann::ordered_json report;
   report["rank"] = rank;
@@ -74,20 +123,27 @@ void write_report(const std::string& path, const LoadResult& result, int rank, i
   report["seconds"] = result.stats.seconds;
   report["peak_rss_bytes"] = peak_rss;
   auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
-  const auto digests = tensor_digests(result);
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     const TensorInfo& tensor = result.catalogue.tensors[i];
     tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
                             {"shape", tensor.shape},
-                            {"xxh3", digest_hex(digests[i])}};
+                            {"xxh3", i < digests.size() ? digest_hex(digests[i]) : ""}};
   }
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot create the report", path));
+  }
   out << report.dump(1) << '\n';
   out.close();
-  if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
+  if (!out) {
+    // errno is the failing write(2)'s or close(2)'s (ENOSPC, EDQUOT, EIO); 0 if unknown.
+    const int err = errno;
+    const std::string what = fmt::format("{}: cannot write the report", path);
+    if (err != 0) throw system_error(Errc::io, err, what);
+    throw Error(Errc::io, what);
+  }
 }
-
-}  // namespace
 
 // `run --json`: the summary as one JSON object on stdout (the effective config went to
 // stderr), so `weightcast run --json ... | python3 -m json.tool` works.
@@ -151,10 +207,13 @@ int run(const RunArgs& args) {
   }
   // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
   check_destination(config.destination, world.world_size);
+  check_distinct_outputs(args.report_path, config.trace, world.rank, world.world_size);
   if (world.world_size > 1) return run_ranks(args, config, world);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
+  // Before the load: a report or trace that cannot be written fails now, not after it.
+  check_output_paths(args, config, 0, 1);
   auto device = choose_device(config);
   auto transport = choose_transport(config);
   LoadOptions options = LoadOptions::from_config(config);
@@ -185,13 +244,17 @@ int run(const RunArgs& args) {
   write_trace(trace, config, transport->rank(), transport->world_size(), false);
   const std::uint64_t peak_rss = peak_rss_bytes();
   // "{rank}" in --report PATH becomes the rank, as with several ranks (here 0).
-  const std::string report_path = with_rank(args.report_path, transport->rank());
+  const std::string report_path =
+      report_path_for_rank(args.report_path, transport->rank(), transport->world_size());
+  std::vector<std::uint64_t> digests;
+  if (!report_path.empty()) digests = tensor_digests(result);
 
   if (args.json) {
     print_json_summary(result, config, shards, transport->rank(), transport->world_size(),
                        peak_rss);
-    if (!args.report_path.empty()) {
-      write_report(report_path, result, transport->rank(), transport->world_size(), peak_rss);
+    if (!report_path.empty()) {
+      write_report(report_path, result, digests, transport->rank(), transport->world_size(),
+                   peak_rss);
     }
     return 0;
   }
@@ -207,9 +270,10 @@ int run(const RunArgs& args) {
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth);
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
-  if (!args.report_path.empty()) {
-    write_report(report_path, result, transport->rank(), transport->world_size(), peak_rss);
-    fmt::print("# report written to {}\n", report_path);
+  if (!report_path.empty()) {
+    write_report(report_path, result, digests, transport->rank(), transport->world_size(),
+                   peak_rss);
+    if (!args.quiet) fmt::print("# report written to {}\n", report_path);
   }
   return 0;
 }

@@ -97,30 +97,6 @@ class InitWatchdog {
   std::thread _thread;  // last: starts after the members it uses exist
 };
 
-// The same JSON as world-size-1 `run --report`, for this rank.
-void write_rank_report(const std::string& path, const LoadResult& result,
-                       const std::vector<std::uint64_t>& digests, int rank, int world_size) {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  nlohmann::ordered_json report;
-  report["rank"] = rank;
-  report["world_size"] = world_size;
-  report["bytes"] = result.stats.bytes;
-  report["seconds"] = result.stats.seconds;
-  report["peak_rss_bytes"] = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
-  auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
-  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
-    const TensorInfo& tensor = result.catalogue.tensors[i];
-    tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
-                            {"shape", tensor.shape},
-                            {"xxh3", i < digests.size() ? digest_hex(digests[i]) : ""}};
-  }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << report.dump(1) << '\n';
-  out.close();
-  if (!out) throw Error(Errc::io, fmt::format("{}: cannot write the report", path));
-}
-
 // Rank 0: every rank's digests against rank 0's own.
 Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue) {
   const auto& mine = reports.at(0).digests;
@@ -187,6 +163,9 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   std::unique_ptr<MpiSession> mpi;
   try {
     // Ranks other than 0 never touch the checkpoint path: they get the catalogue instead.
+    // Before the load (and, on rank 0, before the catalogue): a report or trace this rank
+    // cannot write ends the job now, every rank with this rank's message.
+    check_output_paths(args, config, rank, world.world_size);
     Catalogue catalogue;
     if (rank == 0) {
       catalogue = open_checkpoint(config.checkpoint);
@@ -259,13 +238,14 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
                  shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
                  result.stats.seconds, result.stats.gbps(), result.stats.transport);
     }
-    if (!args.report_path.empty()) {
-      const bool per_rank = args.report_path.find("{rank}") != std::string::npos;
-      if (per_rank || rank == 0) {
-        const std::string path = with_rank(args.report_path, rank);
-        write_rank_report(path, result, digests, rank, world.world_size);
-        if (!args.json) fmt::print("# report written to {}\n", path);
-      }
+    const std::string report_path = report_path_for_rank(args.report_path, rank,
+                                                         world.world_size);
+    if (!report_path.empty()) {
+      rusage usage{};
+      getrusage(RUSAGE_SELF, &usage);
+      write_report(report_path, result, digests, rank, world.world_size,
+                   static_cast<std::uint64_t>(usage.ru_maxrss) * 1024);
+      if (!args.json && !args.quiet) fmt::print("# report written to {}\n", report_path);
     }
     std::fflush(stdout);
 

@@ -10,7 +10,8 @@
  *  4. Open MPI's mpirun: `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
  *     `OMPI_COMM_WORLD_LOCAL_RANK`;
  *  5. otherwise a world of one rank.
- * A source counts only when both its rank and its size variables are set.
+ * A source counts only when both its rank and its size variables are set; when none counts but
+ * one has only its rank or only its size variable set, that is a config error.
  */
 #pragma once
 
@@ -41,8 +42,10 @@ struct World {
 
 /**
  * @brief Finds the world from @p config, else from the environment (the order above).
- * @throws Error `config` (78) naming the key or variable when a value is not a whole number,
- *         the rank is not below the size, or `world.rank` and `world.size` are not set together.
+ * @throws Error `config` (78) naming the key or variable when a value is not a whole number
+ *         (or negative, or past INT_MAX), the rank is not below the size, `world.rank` and
+ *         `world.size` are not set together, or no launcher's environment is complete but one
+ *         is partial (`RANK` without `WORLD_SIZE`, say: the message names both).
  */
 World detect_world(const Config& config);
 
