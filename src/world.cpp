@@ -124,6 +124,9 @@ World detect_world(const Config& config) {
     const char* rank = env(source.rank);
     const char* size = env(source.size);
     if ((rank == nullptr) == (size == nullptr)) continue;
+    // Rank 0 alone is a world of one seen from its only rank: Slurm's batch step sets
+    // SLURM_PROCID=0 without SLURM_NTASKS when the job gave no task count.
+    if (rank != nullptr && std::string_view(rank) == "0") continue;
     const char* set = rank != nullptr ? source.rank : source.size;
     const char* missing = rank != nullptr ? source.size : source.rank;
     throw Error(Errc::config,

@@ -149,6 +149,10 @@ TEST_CASE("world: a partial launcher environment is a config error naming both v
     ScopedEnv env({{"WORLD_SIZE", "4"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
     CHECK(detect_world(Config{}).source == WorldSource::slurm);
   }
+  {  // rank 0 alone is its own world of one: Slurm's batch step without a task count
+    ScopedEnv env(std::vector<ScopedEnv::Entry>{{"SLURM_PROCID", "0"}});
+    CHECK(detect_world(Config{}).world_size == 1);
+  }
   {  // LOCAL_RANK alone picks a GPU for a world of one; it is no partial world
     ScopedEnv env(std::vector<ScopedEnv::Entry>{{"LOCAL_RANK", "1"}});
     CHECK(detect_world(Config{}).world_size == 1);
