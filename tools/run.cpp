@@ -123,11 +123,14 @@ void write_report(const std::string& path, const LoadResult& result,
   report["seconds"] = result.stats.seconds;
   report["peak_rss_bytes"] = peak_rss;
   auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
+  WEIGHTCAST_EXPECT(digests.size() == result.catalogue.tensors.size(), Errc::internal,
+                    fmt::format("report: {} digests for {} tensors", digests.size(),
+                                result.catalogue.tensors.size()));
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     const TensorInfo& tensor = result.catalogue.tensors[i];
     tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
                             {"shape", tensor.shape},
-                            {"xxh3", i < digests.size() ? digest_hex(digests[i]) : ""}};
+                            {"xxh3", digest_hex(digests[i])}};
   }
   errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
