@@ -208,18 +208,12 @@ TEST_CASE("a shard that shrinks mid-load fails once with 74, every slot returned
     cut_done = true;
   };
   StderrCapture capture(dir.path() / "stderr.txt");
-  std::optional<Error> error;
-  try {
-    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
-  } catch (const Error& e) {
-    error = e;
-  }
+  const Error error = test::expect_host_load_error(catalogue, options);
   const std::string log = capture.finish();
   INFO("stderr:\n" << log);
   REQUIRE(cut_done);
-  REQUIRE(error.has_value());
-  CHECK(error->code() == Errc::io);
-  CHECK_THAT(error->what(), Catch::Contains("random.safetensors") &&
+  CHECK(error.code() == Errc::io);
+  CHECK_THAT(error.what(), Catch::Contains("random.safetensors") &&
                                 Catch::Contains("'" + catalogue.tensors[2].name + "'") &&
                                 Catch::Contains("shrank"));
   CHECK(log.find("internal error") == std::string::npos);
@@ -245,21 +239,15 @@ TEST_CASE("a read that starts past a shard's new end reports where the file ends
     std::filesystem::resize_file(path, cut);
     cut_done = true;
   };
-  std::optional<Error> error;
-  try {
-    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
-  } catch (const Error& e) {
-    error = e;
-  }
-  REQUIRE(error.has_value());
-  if (direct == DirectIo::on && std::string(error->what()).find("O_DIRECT") != std::string::npos) {
-    WARN("the temporary directory's filesystem refuses O_DIRECT: " << error->what());
+  const Error error = test::expect_host_load_error(catalogue, options);
+  if (direct == DirectIo::on && std::string(error.what()).find("O_DIRECT") != std::string::npos) {
+    WARN("the temporary directory's filesystem refuses O_DIRECT: " << error.what());
     return;
   }
-  INFO(error->what());
+  INFO(error.what());
   REQUIRE(cut_done);
-  CHECK(error->code() == Errc::io);
-  CHECK_THAT(error->what(),
+  CHECK(error.code() == Errc::io);
+  CHECK_THAT(error.what(),
              Catch::Contains(fmt::format("file ended at offset {} inside tensor '{}'", cut,
                                          catalogue.tensors[1].name)));
 }
@@ -292,17 +280,11 @@ TEST_CASE("a shard modified in place during the load fails with 74 naming it", "
     ::close(fd);
     modified = true;
   };
-  std::optional<Error> error;
-  try {
-    (void)load(catalogue, *make_host_device(), *make_local_transport(), options);
-  } catch (const Error& e) {
-    error = e;
-  }
+  const Error error = test::expect_host_load_error(catalogue, options);
   REQUIRE(modified);
-  REQUIRE(error.has_value());
-  INFO(error->what());
-  CHECK(error->code() == Errc::io);
-  CHECK_THAT(error->what(), Catch::Contains("random.safetensors") &&
+  INFO(error.what());
+  CHECK(error.code() == Errc::io);
+  CHECK_THAT(error.what(), Catch::Contains("random.safetensors") &&
                                 Catch::Contains("changed during the load"));
 }
 
