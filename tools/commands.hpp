@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <optional>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,7 +27,10 @@ namespace weightcast {
 struct Config;
 struct World;
 struct LoadResult;
-class TraceRecorder;
+struct LoadOptions;
+struct Catalogue;
+class Device;
+class Transport;
 enum class TransportKind;
 }  // namespace weightcast
 
@@ -75,12 +78,21 @@ void write_report(const std::string& path, const LoadResult& result,
                   const std::vector<std::uint64_t>& digests, int rank, int world_size,
                   std::uint64_t peak_rss);
 
-/// Writes @p trace (if any) to the config's `trace` path for @p rank (tools/run.cpp).
-/// @param failing the load failed: a trace that cannot be written is then only a warning, so
-///        that the load's own error is the one reported.
-/// @throws Error `io` (74) when the trace cannot be written and @p failing is false.
-void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
-                 int world_size, bool failing);
+/**
+ * @brief `load` with the config's `trace` (if set) recorded and written to its path for
+ *        @p rank, also when the load fails: a trace of a failed or stalled load shows which
+ *        stage stopped (tools/run.cpp).
+ * @param end_display called once the load has ended, either way, before the trace is written
+ *        (`run` ends its progress bar there); may be empty.
+ * @throws what `load` throws (a trace that cannot be written then only warns); Error `io`
+ *         (74) when the load succeeded but the trace cannot be written.
+ */
+LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
+                       LoadOptions options, const Config& config, int rank, int world_size,
+                       const std::function<void()>& end_display = {});
+
+/// @return this process's peak resident set size so far, bytes (getrusage; Linux reports KiB).
+std::uint64_t peak_rss_bytes();
 
 /**
  * @brief The data plane a world of @p world_size > 1 ranks uses with @p config, on a device

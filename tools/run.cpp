@@ -25,13 +25,14 @@
 #include <unistd.h>
 
 namespace weightcast::cli {
-namespace {
 
 std::uint64_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
+
+namespace {
 
 // LOCAL_RANK (torchrun, `weightcast launch`) picks the GPU. TODO(#5): take World::local_rank
 // from weightcast/world.hpp once world detection has landed.
@@ -181,9 +182,10 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   std::fflush(stdout);
 }
 
-// Writes the trace if one was asked for. On failure too: a trace of a load that failed or
-// stalled shows which stage stopped. @p failing: only warn if the trace cannot be written,
-// so the load's own error is the one reported.
+namespace {
+
+// Writes the trace if one was asked for. @p failing: only warn if the trace cannot be
+// written, so the load's own error is the one reported.
 void write_trace(const std::optional<TraceRecorder>& trace, const Config& config, int rank,
                  int world_size, bool failing) {
   if (!trace) return;
@@ -195,6 +197,29 @@ void write_trace(const std::optional<TraceRecorder>& trace, const Config& config
     if (!failing) throw;
     spdlog::warn("{}", e.what());
   }
+}
+
+}  // namespace
+
+LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
+                       LoadOptions options, const Config& config, int rank, int world_size,
+                       const std::function<void()>& end_display) {
+  std::optional<TraceRecorder> trace;
+  if (!config.trace.empty()) {
+    trace.emplace(rank);
+    options.on_stage_event = trace->hook();
+  }
+  LoadResult result;
+  try {
+    result = load(std::move(catalogue), device, transport, options);
+  } catch (...) {
+    if (end_display) end_display();
+    write_trace(trace, config, rank, world_size, true);
+    throw;
+  }
+  if (end_display) end_display();
+  write_trace(trace, config, rank, world_size, false);
+  return result;
 }
 
 int run(const RunArgs& args) {
@@ -230,21 +255,11 @@ int run(const RunArgs& args) {
     progress.emplace(stderr, ProgressRenderer::mode_for(stderr));
     options.on_progress = [&progress](const LoadProgress& p) { progress->update(p); };
   }
-  std::optional<TraceRecorder> trace;
-  if (!config.trace.empty()) {
-    trace.emplace(transport->rank());
-    options.on_stage_event = trace->hook();
-  }
-  LoadResult result;
-  try {
-    result = load(std::move(catalogue), *device, *transport, options);
-  } catch (...) {
-    if (progress) progress->finish();
-    write_trace(trace, config, transport->rank(), transport->world_size(), true);
-    throw;
-  }
-  if (progress) progress->finish();
-  write_trace(trace, config, transport->rank(), transport->world_size(), false);
+  const LoadResult result =
+      load_traced(std::move(catalogue), *device, *transport, std::move(options), config,
+                  transport->rank(), transport->world_size(), [&progress] {
+                    if (progress) progress->finish();
+                  });
   const std::uint64_t peak_rss = peak_rss_bytes();
   // "{rank}" in --report PATH becomes the rank, as with several ranks (here 0).
   const std::string report_path =

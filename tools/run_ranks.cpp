@@ -9,7 +9,6 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
-#include "weightcast/trace.hpp"
 #include "weightcast/transport_mpi.hpp"
 
 #include <fmt/core.h>
@@ -23,7 +22,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
-#include <sys/resource.h>
 #include <thread>
 
 namespace weightcast::cli {
@@ -212,19 +210,8 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
     const std::size_t shards = catalogue.shards.size();
-    std::optional<TraceRecorder> trace;
-    if (!config.trace.empty()) {
-      trace.emplace(rank);
-      options.on_stage_event = trace->hook();
-    }
-    LoadResult result;
-    try {
-      result = load(std::move(catalogue), *device, *transport, options);
-    } catch (...) {
-      write_trace(trace, config, rank, world.world_size, true);
-      throw;
-    }
-    write_trace(trace, config, rank, world.world_size, false);
+    const LoadResult result = load_traced(std::move(catalogue), *device, *transport,
+                                          std::move(options), config, rank, world.world_size);
     // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
     // that landed in GPU memory, not a host copy of them.
     std::vector<std::uint64_t> digests = tensor_digests(result);
@@ -241,10 +228,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     const std::string report_path = report_path_for_rank(args.report_path, rank,
                                                          world.world_size);
     if (!report_path.empty()) {
-      rusage usage{};
-      getrusage(RUSAGE_SELF, &usage);
-      write_report(report_path, result, digests, rank, world.world_size,
-                   static_cast<std::uint64_t>(usage.ru_maxrss) * 1024);
+      write_report(report_path, result, digests, rank, world.world_size, peak_rss_bytes());
       if (!args.json && !args.quiet) fmt::print("# report written to {}\n", report_path);
     }
     std::fflush(stdout);
@@ -264,10 +248,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
                                                 rank));
     }
     if (args.json) {
-      rusage usage{};
-      getrusage(RUSAGE_SELF, &usage);
-      print_json_summary(result, config, shards, rank, world.world_size,
-                         static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
+      print_json_summary(result, config, shards, rank, world.world_size, peak_rss_bytes(),
                          rank == 0 ? verdict.message : std::string());
     } else if (rank == 0) {
       fmt::print("# {}\n", printable(verdict.message));
