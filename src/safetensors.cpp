@@ -43,27 +43,29 @@ namespace {
 /// 128th open container is refused). It also keeps every later walk of the DOM shallow.
 constexpr std::size_t max_json_depth = 127;
 
-/// A SAX pass over the whole text (nlohmann's `json_sax` interface): records repeated keys,
-/// the document order of one object's keys and the first syntax error, and refuses nesting
-/// deeper than `max_json_depth`, without building a DOM. nlohmann's callback parser would
-/// do the first two, but after every object it scans its parent for discarded values, which
-/// made a header of N tensors cost O(N^2) (20,000 tensors: 2 minutes).
+/// One SAX pass over the whole text (nlohmann's `json_sax` interface) that builds the DOM
+/// through nlohmann's own DOM builder and, on the way, records repeated keys and the document
+/// order of one object's keys and refuses nesting deeper than `max_json_depth`. nlohmann's
+/// callback parser would do the first two, but after every object it scans its parent for
+/// discarded values, which made a header of N tensors cost O(N^2) (20,000 tensors: 2 minutes).
 class StrictScan {
  public:
   StrictScan(JsonDocument& doc, std::string_view ordered_member)
-      : _doc(doc), _ordered_member(ordered_member) {}
+      : _doc(doc), _ordered_member(ordered_member), _dom(doc.value, /*allow_exceptions=*/false) {}
 
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(json::number_integer_t) { return true; }
-  bool number_unsigned(json::number_unsigned_t) { return true; }
-  bool number_float(json::number_float_t, const json::string_t&) { return true; }
-  bool string(json::string_t&) { return true; }
-  bool binary(json::binary_t&) { return true; }
-  bool start_object(std::size_t) { return open(); }
-  bool start_array(std::size_t) { return open(); }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
+  bool null() { return _dom.null(); }
+  bool boolean(bool value) { return _dom.boolean(value); }
+  bool number_integer(json::number_integer_t value) { return _dom.number_integer(value); }
+  bool number_unsigned(json::number_unsigned_t value) { return _dom.number_unsigned(value); }
+  bool number_float(json::number_float_t value, const json::string_t& text) {
+    return _dom.number_float(value, text);
+  }
+  bool string(json::string_t& value) { return _dom.string(value); }
+  bool binary(json::binary_t& value) { return _dom.binary(value); }
+  bool start_object(std::size_t elements) { return open() && _dom.start_object(elements); }
+  bool start_array(std::size_t elements) { return open() && _dom.start_array(elements); }
+  bool end_object() { return close() && _dom.end_object(); }
+  bool end_array() { return close() && _dom.end_array(); }
   bool key(json::string_t& key) {
     // The depth of a key is the number of containers open around it (1: the top level).
     const std::size_t depth = _open.size();
@@ -76,7 +78,7 @@ class StrictScan {
       _doc.duplicate = DuplicateKey{key, static_cast<int>(depth),
                                     depth == 1 ? std::string() : _top_key};
     }
-    return true;
+    return _dom.key(key);
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) {
     _error = json_error_text(error);
@@ -107,6 +109,7 @@ class StrictScan {
   std::vector<std::unordered_set<std::string>> _open;  // keys seen, per open container
   std::string _top_key;
   std::optional<std::string> _error;
+  nlohmann::detail::json_sax_dom_parser<json> _dom;  // builds doc.value (nlohmann 3.11)
 };
 
 }  // namespace
@@ -119,12 +122,6 @@ JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_m
   StrictScan scan(doc, ordered_member);
   if (!json::sax_parse(text.begin(), text.end(), &scan)) {
     throw JsonSyntaxError(scan.error().value_or("the JSON parser stopped"));
-  }
-  // The text is known good and shallow: the DOM parser (no callback) is linear.
-  try {
-    doc.value = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    throw JsonSyntaxError(json_error_text(e));
   }
   return doc;
 }
