@@ -89,9 +89,9 @@ using ReadyChannel = asio::experimental::channel<void(boost::system::error_code)
 /// Slot or chunk indices handed from one stage to the next, in plan order.
 using IndexChannel = asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
 
-/// A chunk's broadcast, posted on this rank and not yet seen to complete.
+/// A chunk's broadcast, posted on this rank and not yet seen to complete (the chunks are
+/// posted and land in plan order, so the queue's order says which chunk it is).
 struct InFlight {
-  std::size_t chunk = 0;
   std::unique_ptr<Pending> pending;  ///< null: already complete (or nothing to send)
   Clock::time_point begin;           ///< when it was posted
 };
@@ -308,7 +308,7 @@ class Pipeline {
       }
       std::unique_ptr<Pending> pending;
       if (!discarding()) pending = _transport.broadcast_group(_ranges, 0, nullptr);
-      _posted.push_back(InFlight{c, std::move(pending), broadcast_begin});
+      _posted.push_back(InFlight{std::move(pending), broadcast_begin});
       co_await _to_land.async_send(boost::system::error_code{}, c, use_awaitable);
     }
   }
@@ -321,7 +321,7 @@ class Pipeline {
   awaitable<void> landing_stage() {
     for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
       const std::size_t posted = co_await _to_land.async_receive(use_awaitable);
-      if (posted != c || _posted.front().chunk != c) {
+      if (posted != c || _posted.empty()) {
         throw Error(Errc::internal, "broadcasts landed out of order");
       }
       std::unique_ptr<Pending> pending = std::move(_posted.front().pending);
