@@ -7,7 +7,10 @@
 // own control channel); then, per iteration, every rank runs `weightcast::load` (read,
 // upload and broadcast stages) and two loops of MPI_Bcast over the same chunks of the same
 // bytes: rank 0 sends from the arena it just loaded, the others receive into a fresh arena
-// (as the loader's are) or into a buffer faulted in once. It prints the whole load and the
+// (as the loader's are) or into a buffer faulted in once; and a third time into a fresh arena
+// while rank 0 also reads the checkpoint on a second thread, which is what the broadcast stage
+// meets in a load (the read competes with the broadcast for cores and memory bandwidth;
+// a plain MPI_Bcast loop does not). It prints the whole load and the
 // broadcast stage alone: the wall time during which at least one chunk's broadcast was in
 // flight, a chunk's broadcast running from its post on rank 0 (the chunk is in rank 0's
 // arena) to its landing on the last other rank (all ranks share one node and so one
@@ -35,7 +38,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -177,8 +182,10 @@ int main(int argc, char** argv) {
     // loader's do), or a buffer faulted in once (the MPI_Bcast bandwidth alone).
     std::vector<std::byte> warm(rank == 0 ? 0 : plan.total_bytes);
 
-    Row loader_row, stage_row, root_stage_row, raw_row, warm_row, alone_row;
+    Row loader_row, stage_row, root_stage_row, raw_row, reading_row, warm_row, alone_row;
     auto local = make_local_transport();
+    LoadOptions alone_options = options;
+    alone_options.on_stage_event = nullptr;
     for (int i = 0; i <= iterations; ++i) {  // iteration 0 warms up page cache and MPI
       MPI_Barrier(MPI_COMM_WORLD);
       std::fill(broadcast_spans.begin(), broadcast_spans.end(), Span{});
@@ -191,31 +198,46 @@ int main(int argc, char** argv) {
       const int loader_wrong = count_wrong(result.arena->data(), plan.total_bytes);
       const std::vector<Span> landed_spans = spans_to_last_landing(rank, broadcast_spans);
 
-      auto raw_loop = [&](std::byte* buffer, Row& row) {
+      // `reading`: rank 0 also runs rank 0 alone's load (reads the checkpoint into an arena of
+      // its own, no MPI) on a second thread for the whole loop, as the loader's read stage
+      // runs beside its broadcasts. The two then share the machine's cores and memory
+      // bandwidth, which is what the broadcast stage meets in a load.
+      auto raw_loop = [&](std::byte* buffer, Row& row, bool reading) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double cpu_begin = cpu_seconds();
         const auto begin = Clock::now();
+        std::thread reader;
+        std::exception_ptr reader_failure;
+        if (reading && rank == 0) {
+          reader = std::thread([&] {
+            try {
+              load(catalogue, *device, *local, alone_options);
+            } catch (...) {
+              reader_failure = std::current_exception();
+            }
+          });
+        }
         for (const Chunk& chunk : plan.chunks) {
           MPI_Bcast(buffer + chunk.arena_offset, static_cast<int>(chunk.bytes), MPI_BYTE, 0,
                     MPI_COMM_WORLD);
         }
         MPI_Barrier(MPI_COMM_WORLD);
         const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+        if (reader.joinable()) reader.join();
+        if (reader_failure) std::rethrow_exception(reader_failure);
         const double cpu = sum_over_ranks(cpu_seconds() - cpu_begin);
         const int wrong = count_wrong(buffer, plan.total_bytes);
         if (i > 0) row.add(seconds, cpu, wrong);
       };
-      {
+      for (Row* row : {&raw_row, &reading_row}) {
         auto fresh = make_host_arena(rank == 0 ? 0 : plan.total_bytes);  // the loader's kind
-        raw_loop(rank == 0 ? result.arena->data() : fresh->data(), raw_row);
+        raw_loop(rank == 0 ? result.arena->data() : fresh->data(), *row, row == &reading_row);
       }
-      raw_loop(rank == 0 ? result.arena->data() : warm.data(), warm_row);
+      raw_loop(rank == 0 ? result.arena->data() : warm.data(), warm_row, false);
       // Rank 0 alone: the same load with no broadcast (world size 1), while the others wait.
       // The whole load can be no faster; the gap between the two is what broadcasting cost.
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) {
-        LoadOptions alone_options = options;
-        alone_options.on_stage_event = nullptr;
         const double cpu_begin = cpu_seconds();
         const auto begin = Clock::now();
         load(catalogue, *device, *local, alone_options);
@@ -244,6 +266,8 @@ int main(int argc, char** argv) {
       print_row("rank 0 alone: the same load, no broadcast", plan.total_bytes, alone_row,
                 true);
       print_row("MPI_Bcast, same bytes, fresh receive arena", plan.total_bytes, raw_row, true);
+      print_row("MPI_Bcast, same bytes, fresh arena, rank 0 reading beside it", plan.total_bytes,
+                reading_row, true);
       print_row("MPI_Bcast, same bytes, pre-faulted receive buffer", plan.total_bytes, warm_row,
                 true);
       fmt::print("# ratio weightcast / MPI_Bcast (fresh arena): whole load {:.3f}, broadcast "
@@ -251,12 +275,16 @@ int main(int argc, char** argv) {
                  "MPI_Bcast {:.3f}\n",
                  raw_row.seconds / loader_row.seconds, raw_row.seconds / stage_row.seconds,
                  raw_row.seconds / root_stage_row.seconds, warm_row.seconds / stage_row.seconds);
+      fmt::print("# broadcast stage / MPI_Bcast with rank 0 reading beside it: {:.3f} (the "
+                 "same contention for cores and memory bandwidth as in a load); that MPI_Bcast "
+                 "/ MPI_Bcast alone: {:.3f}\n",
+                 reading_row.seconds / stage_row.seconds, raw_row.seconds / reading_row.seconds);
       fmt::print("# whole load / rank 0 alone: {:.3f} (1.0: the broadcast is hidden behind "
                  "rank 0's reads)\n",
                  loader_row.seconds / alone_row.seconds);
     }
-    const bool all_right =
-        loader_row.wrong == 0 && raw_row.wrong == 0 && warm_row.wrong == 0;
+    const bool all_right = loader_row.wrong == 0 && raw_row.wrong == 0 &&
+                           reading_row.wrong == 0 && warm_row.wrong == 0;
     return all_right ? 0 : 1;
   } catch (const Error& e) {
     fmt::print(stderr, "bcast_bench: error: {}\n", e.what());
