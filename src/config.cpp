@@ -72,6 +72,14 @@ std::string_view to_string(Destination destination) noexcept {
   return "arena";
 }
 
+std::string_view to_string(Verify verify) noexcept {
+  switch (verify) {
+    case Verify::none: return "none";
+    case Verify::digest: return "digest";
+  }
+  return "digest";
+}
+
 std::string_view to_string(LogLevel level) noexcept {
   switch (level) {
     case LogLevel::error: return "error";
@@ -321,6 +329,11 @@ constexpr std::array<std::pair<std::string_view, ReaderKind>, 4> reader_names{{
     {"io_uring", ReaderKind::uring}, {"pread", ReaderKind::pread}}};
 constexpr std::array<std::pair<std::string_view, Destination>, 2> destination_names{{
     {"arena", Destination::arena}, {"discard", Destination::discard}}};
+// As for direct_io, `verify: false` is what people write.
+constexpr std::array<std::pair<std::string_view, Verify>, 8> verify_names{{
+    {"none", Verify::none}, {"digest", Verify::digest}, {"true", Verify::digest},
+    {"false", Verify::none}, {"yes", Verify::digest}, {"no", Verify::none},
+    {"on", Verify::digest}, {"off", Verify::none}}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 5> log_level_names{{
     {"error", LogLevel::error}, {"warn", LogLevel::warn}, {"warning", LogLevel::warn},
     {"info", LogLevel::info}, {"debug", LogLevel::debug}}};
@@ -353,8 +366,8 @@ std::string print_auto_int(int value, int automatic) {
   return value == automatic ? std::string("auto") : fmt::format("{}", value);
 }
 
-const std::array<KeySpec, 18>& key_table() {
-  static const std::array<KeySpec, 18> table{{
+const std::array<KeySpec, 19>& key_table() {
+  static const std::array<KeySpec, 19> table{{
       {"checkpoint",
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
@@ -413,6 +426,9 @@ const std::array<KeySpec, 18>& key_table() {
          c.timeout = d;
        },
        [](const Config& c) { return print_duration(c.timeout); }},
+      {"verify",
+       [](Config& c, std::string_view t) { c.verify = parse_choice(t, verify_names, "none, digest"); },
+       [](const Config& c) { return std::string(to_string(c.verify)); }},
       {"trace",
        [](Config& c, std::string_view t) { c.trace = std::string(t); },
        [](const Config& c) { return c.trace; }},

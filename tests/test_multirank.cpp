@@ -421,6 +421,65 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   CHECK(r.out.find("bit-exact") == std::string::npos);
 }
 
+TEST_CASE("multirank: verify none skips the digests and says so; ranks that disagree on "
+          "verify end with 78", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  const std::string report = (dir / "r{rank}.json").string();
+
+  // verify: digest (the default) says what hashing cost; none hashes nothing.
+  const auto digested = run_cli(cat({"launch", "-n", "2", "--set",
+                                     "checkpoint=" + checkpoint.string()},
+                                    base_sets(29851)),
+                                {}, job_timeout_s);
+  INFO(digested.out << digested.err);
+  REQUIRE(digested.exit_status == 0);
+  CHECK_THAT(digested.out, Contains("2 ranks × ") && Contains("bit-exact") &&
+                               Contains("hashing took "));
+
+  const auto skipped = run_cli(cat({"launch", "-n", "2", "--set",
+                                    "checkpoint=" + checkpoint.string(), "--set", "verify=none",
+                                    "--report", report},
+                                   base_sets(29853)),
+                               {}, job_timeout_s);
+  INFO(skipped.out << skipped.err);
+  REQUIRE(skipped.exit_status == 0);
+  CHECK(count(skipped.out, "tensors loaded, not compared (verify: none)") == 1);
+  CHECK(skipped.out.find("bit-exact") == std::string::npos);
+  for (const char* file : {"r0.json", "r1.json"}) {
+    const auto got = read_json(dir / file);
+    REQUIRE(got["tensors"].size() > 10);
+    for (const auto& [name, tensor] : got["tensors"].items()) {
+      INFO(file << " " << name);
+      CHECK(tensor.contains("dtype"));
+      CHECK_FALSE(tensor.contains("xxh3"));
+    }
+  }
+
+  // MPMD: rank 0 and the others disagree on verify, either way: no verdict can be given.
+  int port = 29855;
+  for (const std::string root_verify : {"digest", "none"}) {
+    const std::string other_verify = root_verify == "digest" ? "none" : "digest";
+    auto sets = base_sets(port++);
+    auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
+                                       "checkpoint=" + checkpoint.string(), "--set",
+                                       "verify=" + root_verify});
+    argv = cat(argv, sets);
+    argv = cat(argv, {":", "-np", "2", cli_path().string(), "run", "--set",
+                      "verify=" + other_verify});
+    argv = cat(argv, sets);
+    const auto mixed = run_process(argv, {}, job_timeout_s);
+    INFO(mixed.out << mixed.err);
+    CHECK(mixed.exit_status == 78);
+    // Every rank ends with rank 0's line (the lowest other rank is named).
+    CHECK(count(mixed.err, "rank 0: rank 1 has verify: " + other_verify +
+                               ", rank 0 has verify: " + root_verify +
+                               ": set verify alike on every rank") == 3);
+    CHECK(mixed.out.find("bit-exact") == std::string::npos);
+  }
+}
+
 TEST_CASE("multirank: a rank's --report path that cannot be written ends the job before the "
           "load", "[multirank]") {
   // Rank 1's report would go to a missing directory: found after the load, it cost the whole

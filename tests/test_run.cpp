@@ -142,6 +142,31 @@ TEST_CASE("run: {rank} in --report PATH becomes 0 with one rank", "[run]") {
   }
 }
 
+TEST_CASE("run: verify none leaves the digests out of --report, except discard's", "[run]") {
+  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  test::TempDir dir;
+  const auto report = dir / "r.json";
+  for (const std::string verify : {"digest", "none"}) {
+    for (const std::string destination : {"arena", "discard"}) {
+      INFO(verify << " " << destination);
+      const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--set",
+                              "verify=" + verify, "--set", "destination=" + destination,
+                              "--report", report.string()});
+      INFO(r.out << r.err);
+      REQUIRE(r.exit_status == 0);
+      const auto got = read_json(report);
+      REQUIRE(got["tensors"].size() > 0);
+      // discard hashes as the bytes stream past: its digests cost nothing more.
+      const bool expect_digests = verify == "digest" || destination == "discard";
+      for (const auto& [name, tensor] : got["tensors"].items()) {
+        INFO(name);
+        CHECK(tensor.contains("shape"));
+        CHECK(tensor.contains("xxh3") == expect_digests);
+      }
+    }
+  }
+}
+
 TEST_CASE("run: a multi-GiB sharded synthetic checkpoint loads bit-exact", "[run][synth][large]") {
   TempDir dir;
   const auto ckpt = dir / "ckpt";

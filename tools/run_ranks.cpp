@@ -95,8 +95,25 @@ class InitWatchdog {
   std::thread _thread;  // last: starts after the members it uses exist
 };
 
-// Rank 0: every rank's digests against rank 0's own.
-Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue) {
+// Rank 0: every rank's digests against rank 0's own (`verify` and `seconds`, the time the
+// digests took: rank 0's).
+Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue, Verify verify,
+              double seconds) {
+  // Ranks may be started with different configs (MPMD): a rank whose digests are missing,
+  // or present where rank 0 skipped them, was started with the other `verify`.
+  const bool digesting = verify == Verify::digest && !catalogue.tensors.empty();
+  for (const RankReport& report : reports) {
+    if (report.digests.empty() == digesting) {
+      return Verdict{exit_status(Errc::config),
+                     fmt::format("rank {} has verify: {}, rank 0 has verify: {}: set verify "
+                                 "alike on every rank",
+                                 report.rank, digesting ? "none" : "digest", to_string(verify))};
+    }
+  }
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{} ranks × {} tensors loaded, not compared (verify: none)",
+                                  reports.size(), catalogue.tensors.size())};
+  }
   const auto& mine = reports.at(0).digests;
   std::vector<std::string> mismatches;
   std::size_t count = 0;
@@ -118,8 +135,8 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
   }
   if (count == 0) {
     return Verdict{0, fmt::format("{} ranks × {} tensors bit-exact (XXH3-64 of every tensor "
-                                  "matches rank 0's)",
-                                  reports.size(), mine.size())};
+                                  "matches rank 0's; hashing took {:.3f} s on rank 0)",
+                                  reports.size(), mine.size(), seconds)};
   }
   std::string message = fmt::format("{} tensor mismatch(es) against rank 0's bytes: ", count);
   for (std::size_t i = 0; i < mismatches.size(); ++i) {
@@ -213,8 +230,12 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     const LoadResult result = load_traced(std::move(catalogue), *device, *transport,
                                           std::move(options), config, rank, world.world_size);
     // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
-    // that landed in GPU memory, not a host copy of them.
-    std::vector<std::uint64_t> digests = tensor_digests(result);
+    // that landed in GPU memory, not a host copy of them. `verify: none` skips it.
+    const auto digests_begin = std::chrono::steady_clock::now();
+    std::vector<std::uint64_t> digests;
+    if (config.verify == Verify::digest) digests = tensor_digests(result);
+    const double digest_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - digests_begin).count();
     honour_corrupt_hook(rank, digests);
 
     // Each rank's own summary; the job's verdict is rank 0's alone, printed once below.
@@ -235,17 +256,24 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
 
     RankReport report{rank, result.stats.bytes, result.stats.seconds, digests};
     Verdict verdict;
-    if (rank == 0) verdict = judge(control->gather(std::move(report)), result.catalogue);
-    else control->gather(std::move(report));
+    if (rank == 0) {
+      verdict = judge(control->gather(std::move(report)), result.catalogue, config.verify,
+                      digest_seconds);
+    } else {
+      control->gather(std::move(report));
+    }
     verdict = control->finish(std::move(verdict));
     if (verdict.status != 0) {
       // The mismatch list is rank 0's to print; the others end with its status and say where
-      // to look, so a job of N ranks does not print the list N times.
+      // to look, so a job of N ranks does not print the list N times. A one-line refusal
+      // (ranks disagree on `verify`, 78) every rank prints.
+      const bool mismatches = verdict.status != exit_status(Errc::config);
       throw RemoteAbort(static_cast<Errc>(verdict.status),
-                        rank == 0 ? "rank 0: " + verdict.message
-                                  : fmt::format("rank {}: rank 0 found tensor mismatches "
-                                                "between the ranks (its message lists them)",
-                                                rank));
+                        rank == 0 || !mismatches
+                            ? "rank 0: " + verdict.message
+                            : fmt::format("rank {}: rank 0 found tensor mismatches between the "
+                                          "ranks (its message lists them)",
+                                          rank));
     }
     if (args.json) {
       print_json_summary(result, config, shards, rank, world.world_size, peak_rss_bytes(),

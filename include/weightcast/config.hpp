@@ -28,6 +28,9 @@ enum class DirectIo { automatic, on, off };
 enum class ReaderKind { automatic, uring, pread };
 /// `destination:` where tensor bytes go: an arena, or nowhere (digested and dropped).
 enum class Destination { arena, discard };
+/// `verify:` after a load, compare every rank's per-tensor XXH3-64 with rank 0's (`digest`),
+/// or skip the digests (`none`).
+enum class Verify { none, digest };
 /// `log_level:` the least severe log line printed to stderr.
 enum class LogLevel { error, warn, info, debug };
 
@@ -37,6 +40,7 @@ std::string_view to_string(TransportKind) noexcept;
 std::string_view to_string(DirectIo) noexcept;
 std::string_view to_string(ReaderKind) noexcept;
 std::string_view to_string(Destination) noexcept;
+std::string_view to_string(Verify) noexcept;
 std::string_view to_string(LogLevel) noexcept;
 
 /// Effective configuration of one rank. Defaults are the built-in defaults.
@@ -52,6 +56,10 @@ struct Config {
   /// `destination`: `arena` (load), or `discard` (read and digest every tensor, keep nothing).
   Destination destination = Destination::arena;
   std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
+  /// `verify`: `digest` hashes every tensor on every rank after the load (XXH3-64; a cuda
+  /// arena is read back to host for it) and rank 0 compares them; `none` skips that work
+  /// (no verdict beyond the load itself, no `xxh3` in `--report`).
+  Verify verify = Verify::digest;
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;
   /// `world.rank`: this process's rank; -1 (`auto`) takes it from the launcher's environment
