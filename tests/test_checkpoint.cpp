@@ -242,6 +242,8 @@ TEST_CASE("index: not JSON, not an object, no weight_map", "[checkpoint][index]"
       {R"({"metadata": {}})", "no 'weight_map'"},
       {R"({"weight_map": ["a.safetensors"]})", "'weight_map' is an array"},
       {"{\"weight_map\": {\"\xff\": 1}}", "not valid UTF-8"},
+      // Python's json.loads, which transformers reads the index with, refuses a BOM too.
+      {"\xef\xbb\xbf{\"weight_map\": {\"x\": \"a.safetensors\"}}", "byte-order mark"},
   };
   for (const auto& [text, expected] : cases) {
     INFO("index: " << text);
