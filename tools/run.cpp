@@ -245,7 +245,9 @@ int run(const RunArgs& args) {
   const World world = detect_world(config);
   configure_log(args.quiet ? LogLevel::error : config.log_level,
                 world.world_size > 1 ? world.rank : -1);
-  if (!args.quiet) {
+  // Every rank runs the same config, so rank 0 alone prints it, as it alone prints the
+  // verdict; a rank that finds itself alone (a world misdetected) is rank 0 and prints too.
+  if (!args.quiet && world.rank == 0) {
     fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}# world: {}\n",
                WEIGHTCAST_VERSION, config.to_yaml(), world.describe());
   }
