@@ -317,11 +317,24 @@ std::string list_names(const std::vector<std::string>& names) {
 Catalogue open_directory(const fs::path& dir) {
   std::vector<std::string> indexes;
   std::vector<std::string> shards;
+  // Entries named like a shard or index that are no file: named when nothing else is
+  // found, since `ls` shows them and "holds no file" would then read as a mistake.
+  std::vector<std::string> not_files;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::string file = it->path().filename().string();
     std::error_code type_ec;
-    if (!it->is_regular_file(type_ec)) continue;  // Follows symlinks, as opening will.
+    if (!it->is_regular_file(type_ec)) {  // Follows symlinks, as opening will.
+      if (ends_with(file, index_suffix) || ends_with(file, shard_suffix)) {
+        std::error_code kind_ec;
+        const char* kind = it->is_directory(kind_ec) ? "a directory"
+                           : it->is_symlink(kind_ec) && !it->exists(kind_ec)
+                               ? "a symlink to a missing file"
+                               : "not a regular file";
+        not_files.push_back(fmt::format("{} is {}", quote(file), kind));
+      }
+      continue;
+    }
     if (ends_with(file, index_suffix)) {
       indexes.push_back(file);
     } else if (ends_with(file, shard_suffix)) {
@@ -339,9 +352,11 @@ Catalogue open_directory(const fs::path& dir) {
   }
   if (shards.size() == 1) return open_single_file(dir / shards.front());
   if (shards.empty()) {
+    std::sort(not_files.begin(), not_files.end());
     throw Error(Errc::missing_input,
-                fmt::format("{}: holds no *{} index and no *{} file", dir.string(),
-                            index_suffix, shard_suffix));
+                fmt::format("{}: holds no *{} index and no *{} file{}{}", dir.string(),
+                            index_suffix, shard_suffix, not_files.empty() ? "" : " (",
+                            not_files.empty() ? "" : list_names(not_files) + ")"));
   }
   throw Error(Errc::missing_input,
               fmt::format("{}: holds {} .safetensors files ({}) but no *{} to say how they form "

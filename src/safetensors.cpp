@@ -118,6 +118,13 @@ JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_m
   if (auto nul = text.find('\0'); nul != std::string_view::npos) {
     throw JsonSyntaxError(fmt::format("NUL byte at offset {}", nul));
   }
+  // nlohmann's lexer skips a leading UTF-8 byte-order mark; serde_json (the safetensors
+  // reference) and Python's json module (which reads an index for transformers) refuse it.
+  if (text.starts_with("\xef\xbb\xbf")) {
+    throw JsonSyntaxError(
+        "the text starts with a UTF-8 byte-order mark (bytes EF BB BF), which the reference "
+        "parsers (serde_json, Python's json) refuse; write it without the mark");
+  }
   JsonDocument doc;
   StrictScan scan(doc, ordered_member);
   if (!json::sax_parse(text.begin(), text.end(), &scan)) {

@@ -138,6 +138,21 @@ TEST_CASE("open_checkpoint: a directory with no checkpoint is missing_input", "[
   CHECK_THAT(e.what(), Contains(dir.path().string()) && Contains("no *.safetensors.index.json"));
 }
 
+TEST_CASE("open_checkpoint: a directory whose shard is a dangling symlink or a directory says so",
+          "[checkpoint]") {
+  // A Hugging Face cache snapshot whose blob was deleted leaves model.safetensors a dangling
+  // symlink: `ls` shows it, so "holds no .safetensors file" alone would look wrong.
+  test::TempDir dir;
+  fs::create_symlink(dir / "blobs" / "0123abcd", dir / "model.safetensors");
+  fs::create_directory(dir / "extra.safetensors.index.json");
+  auto e = open_failure(dir.path(), Errc::missing_input);
+  CHECK(exit_status(e.code()) == 66);
+  CHECK_THAT(e.what(), Contains(dir.path().string() + ": holds no *.safetensors.index.json "
+                                                      "index and no *.safetensors file ("));
+  CHECK_THAT(e.what(), Contains("'extra.safetensors.index.json' is a directory, "
+                                "'model.safetensors' is a symlink to a missing file)"));
+}
+
 TEST_CASE("open_checkpoint: several .safetensors files and no index is missing_input",
           "[checkpoint]") {
   test::TempDir dir;
@@ -242,6 +257,8 @@ TEST_CASE("index: not JSON, not an object, no weight_map", "[checkpoint][index]"
       {R"({"metadata": {}})", "no 'weight_map'"},
       {R"({"weight_map": ["a.safetensors"]})", "'weight_map' is an array"},
       {"{\"weight_map\": {\"\xff\": 1}}", "not valid UTF-8"},
+      // Python's json.loads, which transformers reads the index with, refuses a BOM too.
+      {"\xef\xbb\xbf{\"weight_map\": {\"x\": \"a.safetensors\"}}", "byte-order mark"},
   };
   for (const auto& [text, expected] : cases) {
     INFO("index: " << text);

@@ -37,6 +37,13 @@ TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line
       {{}, "a subcommand is required: run, launch, inspect or synth", "weightcast --help"},
       {{"lod"}, "'lod' is not a subcommand: run, launch, inspect or synth", "weightcast --help"},
       {{"--bogus"}, "unknown option '--bogus'", "weightcast --help"},
+      // CLI11 acts on --version as soon as it sees it and would ignore the rest.
+      {{"--version", "extra"}, "--version takes no other arguments, got 'extra'",
+       "weightcast --help"},
+      {{"extra", "--version"}, "--version takes no other arguments, got 'extra'",
+       "weightcast --help"},
+      {{"--version", "run", "a.yaml"}, "--version takes no other arguments, got 'run'",
+       "weightcast --help"},
   };
   for (const auto& c : cases) {
     const auto r = run_cli(c.args, {}, 30);

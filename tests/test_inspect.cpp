@@ -86,3 +86,23 @@ TEST_CASE("inspect: columns line up by display width with UTF-8 names", "[cli][i
                                     "重みの名前  U8     [1]        1  utf8.safetensors\n"
                                     "ä           U8     [1]        1  utf8.safetensors\n"));
 }
+
+TEST_CASE("inspect and run: a directory with no safetensors file or index exits 66 saying so",
+          "[cli][inspect]") {
+  // Not "does not exist": the directory exists, it just holds no checkpoint.
+  weightcast::test::TempDir dir;
+  weightcast::test::write_file(dir / "config.json", "{}");
+  const std::string expected = "weightcast: error: " + dir.path().string() +
+                               ": holds no *.safetensors.index.json index and no *.safetensors "
+                               "file\n";
+  auto inspect = weightcast::test::run_cli({"inspect", dir.path().string()});
+  INFO("inspect stdout:\n" << inspect.out << "\nstderr:\n" << inspect.err);
+  CHECK(inspect.exit_status == 66);
+  CHECK(inspect.out.empty());
+  CHECK(inspect.err == expected);
+  auto run = weightcast::test::run_cli(
+      {"run", "--quiet", "--set", "device=host", "--set", "checkpoint=" + dir.path().string()});
+  INFO("run stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  CHECK(run.exit_status == 66);
+  CHECK(run.err == expected);
+}

@@ -156,6 +156,10 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
   CHECK(count(r.out, "# rank ") == 3);  // every rank's own summary
   CHECK_THAT(r.out, Contains("3 ranks × "));
   CHECK(count(r.out, "bit-exact") == 1);  // the job's verdict: rank 0's, once
+  // The effective config is the same on every rank: rank 0 prints it, once.
+  CHECK(count(r.out + r.err, "effective config") == 1);
+  CHECK(count(r.out + r.err, "# world: ") == 1);
+  CHECK_THAT(r.out, Contains("# world: rank 0 of 3"));
   const auto root = read_json(dir / "rank0.json");
   REQUIRE(root["tensors"].size() > 10);
   for (int rank = 1; rank < 3; ++rank) {

@@ -286,3 +286,23 @@ TEST_CASE("run: --report and --trace naming the same file are refused before the
   CHECK_THAT(r.err, Catch::Contains("same file for rank 1"));
   CHECK_THAT(r.out + r.err, !Catch::Contains("local ranks"));
 }
+
+TEST_CASE("run: an empty checkpoint's summary names no reader rather than an empty one",
+          "[run][corpus]") {
+  const auto file = corpus_dir() / "malformed" / "ok_empty_checkpoint.safetensors";
+  const auto text = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string()});
+  INFO(text.out << text.err);
+  REQUIRE(text.exit_status == 0);
+  CHECK_THAT(text.out, Catch::Contains("0 tensors") &&
+                           Catch::Contains("# reader none (nothing to read), destination"));
+  CHECK_THAT(text.out, !Catch::Contains("reader  ") && !Catch::Contains("( reads)"));
+  // --json says the same: "none", never "".
+  const auto json = run_cli({"run", "--quiet", "--json", "--set", "checkpoint=" + file.string()});
+  INFO(json.out << json.err);
+  REQUIRE(json.exit_status == 0);
+  const auto summary = nlohmann::json::parse(json.out);
+  CHECK(summary["tensors"] == 0);
+  CHECK(summary["chunks"] == 0);
+  CHECK(summary["reader"] == "none");
+  CHECK(summary["io_mode"] == "none");
+}

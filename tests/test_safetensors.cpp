@@ -205,6 +205,26 @@ TEST_CASE("rule 5: the header must be JSON", "[safetensors]") {
   CHECK_THAT(parse_failure(std::string("{}\0garbage", 10), 0).what(), Contains("NUL byte"));
 }
 
+TEST_CASE("rule 5: a UTF-8 byte-order mark before the JSON is refused, as serde_json does",
+          "[safetensors]") {
+  // nlohmann's lexer skips a leading BOM; serde_json (safetensors 0.8.0: "expected value at
+  // line 1 column 1") does not, and neither does Python's json module.
+  const std::string bom = "\xef\xbb\xbf";
+  auto e = parse_failure(bom + basic_header, 64);
+  CHECK_THAT(e.what(), Contains("not valid JSON") &&
+                           Contains("starts with a UTF-8 byte-order mark"));
+  // Through the file reader too: status 65, the file named.
+  test::TempDir dir;
+  const std::string header = bom + basic_header;
+  auto from_file = read_failure(make_safetensors(header, zeros(64)), Errc::invalid_checkpoint, dir);
+  CHECK_THAT(from_file.what(), Contains("byte-order mark"));
+  CHECK(exit_status(from_file.code()) == 65);
+  // JSON whitespace before the object stays valid (serde_json skips it); a BOM after it is
+  // not whitespace.
+  CHECK(parse_safetensors_header(" \n\t\r" + basic_header, 64, shard_name).tensors.size() == 2);
+  CHECK_THAT(parse_failure(basic_header + bom, 64).what(), Contains("not valid JSON"));
+}
+
 TEST_CASE("rule 5: nesting deeper than serde_json's recursion limit is refused, not a crash",
           "[safetensors]") {
   // A million levels once overflowed the stack (exit 139). serde_json, which the reference

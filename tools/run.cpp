@@ -20,6 +20,8 @@
 #include <fcntl.h>
 #include <fstream>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,6 +154,20 @@ void write_report(const std::string& path, const LoadResult& result,
   }
 }
 
+namespace {
+
+// The loader leaves the reader and the read mode empty on a rank that read nothing: every
+// rank but 0, and rank 0 of a checkpoint with no tensor bytes (no chunk, so no reader was
+// opened). The summary says "none" there rather than print an empty name.
+std::string_view reader_or_none(const LoadStats& stats) {
+  return stats.reader.empty() ? std::string_view("none") : std::string_view(stats.reader);
+}
+std::string_view io_mode_or_none(const LoadStats& stats) {
+  return stats.io_mode.empty() ? std::string_view("none") : std::string_view(stats.io_mode);
+}
+
+}  // namespace
+
 // `run --json`: the summary as one JSON object on stdout (the effective config went to
 // stderr), so `weightcast run --json ... | python3 -m json.tool` works.
 void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
@@ -166,8 +182,8 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   summary["bytes"] = result.stats.bytes;
   summary["seconds"] = result.stats.seconds;
   summary["gbps"] = result.stats.gbps();
-  summary["reader"] = result.stats.reader;
-  summary["io_mode"] = result.stats.io_mode;
+  summary["reader"] = reader_or_none(result.stats);
+  summary["io_mode"] = io_mode_or_none(result.stats);
   summary["destination"] = std::string(to_string(config.destination));
   summary["device"] = result.stats.device;
   summary["transport"] = result.stats.transport;
@@ -232,7 +248,9 @@ int run(const RunArgs& args) {
   const World world = detect_world(config);
   configure_log(args.quiet ? LogLevel::error : config.log_level,
                 world.world_size > 1 ? world.rank : -1);
-  if (!args.quiet) {
+  // Every rank runs the same config, so rank 0 alone prints it, as it alone prints the
+  // verdict; a rank that finds itself alone (a world misdetected) is rank 0 and prints too.
+  if (!args.quiet && world.rank == 0) {
     fmt::print(args.json ? stderr : stdout, "# weightcast {} effective config\n{}# world: {}\n",
                WEIGHTCAST_VERSION, config.to_yaml(), world.describe());
   }
@@ -288,9 +306,13 @@ int run(const RunArgs& args) {
              transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
-  fmt::print("# reader {} ({} reads), destination {}, device {}, transport {}, {} chunks of <= "
+  const std::string how_read =
+      result.stats.reader.empty()
+          ? std::string("none (nothing to read)")
+          : fmt::format("{} ({} reads)", result.stats.reader, result.stats.io_mode);
+  fmt::print("# reader {}, destination {}, device {}, transport {}, {} chunks of <= "
              "{}, staging ring {} (buffer_depth {})\n",
-             result.stats.reader, result.stats.io_mode, to_string(config.destination),
+             how_read, to_string(config.destination),
              result.stats.device, result.stats.transport, result.stats.chunks,
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth);

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <string_view>
 
 int main(int argc, char** argv) {
   using namespace weightcast;
@@ -84,8 +85,20 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    // CLI11 acts on --version as soon as it meets it, so whatever else is on the command
+    // line would be ignored without a word: refuse it instead.
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--version") continue;
+      fmt::print(stderr,
+                 "weightcast: error: --version takes no other arguments, got '{}'; see "
+                 "'weightcast --help'\n",
+                 printable(argv[i]));
+      return exit_status(Errc::usage);
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // --help and --version: CLI11 prints them and the status is 0.
+    // --help: CLI11 prints it and the status is 0.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
     // Everything else is a usage error, in weightcast's own one-line form (the text quotes
     // the command line: untrusted, so printable).

@@ -49,8 +49,9 @@ struct JsonDocument {
  *        otherwise the name of a top-level member whose object's keys are recorded.
  * @throws JsonSyntaxError on a syntax error, including a NUL byte anywhere (nlohmann's lexer
  *         takes NUL for the end of input and would accept `{}\0garbage`; serde_json, the
- *         reference, rejects it). A syntax error wins over a duplicate key, which is only
- *         reported by the caller after a successful parse.
+ *         reference, rejects it) and a leading UTF-8 byte-order mark (nlohmann skips it;
+ *         serde_json and Python's json refuse it). A syntax error wins over a duplicate key,
+ *         which is only reported by the caller after a successful parse.
  */
 JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member = {});
 
