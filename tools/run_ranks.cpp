@@ -95,21 +95,50 @@ class InitWatchdog {
   std::thread _thread;  // last: starts after the members it uses exist
 };
 
+// The settings every rank must share, one `key: value` per line: the plan (chunk_size), the
+// data plane (device kind, transport) and the verdict (verify). Ranks can be started with
+// different configs (MPMD, a config per node); a plan that differs between ranks makes the
+// broadcasts disagree on their sizes, which MPI does not detect (wrong bytes, or a hang).
+std::string shared_settings(const Config& config, bool host_device, TransportKind transport) {
+  return fmt::format("chunk_size: {}\ndevice: {}\ntransport: {}\nverify: {}\n",
+                     format_bytes(config.chunk_bytes) + fmt::format(" ({} B)", config.chunk_bytes),
+                     host_device ? "host" : "cuda", to_string(transport),
+                     to_string(config.verify));
+}
+
+// Ranks other than 0: this rank's shared settings against rank 0's.
+// @throws Error `config` (78) naming the first setting that differs and both values.
+void check_shared_settings(const std::string& mine, const std::string& root) {
+  auto lines = [](std::string_view text) {
+    std::vector<std::string_view> out;
+    while (!text.empty()) {
+      const auto end = text.find('\n');
+      out.push_back(text.substr(0, end));
+      text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    }
+    return out;
+  };
+  const auto a = lines(mine);
+  const auto b = lines(root);
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string_view m = i < a.size() ? a[i] : "";
+    const std::string_view r = i < b.size() ? b[i] : "";
+    if (m == r) continue;
+    const auto colon = m.find(':');
+    const std::string_view key = m.substr(0, colon);
+    throw Error(Errc::config,
+                fmt::format("{} differs between ranks: this rank has{}, rank 0 has{}; every rank "
+                            "must use the same (set it alike in every rank's config)",
+                            key, m.substr(colon + 1),
+                            r.substr(std::min(r.size(), r.find(':') + 1))));
+  }
+}
+
 // Rank 0: every rank's digests against rank 0's own (`verify` and `seconds`, the time the
 // digests took: rank 0's).
 Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue, Verify verify,
               double seconds) {
-  // Ranks may be started with different configs (MPMD): a rank whose digests are missing,
-  // or present where rank 0 skipped them, was started with the other `verify`.
-  const bool digesting = verify == Verify::digest && !catalogue.tensors.empty();
-  for (const RankReport& report : reports) {
-    if (report.digests.empty() == digesting) {
-      return Verdict{exit_status(Errc::config),
-                     fmt::format("rank {} has verify: {}, rank 0 has verify: {}: set verify "
-                                 "alike on every rank",
-                                 report.rank, digesting ? "none" : "digest", to_string(verify))};
-    }
-  }
+  // Every rank has the same `verify` (check_shared_settings).
   if (verify == Verify::none) {
     return Verdict{0, fmt::format("{} ranks × {} tensors loaded, not compared (verify: none)",
                                   reports.size(), catalogue.tensors.size())};
@@ -189,6 +218,12 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     } else {
       catalogue = decode_catalogue(control->share({}), "catalogue from rank 0");
     }
+    const std::string settings = shared_settings(config, device->name() == "host", kind);
+    if (rank == 0) {
+      control->share(settings);
+    } else {
+      check_shared_settings(settings, control->share({}));
+    }
 
     std::unique_ptr<Transport> transport;
     if (kind == TransportKind::mpi) {
@@ -265,15 +300,12 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     verdict = control->finish(std::move(verdict));
     if (verdict.status != 0) {
       // The mismatch list is rank 0's to print; the others end with its status and say where
-      // to look, so a job of N ranks does not print the list N times. A one-line refusal
-      // (ranks disagree on `verify`, 78) every rank prints.
-      const bool mismatches = verdict.status != exit_status(Errc::config);
+      // to look, so a job of N ranks does not print the list N times.
       throw RemoteAbort(static_cast<Errc>(verdict.status),
-                        rank == 0 || !mismatches
-                            ? "rank 0: " + verdict.message
-                            : fmt::format("rank {}: rank 0 found tensor mismatches between the "
-                                          "ranks (its message lists them)",
-                                          rank));
+                        rank == 0 ? "rank 0: " + verdict.message
+                                  : fmt::format("rank {}: rank 0 found tensor mismatches "
+                                                "between the ranks (its message lists them)",
+                                                rank));
     }
     if (args.json) {
       print_json_summary(result, config, shards, rank, world.world_size, peak_rss_bytes(),
