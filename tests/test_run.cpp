@@ -142,6 +142,71 @@ TEST_CASE("run: {rank} in --report PATH becomes 0 with one rank", "[run]") {
   }
 }
 
+namespace {
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+TEST_CASE("run: a --report or --trace that is one of the checkpoint's files is refused (78), "
+          "the file untouched", "[run]") {
+  test::TempDir dir;
+  // A single file (a copy: this test writes near it), and a sharded synthetic checkpoint.
+  const auto single = dir / "model.safetensors";
+  fs::copy_file(corpus_dir() / "malformed" / "ok_basic.safetensors", single);
+  const auto sharded = dir / "sharded";
+  const auto synth = run_cli({"synth", sharded.string(), "--params", "4M", "--shard-size", "2MiB"});
+  REQUIRE(synth.exit_status == 0);
+  fs::path shard, index;
+  for (const auto& e : fs::directory_iterator(sharded)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".index.json")) index = e.path();
+    else if (name.ends_with(".safetensors") && shard.empty()) shard = e.path();
+  }
+  REQUIRE(!shard.empty());
+  REQUIRE(!index.empty());
+  fs::create_symlink(shard, dir / "link.json");
+
+  struct Case {
+    std::string checkpoint, option, output, says;
+  };
+  const std::vector<Case> cases = {
+      {single.string(), "--report", single.string(), "is shard model.safetensors of the checkpoint"},
+      {single.string(), "--trace", (dir / "." / "model.safetensors").string(), "is shard"},
+      {sharded.string(), "--trace", shard.string(), "is shard " + shard.filename().string()},
+      {sharded.string(), "--report", (dir / "link.json").string(), "is shard"},  // a symlink
+      {sharded.string(), "--report", index.string(), "is index " + index.filename().string()},
+      {index.string(), "--trace", index.string(), "is the checkpoint"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.checkpoint << " " << c.option << " " << c.output);
+    const fs::path target = fs::canonical(c.output);
+    const std::string before = file_bytes(target);
+    const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + c.checkpoint, c.option,
+                            c.output});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains(c.option) && Catch::Contains(c.says) &&
+                          Catch::Contains("writing it would destroy the checkpoint"));
+    CHECK(file_bytes(target) == before);
+  }
+}
+
+TEST_CASE("run: --report and --trace naming one file through a symlink are refused", "[run]") {
+  test::TempDir dir;
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  { std::ofstream(dir / "same.json") << "{}"; }
+  fs::create_symlink(dir / "same.json", dir / "same_link.json");
+  const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--report",
+                          (dir / "same.json").string(), "--trace",
+                          (dir / "same_link.json").string()});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains("are the same file"));
+  CHECK(file_bytes(dir / "same.json") == "{}");
+}
+
 TEST_CASE("run: verify none leaves the digests out of --report, except discard's", "[run]") {
   const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
   test::TempDir dir;
@@ -283,8 +348,16 @@ TEST_CASE("run: --report and --trace naming the same file are refused before the
                           (dir / "t.json").string()});
   INFO(r.out << r.err);
   CHECK(r.exit_status == 78);
-  CHECK_THAT(r.err, Catch::Contains("same file for rank 1"));
+  CHECK_THAT(r.err, Catch::Contains("rank 1's report and rank 1's trace are the same file"));
   CHECK_THAT(r.out + r.err, !Catch::Contains("local ranks"));
+  // Across ranks too: rank 1's trace (t.rank1.json) is rank 0's report.
+  const auto across = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
+                               "checkpoint=" + file.string(), "--report",
+                               (dir / "t.rank1.json").string(), "--trace",
+                               (dir / "t.json").string()});
+  INFO(across.out << across.err);
+  CHECK(across.exit_status == 78);
+  CHECK_THAT(across.err, Catch::Contains("rank 0's report and rank 1's trace are the same file"));
 }
 
 TEST_CASE("run: an empty checkpoint's summary names no reader rather than an empty one",

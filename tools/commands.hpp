@@ -66,6 +66,23 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int rank, int world_size);
 
+/// The same refusal across every rank of a job of @p world_size (`launch`): no two ranks'
+/// reports or traces may name one file.
+/// @throws Error `config` (78) naming the two outputs and the file.
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int world_size);
+
+/// @return whether @p a and @p b name one file: the same normalised absolute path, the same
+///         inode (symlinks, hard links), or the same path once the existing part of each is
+///         resolved (a file not created yet).
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
+
+/// Rank 0, once the checkpoint is open: refuses a `--report` or trace that is one of the
+/// checkpoint's files (a shard, the file or index given, an index in the directory given).
+/// @throws Error `config` (78) naming the option, the path and the file it would overwrite.
+void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
+                                    const Catalogue& catalogue, int rank, int world_size);
+
 /// check_output_file for this rank's trace (the config's `trace`) and report (@p args).
 /// @throws Error `io` (74) naming the first path that cannot be written.
 void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size);

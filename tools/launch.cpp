@@ -179,9 +179,7 @@ constexpr const char* local_mpi_hook_env = "WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS
 // each print the same error (or mpi's world-size mismatch) after starting up.
 void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   const std::string& trace = args.trace_path.empty() ? config.trace : args.trace_path;
-  for (int r = 0; r < args.ranks; ++r) {
-    check_distinct_outputs(args.report_path, trace, r, args.ranks);
-  }
+  check_distinct_outputs(args.report_path, trace, args.ranks);
   if (args.ranks == 1) return;  // a world of one: `run` alone decides
   check_destination(config.destination, args.ranks);
   WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,

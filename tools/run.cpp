@@ -92,20 +92,97 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
   return with_rank(path, rank);
 }
 
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal()) {
+    return true;
+  }
+  // Symlinks, hard links, "dir/../x": the same inode when both exist, else the same path
+  // once the existing part of each is resolved.
+  if (fs::equivalent(a, b, ec) && !ec) return true;
+  std::error_code ec_a, ec_b;
+  const fs::path ca = fs::weakly_canonical(a, ec_a);
+  const fs::path cb = fs::weakly_canonical(b, ec_b);
+  return !ec_a && !ec_b && ca == cb;
+}
+
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int rank, int world_size) {
   const std::string report = report_path_for_rank(report_path, rank, world_size);
   if (report.empty() || trace_path.empty()) return;
   const std::filesystem::path trace = trace_path_for_rank(trace_path, rank, world_size);
-  if (std::filesystem::absolute(report).lexically_normal() !=
-      std::filesystem::absolute(trace).lexically_normal()) {
-    return;
-  }
+  if (!same_file(report, trace)) return;
   throw Error(Errc::config,
               fmt::format("--report {} and --trace {} (or the config's trace) are the same file "
                           "for rank {} ({}): one would overwrite the other; give them different "
                           "paths",
                           report_path, trace_path, rank, report));
+}
+
+void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
+                            int world_size) {
+  struct Output {
+    std::string what;
+    std::filesystem::path path;
+  };
+  std::vector<Output> outputs;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::string report = report_path_for_rank(report_path, rank, world_size);
+    if (!report.empty()) outputs.push_back({fmt::format("rank {}'s report", rank), report});
+    if (!trace_path.empty()) {
+      outputs.push_back({fmt::format("rank {}'s trace", rank),
+                         trace_path_for_rank(trace_path, rank, world_size)});
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = i + 1; j < outputs.size(); ++j) {
+      if (!same_file(outputs[i].path, outputs[j].path)) continue;
+      throw Error(Errc::config,
+                  fmt::format("{} and {} are the same file ({}): one would overwrite the "
+                              "other; give --report and --trace paths that differ for every "
+                              "rank (\"{{rank}}\" in a path becomes the rank)",
+                              outputs[i].what, outputs[j].what, outputs[j].path.string()));
+    }
+  }
+}
+
+void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
+                                    const Catalogue& catalogue, int rank, int world_size) {
+  namespace fs = std::filesystem;
+  // The checkpoint's files: every shard, the path given (a file or an index), and any index
+  // in the directory given.
+  std::vector<std::pair<fs::path, std::string>> inputs;
+  for (const ShardInfo& shard : catalogue.shards) {
+    inputs.emplace_back(shard.path, "shard " + shard.name + " of the checkpoint");
+  }
+  std::error_code ec;
+  const fs::path given = config.checkpoint;
+  if (fs::is_directory(given, ec)) {
+    for (fs::directory_iterator it(given, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.ends_with(".safetensors.index.json")) {
+        inputs.emplace_back(it->path(), "index " + name + " of the checkpoint");
+      }
+    }
+  } else {
+    inputs.emplace_back(given, "the checkpoint");  // an index, or the file itself
+  }
+  const std::pair<std::string, std::string> outputs[] = {
+      {"--report", report_path_for_rank(args.report_path, rank, world_size)},
+      {"--trace (or the config's trace)",
+       config.trace.empty() ? std::string()
+                            : trace_path_for_rank(config.trace, rank, world_size).string()}};
+  for (const auto& [option, path] : outputs) {
+    if (path.empty()) continue;
+    for (const auto& [input, what] : inputs) {
+      if (!same_file(path, input)) continue;
+      throw Error(Errc::config,
+                  fmt::format("{} {} is {} {}: writing it would destroy the checkpoint; "
+                              "give another path",
+                              option, path, what, config.checkpoint));
+    }
+  }
 }
 
 void check_output_paths(const RunArgs& args, const Config& config, int rank, int world_size) {
@@ -270,6 +347,7 @@ int run(const RunArgs& args) {
   if (device->name() != "host") options.tensor_alignment = 256;
 
   Catalogue catalogue = open_checkpoint(config.checkpoint);
+  check_outputs_spare_checkpoint(args, config, catalogue, 0, 1);
   const std::size_t shards = catalogue.shards.size();
   std::optional<ProgressRenderer> progress;
   if (!args.quiet && transport->rank() == 0) {

@@ -213,6 +213,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     Catalogue catalogue;
     if (rank == 0) {
       catalogue = open_checkpoint(config.checkpoint);
+      check_outputs_spare_checkpoint(args, config, catalogue, rank, world.world_size);
       honour_pause_hook();
       control->share(encode_catalogue(catalogue));
     } else {
