@@ -105,18 +105,56 @@ World detect_world(const Config& config) {
     check(world, "world.rank", "world.size");
     return world;
   }
-  for (const EnvSource& source : env_sources) {
+  // The first family that set both variables, in the order above.
+  const auto from_source = [&](const EnvSource& source) -> std::optional<World> {
     const char* rank = env(source.rank);
     const char* size = env(source.size);
-    if (rank == nullptr || size == nullptr) continue;
-    world.rank = env_int(source.rank, rank);
-    world.world_size = env_int(source.size, size);
+    if (rank == nullptr || size == nullptr) return std::nullopt;
+    World candidate = world;
+    candidate.rank = env_int(source.rank, rank);
+    candidate.world_size = env_int(source.size, size);
     const char* local = env(source.local_rank);
-    world.local_rank = local != nullptr ? env_int(source.local_rank, local) : world.rank;
-    if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
-    world.source = source.source;
-    check(world, source.rank, source.size);
-    return world;
+    candidate.local_rank = local != nullptr ? env_int(source.local_rank, local) : candidate.rank;
+    if (config.world_local_rank >= 0) candidate.local_rank = config.world_local_rank;
+    candidate.source = source.source;
+    return candidate;
+  };
+  for (const EnvSource& source : env_sources) {
+    std::optional<World> first = from_source(source);
+    if (!first) continue;
+    // Open MPI's variables are set by mpirun for each process it starts, so where they are
+    // present mpirun started this one. When another family disagrees with them:
+    //  - Slurm's: mpirun inside an sbatch script, whose ranks all inherit the batch step's
+    //    SLURM_PROCID=0 (and its SLURM_NTASKS): Open MPI's is the world.
+    //  - torchrun's: torchrun started by mpirun sets its own world (and TORCHELASTIC_RUN_ID);
+    //    without that variable RANK/WORLD_SIZE were left over from elsewhere, and no one can
+    //    tell which world is meant.
+    // torchrun's against Slurm's is torchrun inside srun: torchrun's is the world.
+    const EnvSource& mpi_source = env_sources[2];
+    std::optional<World> openmpi;
+    if (first->source != WorldSource::openmpi) {
+      try {
+        openmpi = from_source(mpi_source);
+      } catch (const Error&) {  // unusable: not a world to compare with
+      }
+    }
+    if (openmpi && (openmpi->rank != first->rank || openmpi->world_size != first->world_size)) {
+      if (first->source == WorldSource::slurm) {
+        check(*openmpi, mpi_source.rank, mpi_source.size);
+        return *openmpi;
+      }
+      if (env("TORCHELASTIC_RUN_ID") == nullptr) {
+        throw Error(Errc::config,
+                    fmt::format("environment: RANK={} WORLD_SIZE={} (torchrun's variables) but "
+                                "OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE={} (mpirun "
+                                "started this process): RANK/WORLD_SIZE look left over from "
+                                "another launcher; unset them, or set world.rank/world.size",
+                                first->rank, first->world_size, openmpi->rank,
+                                openmpi->world_size));
+      }
+    }
+    check(*first, source.rank, source.size);
+    return *first;
   }
   // No launcher set both: one that set only half is a mistake (a missing export, a typo), not a
   // world of one rank, which would load as rank 0 and leave the real job waiting.

@@ -170,6 +170,28 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
   }
 }
 
+TEST_CASE("multirank: launch gives the ranks their world even inside another launcher's "
+          "environment", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  int port = 29861;
+  // An sbatch step's variables, and a finished torchrun job's.
+  for (const std::vector<std::string>& env :
+       {std::vector<std::string>{"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"},
+        std::vector<std::string>{"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0"}}) {
+    INFO(env.front());
+    const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string()},
+                               base_sets(port++)),
+                           env, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "# rank 1 of 2") == 1);
+    CHECK(count(r.out, "2 ranks × ") == 1);
+    CHECK(count(r.out, "bit-exact") == 1);
+  }
+}
+
 TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint path",
           "[multirank]") {
   REQUIRE_MPI();

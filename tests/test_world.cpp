@@ -17,6 +17,17 @@ using test::ScopedEnv;
 
 namespace {
 Config with(std::vector<std::string> sets) { return load_config("", sets); }
+
+// The Error detect_world(config) throws (FAILs when it throws none).
+Error expect_world_error(const Config& config) {
+  try {
+    detect_world(config);
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("detect_world threw no error");
+  return Error(Errc::internal, "unreachable");
+}
 }  // namespace
 
 TEST_CASE("world: no launcher is a world of one", "[world]") {
@@ -38,13 +49,15 @@ TEST_CASE("world: torchrun, Slurm and Open MPI environments, in that order", "[w
     CHECK(w.source == WorldSource::openmpi);
     CHECK((w.rank == 2 && w.world_size == 4 && w.local_rank == 0));
     {
-      ScopedEnv slurm({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "1"}});
+      // srun starting Open MPI ranks: both families agree; Slurm's comes first.
+      ScopedEnv slurm({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}});
       w = detect_world(Config{});
       CHECK(w.source == WorldSource::slurm);
-      CHECK((w.rank == 1 && w.world_size == 3 && w.local_rank == 1));
+      CHECK((w.rank == 2 && w.world_size == 4 && w.local_rank == 1));
       {
+        // torchrun started by mpirun (one per node): torchrun's world, which is not mpirun's.
         ScopedEnv torchrun({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                            {"MASTER_ADDR", "10.0.0.7"}});
+                            {"MASTER_ADDR", "10.0.0.7"}, {"TORCHELASTIC_RUN_ID", "job7"}});
         w = detect_world(Config{});
         CHECK(w.source == WorldSource::torchrun);
         CHECK((w.rank == 5 && w.world_size == 8 && w.local_rank == 1));
@@ -57,6 +70,36 @@ TEST_CASE("world: torchrun, Slurm and Open MPI environments, in that order", "[w
       }
     }
   }
+}
+
+TEST_CASE("world: families that disagree: mpirun's world wins over an inherited Slurm one; "
+          "left-over RANK/WORLD_SIZE under mpirun are refused", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  // mpirun -np 4 inside an sbatch script: every rank inherits the batch step's SLURM_PROCID=0.
+  ScopedEnv mpi({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                 {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"SLURM_PROCID", "0"},
+                 {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}});
+  World w = detect_world(Config{});
+  CHECK(w.source == WorldSource::openmpi);
+  CHECK((w.rank == 3 && w.world_size == 4 && w.local_rank == 3));
+  {
+    // RANK/WORLD_SIZE from an earlier job, under mpirun: neither world can be trusted.
+    ScopedEnv stale({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+    const auto e = expect_world_error(Config{});
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("RANK=0 WORLD_SIZE=1") &&
+                             Contains("OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4") &&
+                             Contains("left over"));
+    // The same numbers agree: nothing to refuse.
+    ScopedEnv agree({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
+    CHECK(detect_world(Config{}).source == WorldSource::torchrun);
+  }
+  // torchrun inside srun: Slurm's tasks are nodes, torchrun's world is every process.
+  ScopedEnv no_mpi({{"OMPI_COMM_WORLD_RANK", std::nullopt}, {"OMPI_COMM_WORLD_SIZE", std::nullopt}});
+  ScopedEnv torchrun({{"RANK", "6"}, {"WORLD_SIZE", "16"}});
+  w = detect_world(Config{});
+  CHECK(w.source == WorldSource::torchrun);
+  CHECK((w.rank == 6 && w.world_size == 16));
 }
 
 TEST_CASE("world: a source counts only with both rank and size", "[world]") {

@@ -260,6 +260,20 @@ int launch(const LaunchArgs& args) {
   if (args.quiet) run_argv.emplace_back("--quiet");
   if (args.json) run_argv.emplace_back("--json");
 
+  // The ranks' world is launch's to give. Variables a surrounding launcher left in this
+  // environment (an sbatch step's SLURM_PROCID and SLURM_NTASKS, a torchrun job's RANK) would
+  // reach every rank and give it another world (world.cpp reads them before Open MPI's).
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                           "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS",
+                           "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    if (const char* value = std::getenv(name)) {
+      spdlog::info("launch: not passing {}={} to the ranks: launch gives them their world", name,
+                   value);
+      ::unsetenv(name);
+    }
+  }
+
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   ChildGroup group;

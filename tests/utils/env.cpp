@@ -31,7 +31,7 @@ std::vector<ScopedEnv::Entry> no_launcher_env() {
   for (const char* name :
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
         "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "WEIGHTCAST_TOKEN"}) {
+        "OMPI_COMM_WORLD_LOCAL_RANK", "WEIGHTCAST_TOKEN", "TORCHELASTIC_RUN_ID"}) {
     entries.emplace_back(name, std::nullopt);
   }
   return entries;
