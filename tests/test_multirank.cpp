@@ -473,3 +473,50 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   CHECK(r.exit_status == 143);
   CHECK_THAT(r.out, EndsWith("weightcast launch: interrupted by SIGTERM: ranks ended\n"));
 }
+
+TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 143 naming it",
+          "[multirank][signal]") {
+  // Rank 1 stops its load (an MPI_Ibcast may be in flight), writes its trace and sends ABORT;
+  // ranks 0 and 2 end with its message and status long before the 60 s timeout.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  BackgroundJob job(cat(mpirun_run(3, checkpoint, base_sets(29817)),
+                        {"--trace", (dir / "t{rank}.json").string()}),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("the first chunk landed", 60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGTERM) == 0);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  CHECK(r.exit_status == 143);
+  CHECK(count(r.out, "weightcast: error: rank 1: interrupted by SIGTERM during the load") == 3);
+  REQUIRE(fs::exists(dir / "t1.json"));  // rank 1's trace of its stopped load
+  CHECK(read_json(dir / "t1.json")["traceEvents"].size() > 1);
+}
+
+TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143 naming it",
+          "[multirank][signal]") {
+  // Local spawner, no MPI: rank 1 is waiting for the catalogue while rank 0 pauses; it sends
+  // ABORT over the control plane and the others end with its message.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                                 "--set", "checkpoint=" + checkpoint.string(), "--set",
+                                 "device=host", "--set", "rendezvous.port=29819", "--set",
+                                 "timeout=60s"},
+                                20000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
+  const pid_t victim = job->find_descendant_with_env("RANK=1");
+  REQUIRE(victim > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGTERM) == 0);
+  const auto r = job->wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  CHECK(r.exit_status == 143);
+  CHECK(count(r.out, "weightcast: error: rank 1: interrupted by SIGTERM\n") == 3);
+  CHECK_THAT(r.out, Contains("weightcast launch: rank "));
+}
