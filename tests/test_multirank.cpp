@@ -491,7 +491,8 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
                      base_sets(29818))
                : cat(mpirun_run(3, checkpoint, base_sets(29817)), {"--trace", trace});
     BackgroundJob job(argv, {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
-    REQUIRE(job.wait_for_output("the first chunk landed", 60));
+    // Rank 1's own line: its load is under way.
+    REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
     const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
     REQUIRE(victim > 0);
     const auto start = std::chrono::steady_clock::now();
