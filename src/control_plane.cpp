@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -188,6 +189,7 @@ struct ControlPlane::Impl {
   bool finished = false;     // rank 0: verdict sent; hang-ups are expected now
   bool terminating = false;  // an ABORT is being spread; hang-ups are expected now
   bool sent_abort = false;
+  std::atomic<bool> ending{false};  // an ABORT was sent or received, or a peer was lost
   bool reader_terminating = false;  // the reader thread ends the process (not the main thread)
   std::optional<asio::steady_timer> grace_timer;
   std::pair<int, std::string> termination;  // status, message, while terminating
@@ -595,6 +597,7 @@ struct ControlPlane::Impl {
   // Ends this process with @p status: on rank 0 after telling every other rank (except
   // @p origin) and waiting a bounded grace for them to hang up.
   void terminate(int status, const std::string& message, int origin) {
+    ending = true;
     if (world.rank != 0) {
       // Print, then hang up (rank 0 counts that as "told"), then linger a moment before the
       // exit: the first non-zero exit makes mpirun tear the job down and drop output it has
@@ -669,6 +672,8 @@ ControlPlane::~ControlPlane() {
   if (_impl->reader.joinable()) _impl->reader.join();
 }
 
+bool ControlPlane::ending() const noexcept { return _impl->ending; }
+
 int ControlPlane::rank() const noexcept { return _impl->world.rank; }
 int ControlPlane::world_size() const noexcept { return _impl->world.world_size; }
 
@@ -707,6 +712,7 @@ void ControlPlane::abort(const Error& error) noexcept {
   if (impl.world.world_size <= 1) return;
   const std::string frame =
       frame_bytes(Frame::abort, encode_status(exit_status(error.code()), error.what()));
+  impl.ending = true;
   {
     std::lock_guard lock(impl.mutex);
     if (impl.sent_abort) return;

@@ -130,8 +130,11 @@ StatusMessage decode_status(std::string_view payload, std::string_view what) {
   const auto status = in.get<std::int32_t>("status");
   std::string message = in.get_string("message");
   refuse_trailing(in);
-  // A status outside 0..125 would read as a signal to the shell.
-  return {status >= 0 && status < 126 ? status : exit_status(Errc::unavailable),
+  // A status outside 0..125 would read as a signal to the shell; only a rank's interrupt
+  // (130, 143: it got SIGINT or SIGTERM) passes as one, so that every rank ends as it did.
+  const bool interrupt =
+      status == exit_status(Errc::interrupted) || status == exit_status(Errc::terminated);
+  return {(status >= 0 && status < 126) || interrupt ? status : exit_status(Errc::unavailable),
           std::move(message)};
 }
 

@@ -14,6 +14,8 @@ std::string_view to_string(Errc code) noexcept {
     case Errc::io: return "I/O error";
     case Errc::timeout: return "timeout";
     case Errc::config: return "config error";
+    case Errc::interrupted: return "interrupted";
+    case Errc::terminated: return "terminated";
   }
   return "error";
 }

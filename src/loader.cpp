@@ -12,6 +12,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -115,6 +116,18 @@ class Pipeline {
         _last_progress(Clock::now()) {}
 
   awaitable<void> run() {
+    if (_options.stop.stop_requested()) throw stopped();
+    if (_options.stop.stop_possible()) {
+      // Runs on the thread that requests the stop: only wake the watchdog, on the executor.
+      // The handler may run after this pipeline is gone (a stop as the load ends): it holds
+      // a weak reference, and the pipeline is destroyed on the executor too.
+      std::function<void()> wake = [executor = _executor, alive = std::weak_ptr(_alive)] {
+        asio::post(executor, [alive] {
+          if (auto self = alive.lock()) (*self)->_watchdog_timer.cancel();
+        });
+      };
+      _stop_callback.emplace(_options.stop, std::move(wake));
+    }
     announce_zero_size_tensors();
     if (_plan.chunks.empty()) co_return;
     if (_transport.rank() == 0) {
@@ -340,10 +353,15 @@ class Pipeline {
   awaitable<void> watchdog() {
     const auto tick = std::min<Clock::duration>(_options.timeout, std::chrono::seconds(1));
     while (!_finished) {
+      // A stop request (LoadOptions::stop) cancels the wait; its error is the cause, and
+      // cancels the other stages. Checked before the wait too: its wake-up may have run
+      // before this stage first waited.
+      if (_options.stop.stop_requested()) throw stopped();
       _watchdog_timer.expires_after(tick);
       boost::system::error_code ec;
       co_await _watchdog_timer.async_wait(asio::redirect_error(use_awaitable, ec));
       if (_finished) co_return;
+      if (_options.stop.stop_requested()) throw stopped();
       if (ec) throw boost::system::system_error(ec);  // cancelled: another stage failed
       if (Clock::now() - _last_progress >= _options.timeout) {
         throw Error(Errc::timeout,
@@ -351,6 +369,10 @@ class Pipeline {
                                 _options.timeout.count()));
       }
     }
+  }
+
+  [[nodiscard]] static Error stopped() {
+    return Error(Errc::interrupted, "the load was stopped (LoadOptions::stop was requested)");
   }
 
   // Records the first stage failure. When one stage throws, the awaitable operators cancel
@@ -503,6 +525,10 @@ class Pipeline {
   asio::steady_timer _watchdog_timer{_executor};
   bool _finished = false;
   std::exception_ptr _first_failure;
+  // LoadOptions::stop: the callback posts a wake-up for the watchdog, which holds `_alive`
+  // weakly (a pipeline already destroyed is not touched).
+  std::shared_ptr<Pipeline*> _alive = std::make_shared<Pipeline*>(this);
+  std::optional<std::stop_callback<std::function<void()>>> _stop_callback;
 };
 
 }  // namespace

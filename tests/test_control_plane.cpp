@@ -338,6 +338,10 @@ TEST_CASE("control wire: messages round trip", "[control_plane]") {
   CHECK(status.message == "rank 0: read failed");
   // A status the shell would read as a signal becomes 69.
   CHECK(wire::decode_status(wire::encode_status(200, "x"), "t").status == 69);
+  CHECK(wire::decode_status(wire::encode_status(131, "x"), "t").status == 69);
+  // A rank interrupted by SIGINT or SIGTERM: every rank ends with its 128 + signal.
+  CHECK(wire::decode_status(wire::encode_status(130, "x"), "t").status == 130);
+  CHECK(wire::decode_status(wire::encode_status(143, "x"), "t").status == 143);
   CHECK(wire::decode_status(wire::encode_status(-1, "x"), "t").status == 69);
   CHECK(wire::encode_status(1, std::string(100'000, 'm')).size() ==
         4 + 4 + wire::max_status_message_bytes);

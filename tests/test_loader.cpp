@@ -15,13 +15,17 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <fcntl.h>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <stop_token>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -157,6 +161,63 @@ TEST_CASE("on_tensor_ready fires once per tensor, after its bytes landed", "[loa
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     CHECK(seen[result.catalogue.tensors[i].name] == expected[i]);
   }
+}
+
+TEST_CASE("LoadOptions::stop ends a load in progress with interrupted (130)", "[loader][signal]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 30, 5);
+  const Catalogue catalogue = open_checkpoint(path);
+  std::stop_source stop;
+  LoadOptions options;
+  options.chunk_bytes = 512;  // many chunks: the stop comes with most still to read
+  options.stop = stop.get_token();
+  std::uint64_t chunks_landed = 0;
+  std::uint64_t chunks_total = 0;
+  options.on_progress = [&](const LoadProgress& progress) {
+    chunks_total = progress.chunks_total;
+    if (++chunks_landed == 2) stop.request_stop();  // from the loader's own thread
+  };
+  const Error e = test::expect_host_load_error(catalogue, options);
+  CHECK(e.code() == Errc::interrupted);
+  CHECK(exit_status(e.code()) == 130);
+  CHECK_THAT(e.what(), Catch::Contains("stopped"));
+  REQUIRE(chunks_total > 10);
+  CHECK(chunks_landed < chunks_total);  // it stopped, rather than finishing
+}
+
+TEST_CASE("LoadOptions::stop from another thread ends a stalled load at once, and a stop "
+          "requested before the load ends it before it starts", "[loader][signal]") {
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 30, 6);
+  const Catalogue catalogue = open_checkpoint(path);
+  {
+    std::stop_source stop;
+    stop.request_stop();
+    LoadOptions options;
+    options.stop = stop.get_token();
+    bool landed = false;
+    options.on_progress = [&](const LoadProgress&) { landed = true; };
+    CHECK(test::expect_host_load_error(catalogue, options).code() == Errc::interrupted);
+    CHECK_FALSE(landed);
+  }
+  // Each landed chunk sleeps 50 ms on the loader's thread, so the load would take seconds;
+  // the stop comes from this thread while it runs.
+  std::stop_source stop;
+  LoadOptions options;
+  options.chunk_bytes = 512;
+  options.stop = stop.get_token();
+  options.on_progress = [](const LoadProgress&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  };
+  auto loading = std::async(std::launch::async, [&] {
+    return test::expect_host_load_error(catalogue, options);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  stop.request_stop();
+  const Error e = loading.get();
+  CHECK(e.code() == Errc::interrupted);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500));
 }
 
 TEST_CASE("a shard truncated after its header was read fails with 74 naming the tensor",

@@ -574,3 +574,66 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   CHECK(r.exit_status == 143);
   CHECK_THAT(r.out, EndsWith("weightcast launch: interrupted by SIGTERM: ranks ended\n"));
 }
+
+TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 143 naming it",
+          "[multirank][signal]") {
+  // Rank 1 stops its load (an MPI_Ibcast may be in flight), writes its trace and sends ABORT;
+  // ranks 0 and 2 end with its message and status long before the 60 s timeout.
+  // Under `launch`, mpirun's 143 is the job's status, said as an interrupt.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  for (const bool launch : {false, true}) {
+    INFO((launch ? "weightcast launch" : "mpirun"));
+    const std::string trace = (dir / (launch ? "l{rank}.json" : "m{rank}.json")).string();
+    const auto argv =
+        launch ? cat({cli_path().string(), "launch", "-n", "3", "--spawner", "mpirun", "--set",
+                      "checkpoint=" + checkpoint.string(), "--trace", trace},
+                     base_sets(29818))
+               : cat(mpirun_run(3, checkpoint, base_sets(29817)), {"--trace", trace});
+    BackgroundJob job(argv, {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+    // Rank 1's own line: its load is under way.
+    REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+    const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+    REQUIRE(victim > 0);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(::kill(victim, SIGTERM) == 0);
+    const auto r = job.wait(job_timeout_s);
+    INFO(r.out);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+    CHECK(r.exit_status == 143);
+    CHECK(count(r.out, "weightcast: error: rank 1: interrupted by SIGTERM during the load") ==
+          3);
+    if (launch) {
+      CHECK_THAT(r.out, Contains("weightcast launch: mpirun exited with status 143: a rank was "
+                                 "interrupted by SIGTERM"));
+    }
+    // Rank 1's trace of its stopped load.
+    const fs::path rank1_trace = dir / (launch ? "l1.json" : "m1.json");
+    REQUIRE(fs::exists(rank1_trace));
+    CHECK(read_json(rank1_trace)["traceEvents"].size() > 1);
+  }
+}
+
+TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143 naming it",
+          "[multirank][signal]") {
+  // Local spawner, no MPI: rank 1 is waiting for the catalogue while rank 0 pauses; it sends
+  // ABORT over the control plane and the others end with its message.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                                 "--set", "checkpoint=" + checkpoint.string(), "--set",
+                                 "device=host", "--set", "rendezvous.port=29819", "--set",
+                                 "timeout=60s"},
+                                20000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
+  const pid_t victim = job->find_descendant_with_env("RANK=1");
+  REQUIRE(victim > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGTERM) == 0);
+  const auto r = job->wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  CHECK(r.exit_status == 143);
+  CHECK(count(r.out, "weightcast: error: rank 1: interrupted by SIGTERM\n") == 3);
+  CHECK_THAT(r.out, Contains("weightcast launch: rank "));
+}

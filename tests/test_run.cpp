@@ -2,6 +2,7 @@
 // reader, on real files and on a multi-GiB sharded synthetic checkpoint.
 #include "weightcast/digest.hpp"
 
+#include "utils/job.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
@@ -10,10 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <thread>
+#include <tuple>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -378,4 +383,78 @@ TEST_CASE("run: an empty checkpoint's summary names no reader rather than an emp
   CHECK(summary["chunks"] == 0);
   CHECK(summary["reader"] == "none");
   CHECK(summary["io_mode"] == "none");
+}
+
+namespace {
+
+// A 10M-parameter synthetic checkpoint in 4 MiB shards, in dir/ckpt; REQUIREs that synth
+// succeeds. With chunk_size 1MiB it is some 20 chunks.
+fs::path synth_small_sharded(const TempDir& dir) {
+  const auto checkpoint = dir / "ckpt";
+  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "10M", "--shard-size",
+                              "4MiB"});
+  INFO(synth.out << synth.err);
+  REQUIRE(synth.exit_status == 0);
+  return checkpoint;
+}
+
+// `weightcast run` of @p checkpoint in the background, sleeping @p delay_ms after each chunk
+// (test hook), so that a test can signal it mid-load; REQUIREs that the first chunk lands.
+std::unique_ptr<BackgroundJob> start_slow_run(const fs::path& checkpoint, int delay_ms,
+                                              const fs::path& trace) {
+  auto job = std::make_unique<BackgroundJob>(
+      std::vector<std::string>{cli_path().string(), "run", "--set",
+                               "checkpoint=" + checkpoint.string(), "--set", "device=host",
+                               "--set", "chunk_size=1MiB", "--trace", trace.string()},
+      std::vector<std::string>{"WEIGHTCAST_TEST_CHUNK_DELAY_MS=" + std::to_string(delay_ms)});
+  REQUIRE(job->wait_for_output("the first chunk landed", 60));
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("run: SIGTERM or SIGINT during the load stops it at once, writes the trace and exits "
+          "128 + signal", "[run][signal]") {
+  using Catch::Matchers::Contains;
+  using Catch::Matchers::EndsWith;
+  TempDir dir;
+  const auto checkpoint = synth_small_sharded(dir);
+  for (const auto& [sig, name, status] :
+       {std::tuple{SIGTERM, "SIGTERM", 143}, std::tuple{SIGINT, "SIGINT", 130}}) {
+    INFO(name);
+    const auto trace = dir / (std::string(name) + ".json");
+    // 100 ms after each chunk: unstopped, the load would take some 2 s more.
+    const auto job = start_slow_run(checkpoint, 100, trace);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(::kill(job->pid(), sig) == 0);
+    const auto r = job->wait(60);
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(r.out);
+    CHECK(r.term_signal == 0);  // it ended itself, not by the signal's default action
+    CHECK(r.exit_status == status);
+    CHECK_THAT(r.out, EndsWith("weightcast: error: interrupted by " + std::string(name) +
+                               " during the load\n"));
+    CHECK_THAT(r.out, !Contains("GB/s"));  // no summary
+    CHECK(took < std::chrono::seconds(1));
+    // The trace of the stopped load, as for any failed load: the chunks before the signal.
+    REQUIRE(fs::exists(trace));
+    CHECK(read_json(trace)["traceEvents"].size() > 1);
+  }
+}
+
+TEST_CASE("run: a second SIGTERM while the load stops ends the process at once",
+          "[run][signal]") {
+  TempDir dir;
+  const auto checkpoint = synth_small_sharded(dir);
+  // 3 s after each chunk: the first SIGTERM's stop waits for the hook's sleep to end.
+  const auto job = start_slow_run(checkpoint, 3000, dir / "trace.json");
+  REQUIRE(::kill(job->pid(), SIGTERM) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(job->running());  // stopping, not killed by the first
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(job->pid(), SIGTERM) == 0);
+  const auto r = job->wait(60);
+  INFO(r.out);
+  CHECK(r.term_signal == SIGTERM);  // the default action, at once
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
 }

@@ -35,9 +35,16 @@ enum class TransportKind;
 }  // namespace weightcast
 
 namespace weightcast::cli {
+class InterruptHandler;
+
 /// `run` when the world has more than one rank (tools/run_ranks.cpp): control plane, data
-/// plane, final report compared on rank 0.
-int run_ranks(const RunArgs& args, const Config& config, const World& world);
+/// plane, final report compared on rank 0. An interrupt (@p interrupts) ends every rank.
+int run_ranks(const RunArgs& args, const Config& config, const World& world,
+              InterruptHandler& interrupts);
+
+/// @return the milliseconds a test hook's environment variable @p env asks for; 0 when it is
+///         unset, not a number or not positive. Test hooks are not user features.
+long test_hook_ms(const char* env);
 
 /// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
 /// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
@@ -98,14 +105,17 @@ void write_report(const std::string& path, const LoadResult& result,
 /**
  * @brief `load` with the config's `trace` (if set) recorded and written to its path for
  *        @p rank, also when the load fails: a trace of a failed or stalled load shows which
- *        stage stopped (tools/run.cpp).
+ *        stage stopped (tools/run.cpp). A SIGINT or SIGTERM during it (@p interrupts) stops
+ *        the load, which then fails like any other.
  * @param end_display called once the load has ended, either way, before the trace is written
  *        (`run` ends its progress bar there); may be empty.
  * @throws what `load` throws (a trace that cannot be written then only warns); Error `io`
- *         (74) when the load succeeded but the trace cannot be written.
+ *         (74) when the load succeeded but the trace cannot be written; `interrupted_error`
+ *         (130, 143: "interrupted by SIGTERM during the load") on an interrupt.
  */
 LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
                        LoadOptions options, const Config& config, int rank, int world_size,
+                       InterruptHandler& interrupts,
                        const std::function<void()>& end_display = {});
 
 /// @return this process's peak resident set size so far, bytes (getrusage; Linux reports KiB).

@@ -338,11 +338,17 @@ int launch(const LaunchArgs& args) {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_status(Errc::unavailable);
     std::string how = describe_status(status);
     // mpirun exits 128 + N when it ended the job because a rank was killed by signal N: a
-    // signal death is 69, as with the local spawner, and the line says so.
+    // signal death is 69, as with the local spawner, and the line says so. But 130 and 143
+    // are also what every rank exits with when one was interrupted by SIGINT or SIGTERM
+    // (tools/interrupt.hpp): the job's status stays that, as with the local spawner.
     if (mpirun && WIFEXITED(status) && code > 128 && code < 128 + NSIG) {
-      how += fmt::format(": a rank was killed by signal {} ({})", code - 128,
-                         ::strsignal(code - 128));
-      code = exit_status(Errc::unavailable);
+      const int sig = code - 128;
+      if (sig == SIGINT || sig == SIGTERM) {
+        how += fmt::format(": a rank was interrupted by {}", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      } else {
+        how += fmt::format(": a rank was killed by signal {} ({})", sig, ::strsignal(sig));
+        code = exit_status(Errc::unavailable);
+      }
     }
     std::fflush(stdout);
     fmt::print(stderr, "weightcast launch: {} {}{}\n", label, how,

@@ -10,23 +10,36 @@
 #include "weightcast/trace.hpp"
 #include "weightcast/world.hpp"
 
+#include "interrupt.hpp"
 #include "progress.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace weightcast::cli {
+
+long test_hook_ms(const char* env) {
+  const char* text = std::getenv(env);
+  if (text == nullptr) return 0;
+  long ms = 0;
+  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), ms);
+  return ec == std::errc() && *end == '\0' && ms > 0 ? ms : 0;
+}
 
 std::uint64_t peak_rss_bytes() {
   rusage usage{};
@@ -295,30 +308,69 @@ void write_trace(const std::optional<TraceRecorder>& trace, const Config& config
   }
 }
 
+// Test hook (tests/test_run.cpp, tests/test_multirank.cpp): every rank sleeps this many
+// milliseconds after each chunk lands, on the loader's thread, so that a test can interrupt
+// a load in progress. Not a user feature; ignored when unset or not a number.
+constexpr const char* chunk_delay_hook_env = "WEIGHTCAST_TEST_CHUNK_DELAY_MS";
+
+void honour_chunk_delay_hook(LoadOptions& options) {
+  const long ms = test_hook_ms(chunk_delay_hook_env);
+  if (ms == 0) return;
+  options.on_progress = [inner = std::move(options.on_progress), ms,
+                         first = true](const LoadProgress& progress) mutable {
+    if (inner) inner(progress);
+    if (std::exchange(first, false)) {
+      spdlog::info("test hook {}: the first chunk landed; sleeping {} ms after each chunk",
+                   chunk_delay_hook_env, ms);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  };
+}
+
+// Whether @p failure is the load's answer to LoadOptions::stop.
+bool is_stop(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    return e.code() == Errc::interrupted;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
 
 LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
                        LoadOptions options, const Config& config, int rank, int world_size,
-                       const std::function<void()>& end_display) {
+                       InterruptHandler& interrupts, const std::function<void()>& end_display) {
   std::optional<TraceRecorder> trace;
   if (!config.trace.empty()) {
     trace.emplace(rank);
     options.on_stage_event = trace->hook();
   }
+  honour_chunk_delay_hook(options);
   LoadResult result;
+  std::exception_ptr failure;
+  InterruptHandler::LoadScope scope(interrupts);
+  options.stop = interrupts.stop_token();
   try {
     result = load(std::move(catalogue), device, transport, options);
   } catch (...) {
-    if (end_display) end_display();
-    write_trace(trace, config, rank, world_size, true);
-    throw;
+    failure = std::current_exception();
   }
+  // A signal during the load (even one that came as it ended) is this load's end; but a
+  // failure of its own that beat the stop is the cause.
+  const int sig = scope.end();
   if (end_display) end_display();
-  write_trace(trace, config, rank, world_size, false);
+  write_trace(trace, config, rank, world_size, failure || sig != 0);
+  if (sig != 0 && (!failure || is_stop(failure))) throw interrupted_error(sig, " during the load");
+  if (failure) std::rethrow_exception(failure);
   return result;
 }
 
 int run(const RunArgs& args) {
+  // First, before any thread starts: they all inherit SIGINT and SIGTERM blocked.
+  InterruptHandler interrupts;
   Config config = load_config(args.config_path, args.overrides);
   if (!args.trace_path.empty()) config.trace = args.trace_path;  // --trace wins
   // --quiet: errors only, then the summary; --json keeps stdout for the JSON summary alone.
@@ -334,7 +386,7 @@ int run(const RunArgs& args) {
   // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
   check_destination(config.destination, world.world_size);
   check_distinct_outputs(args.report_path, config.trace, world.rank, world.world_size);
-  if (world.world_size > 1) return run_ranks(args, config, world);
+  if (world.world_size > 1) return run_ranks(args, config, world, interrupts);
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
@@ -356,7 +408,7 @@ int run(const RunArgs& args) {
   }
   const LoadResult result =
       load_traced(std::move(catalogue), *device, *transport, std::move(options), config,
-                  transport->rank(), transport->world_size(), [&progress] {
+                  transport->rank(), transport->world_size(), interrupts, [&progress] {
                     if (progress) progress->finish();
                   });
   const std::uint64_t peak_rss = peak_rss_bytes();

@@ -1,6 +1,7 @@
 // `weightcast run` with more than one rank: rendezvous over the control plane, the catalogue
 // from rank 0, the load over the data plane, every rank's digests compared on rank 0.
 #include "commands.hpp"
+#include "interrupt.hpp"
 
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
@@ -34,11 +35,8 @@ namespace {
 constexpr const char* pause_hook_env = "WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS";
 
 void honour_pause_hook() {
-  const char* text = std::getenv(pause_hook_env);
-  if (text == nullptr) return;
-  long ms = 0;
-  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), ms);
-  if (ec != std::errc() || ms <= 0) return;
+  const long ms = test_hook_ms(pause_hook_env);
+  if (ms == 0) return;
   spdlog::info("test hook {}: pausing {} ms after reading the catalogue", pause_hook_env, ms);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
@@ -178,8 +176,10 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 
 namespace {
 
-int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& world) {
+int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& world,
+                       InterruptHandler& interrupts) {
   const int rank = world.rank;
+  interrupts.set_rank(rank);
   auto prefixed = [rank](const std::exception& e, Errc code) {
     return Error(code, fmt::format("rank {}: {}", rank, e.what()));
   };
@@ -203,6 +203,14 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   } catch (const Error& e) {
     throw prefixed(e, e.code());
   }
+
+  // From here an interrupt outside the load sends its ABORT over the control plane; detached
+  // before the control plane goes (declared after it).
+  interrupts.attach(&*control);
+  struct Detach {
+    InterruptHandler& interrupts;
+    ~Detach() { interrupts.attach(nullptr); }
+  } detach{interrupts};
 
   std::unique_ptr<MpiSession> mpi;
   try {
@@ -263,8 +271,9 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
     const std::size_t shards = catalogue.shards.size();
-    const LoadResult result = load_traced(std::move(catalogue), *device, *transport,
-                                          std::move(options), config, rank, world.world_size);
+    const LoadResult result =
+        load_traced(std::move(catalogue), *device, *transport, std::move(options), config, rank,
+                    world.world_size, interrupts);
     // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
     // that landed in GPU memory, not a host copy of them. `verify: none` skips it.
     const auto digests_begin = std::chrono::steady_clock::now();
@@ -357,9 +366,10 @@ TransportKind transport_for_world(const Config& config, bool host_device, int wo
   return TransportKind::mpi;
 }
 
-int run_ranks(const RunArgs& args, const Config& config, const World& world) {
+int run_ranks(const RunArgs& args, const Config& config, const World& world,
+              InterruptHandler& interrupts) {
   try {
-    return run_ranks_or_throw(args, config, world);
+    return run_ranks_or_throw(args, config, world, interrupts);
   } catch (const Error& e) {
     // Printed here rather than by main(): after the message, linger a moment before the
     // exit, because mpirun drops output it has not forwarded when it tears a job down on

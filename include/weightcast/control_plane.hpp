@@ -134,6 +134,10 @@ class ControlPlane {
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;
 
+  /// @return true once this process is ending over the control plane: an ABORT was sent or
+  ///         received, or a peer was lost. Safe from any thread.
+  [[nodiscard]] bool ending() const noexcept;
+
   /// Implementation (Boost.Asio), in control_plane.cpp.
   struct Impl;
 

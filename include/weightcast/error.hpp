@@ -26,6 +26,11 @@ enum class Errc : int {
   io = 74,                  ///< EX_IOERR: a read failed, a file changed under the reader.
   timeout = 75,             ///< EX_TEMPFAIL: a wait exceeded the configured `timeout`.
   config = 78,              ///< EX_CONFIG: an unknown config key or a bad value.
+  /// 128 + SIGINT, the shell's status for Ctrl-C: the load was stopped on request
+  /// (`LoadOptions::stop`; `weightcast run` on SIGINT). Not a `<sysexits.h>` status.
+  interrupted = 130,
+  /// 128 + SIGTERM: `weightcast run` was stopped by SIGTERM (a scheduler, `kill`).
+  terminated = 143,
 };
 
 /// @return the `<sysexits.h>` process exit status for @p code (the enum's value).

@@ -31,6 +31,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,13 @@ struct LoadOptions {
   /// Called on the loader's thread when a stage finishes a chunk (one call per chunk per
   /// stage this rank runs). Must not throw; keep it cheap: its time counts in the stage.
   std::function<void(const StageEvent&)> on_stage_event;
+  /// Stops the load early: once a stop is requested on its `std::stop_source` (from any
+  /// thread; e.g. a signal-waiting thread on SIGINT), the load cancels its stages, waits for
+  /// the reads already in flight, and throws `Error` `interrupted` (130) within milliseconds
+  /// (a blocked `on_*` hook delays it). Requested before the load starts, the load throws at
+  /// once. A default token never stops. A broadcast in flight cannot be cancelled under
+  /// `mpi`: as on any failure, the process must then exit soon (`make_mpi_transport`).
+  std::stop_token stop;
 
   /// @return the options a `Config` asks for.
   static LoadOptions from_config(const Config& config);
@@ -155,8 +163,8 @@ void check_destination(Destination destination, int world_size);
  * receive. Blocks until every tensor has landed on this rank.
  *
  * @throws Error `io` (74) when a read fails or a shard shrank (names file, offset, tensor);
- *         `timeout` (75) when no stage made progress for `options.timeout`; whatever the
- *         device or transport throw.
+ *         `timeout` (75) when no stage made progress for `options.timeout`; `interrupted`
+ *         (130) when `options.stop` was requested; whatever the device or transport throw.
  */
 LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
                 const LoadOptions& options = {});

@@ -49,10 +49,17 @@ bool BackgroundJob::wait_for_output(const std::string& text, int timeout_s) {
   return false;
 }
 
+bool BackgroundJob::running() {
+  if (_reaped) return false;
+  if (::waitpid(_pid, &_status, WNOHANG) != _pid) return true;
+  _reaped = true;
+  return false;
+}
+
 ProcessResult BackgroundJob::wait(int timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int status = 0;
-  while (true) {
+  int status = _status;
+  while (!_reaped) {
     const pid_t done = ::waitpid(_pid, &status, WNOHANG);
     if (done == _pid) break;
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -68,6 +75,7 @@ ProcessResult BackgroundJob::wait(int timeout_s) {
   ::kill(-_pid, SIGKILL);
   ProcessResult result;
   result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   result.out = output();
   check_no_sanitizer_report(result.out, "the background job");
   return result;

@@ -31,6 +31,9 @@ class BackgroundJob {
   /// output holds a sanitizer report: check_no_sanitizer_report).
   /// @return exit status, or 128 + signal; `out` holds the output.
   ProcessResult wait(int timeout_s);
+  /// @return whether the job is still running (false once it has ended; `wait` then returns
+  ///         at once).
+  [[nodiscard]] bool running();
   /// @return the pid of a descendant whose environment has @p entry ("RANK=1"), or -1.
   [[nodiscard]] pid_t find_descendant_with_env(const std::string& entry) const;
 
@@ -38,6 +41,7 @@ class BackgroundJob {
   TempDir _dir{"weightcast-job"};
   pid_t _pid = -1;
   bool _reaped = false;
+  int _status = 0;  // once _reaped
 };
 
 }  // namespace weightcast::test

@@ -78,6 +78,7 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                                     << result.out << "\nstderr:\n" << result.err);
   }
   result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   check_no_sanitizer_report(result.err + result.out, argv[0]);
   return result;
 }

@@ -9,6 +9,7 @@ namespace weightcast::test {
 
 struct ProcessResult {
   int exit_status = -1;  ///< Exit status, or 128 + signal number if killed by a signal.
+  int term_signal = 0;   ///< The signal that killed it; 0 when it exited by itself.
   std::string out;       ///< Everything written to stdout.
   std::string err;       ///< Everything written to stderr.
 };

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <unistd.h>
 
@@ -19,6 +20,18 @@ pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std:
   REQUIRE(pid >= 0);
   if (pid == 0) {
     if (options.own_process_group) ::setpgid(0, 0);
+    // SIGINT and SIGTERM as a terminal would deliver them, however the test binary was started
+    // (a script's background job ignores SIGINT, and that is inherited): the signal tests
+    // send them.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigset_t interrupts;
+    sigemptyset(&interrupts);
+    for (const int sig : {SIGINT, SIGTERM}) {
+      ::sigaction(sig, &default_action, nullptr);
+      sigaddset(&interrupts, sig);
+    }
+    ::sigprocmask(SIG_UNBLOCK, &interrupts, nullptr);
     if (options.stdout_fd >= 0) ::dup2(options.stdout_fd, STDOUT_FILENO);
     if (options.stderr_fd >= 0) ::dup2(options.stderr_fd, STDERR_FILENO);
     if (options.search_path) {

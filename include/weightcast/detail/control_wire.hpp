@@ -110,7 +110,8 @@ std::string encode_status(int status, std::string_view message);
 /**
  * @brief Decodes what `encode_status` wrote.
  * @return the status, or 69 (`unavailable`) when the sender's is outside 0..125 (it would
- *         read as a signal to the shell), and the message.
+ *         read as a signal to the shell) other than 130 or 143 (a rank interrupted by SIGINT
+ *         or SIGTERM: `Errc::interrupted`, `Errc::terminated`), and the message.
  * @throws Error `unavailable` (69) naming the field when truncated or followed by bytes.
  */
 StatusMessage decode_status(std::string_view payload, std::string_view what);

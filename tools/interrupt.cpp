@@ -1,0 +1,126 @@
+#include "interrupt.hpp"
+
+#include "weightcast/control_plane.hpp"
+#include "weightcast/log.hpp"
+
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <cstring>
+#include <pthread.h>
+#include <unistd.h>
+
+namespace weightcast::cli {
+
+Error interrupted_error(int sig, const char* when) {
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : ::strsignal(sig);
+  const Errc code = sig == SIGINT    ? Errc::interrupted
+                    : sig == SIGTERM ? Errc::terminated
+                                     : static_cast<Errc>(128 + sig);
+  return Error(code, fmt::format("interrupted by {}{}", name, when));
+}
+
+InterruptHandler::InterruptHandler() {
+  sigemptyset(&_signals);
+  for (const int sig : {SIGTERM, SIGINT}) {
+    struct sigaction action {};
+    // Ignored from the start (nohup; a non-interactive shell's background job ignores
+    // SIGINT): leave it so. Blocked, Linux would queue it for sigwaitinfo all the same.
+    if (::sigaction(sig, nullptr, &action) == 0 && action.sa_handler == SIG_IGN) continue;
+    sigaddset(&_signals, sig);
+    if (_wake_signal == 0) _wake_signal = sig;
+  }
+  if (_wake_signal == 0) return;
+  ::pthread_sigmask(SIG_BLOCK, &_signals, &_old_mask);
+  _thread = std::thread([this] { watch(); });
+}
+
+InterruptHandler::~InterruptHandler() {
+  if (!_thread.joinable()) return;
+  {
+    std::lock_guard lock(_mutex);
+    _closing = true;
+    // Still waiting for a first signal, with the signals blocked: wake it with one aimed at
+    // it alone. (After a first signal it waits on _changed with them unblocked.)
+    if (_signal == 0) ::pthread_kill(_thread.native_handle(), _wake_signal);
+  }
+  _changed.notify_all();
+  _thread.join();
+  ::pthread_sigmask(SIG_SETMASK, &_old_mask, nullptr);
+}
+
+void InterruptHandler::set_rank(int rank) {
+  std::lock_guard lock(_mutex);
+  _rank = rank;
+}
+
+void InterruptHandler::attach(ControlPlane* control) {
+  std::lock_guard lock(_mutex);
+  _control = control;
+}
+
+InterruptHandler::LoadScope::LoadScope(InterruptHandler& handler) : _handler(&handler) {
+  std::lock_guard lock(_handler->_mutex);
+  _handler->_in_load = true;
+}
+
+int InterruptHandler::LoadScope::end() {
+  if (_handler == nullptr) return 0;
+  int sig = 0;
+  {
+    std::lock_guard lock(_handler->_mutex);
+    _handler->_in_load = false;
+    sig = _handler->_signal_in_load;
+  }
+  _handler->_changed.notify_all();
+  _handler = nullptr;
+  return sig;
+}
+
+void InterruptHandler::watch() {
+  siginfo_t info{};
+  int sig = -1;
+  while (sig < 0) sig = ::sigwaitinfo(&_signals, &info);  // < 0: EINTR
+  std::unique_lock lock(_mutex);
+  if (_closing) return;  // the destructor's wake-up (or a signal just as `run` returns)
+  _signal = sig;
+  // From now on this thread takes SIGINT and SIGTERM with their default action (no other
+  // thread has them unblocked): a second one ends the process at once.
+  ::pthread_sigmask(SIG_UNBLOCK, &_signals, nullptr);
+  if (_control != nullptr && _control->ending()) {
+    // Another rank's ABORT (or this rank's own failure) is already ending the process, and
+    // mpirun ends a failed job's ranks with SIGTERM: no second message, end as before.
+    lock.unlock();
+    ::raise(sig);
+    ::_exit(128 + sig);
+  }
+  if (_in_load) {
+    _signal_in_load = sig;
+    spdlog::debug("{}: stopping the load", interrupted_error(sig).what());
+    _stop.request_stop();
+    if (!_changed.wait_for(lock, stop_grace, [this] { return !_in_load || _closing; })) {
+      end_process(sig, fmt::format(" during the load, which did not stop within {} s",
+                                   stop_grace.count())
+                           .c_str());
+    }
+    _changed.wait(lock, [this] { return _closing; });
+    return;
+  }
+  end_process(sig, "");
+}
+
+void InterruptHandler::end_process(int sig, const char* when) {
+  // Called with _mutex held: attach(nullptr) waits, so the control plane stays alive.
+  Error error = interrupted_error(sig, when);
+  if (_rank >= 0) error = Error(error.code(), fmt::format("rank {}: {}", _rank, error.what()));
+  if (_control != nullptr) _control->abort(error);
+  std::fflush(stdout);
+  fmt::print(stderr, "weightcast: error: {}\n", error.what());
+  std::fflush(stderr);
+  // As run_ranks does after its message: mpirun drops output it has not forwarded when it
+  // tears the job down on the first non-zero exit.
+  if (_control != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::_exit(exit_status(error.code()));
+}
+
+}  // namespace weightcast::cli
