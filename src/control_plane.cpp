@@ -55,6 +55,26 @@ RendezvousOptions rendezvous_options(const Config& config, const World& world) {
 
 namespace {
 
+// "1-3, 5, 7-1023": ranks, ascending, with runs as ranges; at most 16 items, then how many
+// ranks in all (a world of a million ranks must not make a megabyte message).
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  std::size_t items = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (items == 16) {
+      out += fmt::format(", … ({} ranks in all)", ranks.size());
+      break;
+    }
+    out += (out.empty() ? "" : ", ") + (j == i ? std::to_string(ranks[i])
+                                                : fmt::format("{}-{}", ranks[i], ranks[j]));
+    ++items;
+    i = j + 1;
+  }
+  return out;
+}
+
 using detail::Frame;
 using detail::frame_bytes;
 using detail::frame_header_bytes;
@@ -388,12 +408,12 @@ struct ControlPlane::Impl {
     for (const GreetingPtr& g : std::deque<GreetingPtr>(pending)) close_greeting(*g);
     if (joined == world.world_size - 1) return;
 
-    std::string missing;
+    std::vector<int> missing;
     for (int r = 1; r < world.world_size; ++r) {
-      if (!connections[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!connections[r]) missing.push_back(r);
     }
     std::string message = fmt::format(
-        "rendezvous: rank(s) {} did not join rank 0 at {}:{} within {}", missing,
+        "rendezvous: rank(s) {} did not join rank 0 at {}:{} within {}", rank_list(missing),
         options.address, options.port, milliseconds(options.timeout));
     if (refused > 0) {
       message += fmt::format("; refused {} connection(s), last {}", refused, last_refusal);
@@ -761,13 +781,13 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine) {
     return true;
   });
   if (!all) {
-    std::string missing;
+    std::vector<int> missing;
     for (int r = 1; r < impl.world.world_size; ++r) {
-      if (!impl.reports[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!impl.reports[r]) missing.push_back(r);
     }
     throw Error(Errc::timeout, fmt::format("no final report from rank(s) {} within {} "
                                            "(stalled?)",
-                                           missing, milliseconds(impl.options.timeout)));
+                                           rank_list(missing), milliseconds(impl.options.timeout)));
   }
   std::vector<RankReport> out;
   for (auto& r : impl.reports) out.push_back(std::move(*r));

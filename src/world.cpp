@@ -6,7 +6,6 @@
 
 #include <charconv>
 #include <cstdlib>
-#include <limits>
 #include <optional>
 
 namespace weightcast {
@@ -53,9 +52,12 @@ int env_int(const char* name, const char* text) {
   if (!digits || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
     throw Error(Errc::config, fmt::format("environment {}='{}': not a whole number", name, text));
   }
-  if (ec == std::errc::result_out_of_range) {
+  // The config's own bound on world.size and the ranks (config.cpp): a world of more would
+  // allocate per-rank state for nothing (one WORLD_SIZE=2147483647 took gigabytes).
+  constexpr int max_world = 1 << 20;
+  if (ec == std::errc::result_out_of_range || value > max_world) {
     throw Error(Errc::config, fmt::format("environment {}='{}': out of range (at most {})", name,
-                                          text, std::numeric_limits<int>::max()));
+                                          text, max_world));
   }
   if (value < 0) {
     throw Error(Errc::config, fmt::format("environment {}='{}': must be >= 0", name, text));

@@ -289,6 +289,21 @@ TEST_CASE("control plane: 3 ranks meet, share, report and agree", "[control_plan
   }
 }
 
+TEST_CASE("control plane: the ranks that did not join are listed as ranges, not one by one",
+          "[control_plane]") {
+  // A world of 2^20 ranks (the most a config or environment may give) with none joining: the
+  // message stays a line (it listed every rank: megabytes).
+  try {
+    ControlPlane root(world_of(0, 1 << 20),
+                      loopback(29681, "", std::chrono::milliseconds(300)));
+    FAIL("rank 0 saw a world of 2^20 ranks join");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::timeout);
+    CHECK_THAT(e.what(), Contains("rank(s) 1-1048575 did not join"));
+    CHECK(std::string(e.what()).size() < 300);
+  }
+}
+
 TEST_CASE("control plane: a wrong token is refused on both sides", "[control_plane]") {
   constexpr std::uint16_t port = 29652;
   auto intruder = std::async(std::launch::async, [] {

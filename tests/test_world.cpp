@@ -220,6 +220,13 @@ TEST_CASE("world: negative and too large numbers say so, not 'not a whole number
     CHECK_THAT(what, Contains("WORLD_SIZE='99999999999999': out of range"));
   }
   {
+    // Beyond the config's bound (world.size ≤ 2^20), though it fits an int.
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}});
+    auto [code, what] = error_of({});
+    CHECK(code == Errc::config);
+    CHECK_THAT(what, Contains("WORLD_SIZE='2147483647': out of range (at most 1048576)"));
+  }
+  {
     ScopedEnv env({{"RANK", "-1"}, {"WORLD_SIZE", "2"}});
     auto [code, what] = error_of({});
     CHECK(code == Errc::config);
