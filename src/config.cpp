@@ -641,14 +641,28 @@ void apply_override(Config& config, const std::string& item) {
   }
   const KeySpec* spec = find_key(key);
   if (spec == nullptr) throw Error(Errc::config, where + unknown_key_reason(key));
+  // The value is taken as written: read as YAML, `model #v2.safetensors` would be `model` (a
+  // comment), and `~`, `null`, `!x`, `&x` would be no value or a tag. Only a value that starts
+  // with a quote is YAML's quoted scalar (`'/x/y: z'`, `"a b"`, `''` for an empty string).
+  const std::string_view text = trim(raw);
+  if (text.empty()) throw Error(Errc::config, where + "has no value");
+  if (text.front() != '\'' && text.front() != '"') {
+    apply(config, YAML::Node(std::string(text)), *spec, where);
+    return;
+  }
+  // `'a'.b` or `'a' # x`: a quoted string and more text, which YAML would drop.
+  if (text.size() < 2 || text.back() != text.front()) {
+    throw Error(Errc::config, fmt::format("{}a value that starts with a quote must be one "
+                                          "quoted string (quote all of it)",
+                                          where));
+  }
   YAML::Node value;
   try {
-    value = YAML::Load(raw);
+    value = YAML::Load(std::string(text));
   } catch (const YAML::ParserException& e) {
     throw Error(Errc::config,
-                fmt::format("{}the value is not valid YAML ({}); quote it", where, e.msg));
+                fmt::format("{}the quoted value is not valid YAML ({})", where, e.msg));
   }
-  if (value.IsNull()) throw Error(Errc::config, where + "has no value");
   apply(config, value, *spec, where);
 }
 

@@ -280,9 +280,20 @@ TEST_CASE("config: --set syntax", "[config]") {
   CHECK(no_eq.code() == Errc::usage);
   CHECK_THAT(no_eq.what(), Contains("--set chunk_size") && Contains("key=value"));
   CHECK(expect_error([] { from_set({"=4"}); }).code() == Errc::usage);
-  // The value is a YAML scalar: quotes are YAML's, a mapping or list is refused.
+  // The value is taken as written; a quoted one is YAML's quoted scalar.
   CHECK(from_set({"checkpoint='/x/y: z'"}).checkpoint == "/x/y: z");
   CHECK(from_set({"chunk_size=\"16 MiB\""}).chunk_bytes == 16ull << 20);
+  CHECK(from_set({"trace=''"}).trace.empty());
+  // As written: YAML would read a comment, a tag, an anchor, or no value at all.
+  CHECK(from_set({"checkpoint=model #v2.safetensors"}).checkpoint == "model #v2.safetensors");
+  CHECK(from_set({"rendezvous.token=abc #secretA"}).rendezvous_token == "abc #secretA");
+  for (const std::string path : {"~", "null", "!bang.safetensors", "&amp.safetensors",
+                                 "%pct.safetensors", "a: b", "[x]"}) {
+    CHECK(from_set({"checkpoint=" + path}).checkpoint == path);
+  }
+  CHECK(from_set({"checkpoint=  /x/y  "}).checkpoint == "/x/y");
+  CHECK_THAT(expect_error([] { from_set({"checkpoint='q'.safetensors"}); }).what(),
+             Contains("must be one quoted string"));
   CHECK(expect_error([] { from_set({"io_depth=[1, 2]"}); }).code() == Errc::config);
   CHECK(expect_error([] { from_set({"io_depth=[1"}); }).code() == Errc::config);
   CHECK_THAT(expect_error([] { from_set({"io_depth="}); }).what(),
