@@ -200,11 +200,8 @@ std::string quote(std::string_view text) {
 }
 
 std::optional<std::uint64_t> json_unsigned(const json& value) noexcept {
+  // nlohmann parses a literal without '-' as unsigned; a signed integer is negative or `-0`.
   if (value.is_number_unsigned()) return value.get<std::uint64_t>();
-  if (value.is_number_integer()) {
-    auto signed_value = value.get<std::int64_t>();
-    if (signed_value >= 0) return static_cast<std::uint64_t>(signed_value);
-  }
   return std::nullopt;
 }
 
@@ -222,6 +219,15 @@ std::string_view json_kind(const json& value) noexcept {
   }
 }
 
+// One JSON value as its text; a signed zero is `-0` as written (nlohmann reads `-0` as the
+// signed integer 0 and would print `0`, which is not what the header says).
+std::string value_text(const json& value) {
+  if (value.is_number_integer() && !value.is_number_unsigned() && value.get<std::int64_t>() == 0) {
+    return "-0";
+  }
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string json_brief(const json& value) {
   // A hostile header can hold a million-element shape; a message stays one readable line.
   constexpr std::size_t max_chars = 160;
@@ -232,12 +238,12 @@ std::string json_brief(const json& value) {
     for (const auto& element : value) {
       if (!first) out += ", ";
       first = false;
-      out += element.dump(-1, ' ', false, json::error_handler_t::replace);
+      out += value_text(element);
       if (out.size() > max_chars) break;
     }
     out += ']';
   } else {
-    out = value.dump(-1, ' ', false, json::error_handler_t::replace);
+    out = value_text(value);
   }
   if (out.size() > max_chars) {
     out.resize(max_chars);

@@ -348,6 +348,9 @@ TEST_CASE("rule 9: shape values are non-negative integers", "[safetensors]") {
              Contains("dimension 1 is \"3\""));
   CHECK_THAT(parse_failure(object({entry("w.a", "F32", "12", "[0,48]")}), 48).what(),
              Contains("shape 12 is an integer"));
+  // -0: serde_json (the reference's parser) reads it as a float and refuses it.
+  CHECK_THAT(parse_failure(object({entry("w.a", "F32", "[4,-0]", "[0,16]")}), 16).what(),
+             Contains("shape [4, -0]: dimension 1 is -0, must be a non-negative integer"));
   // Beyond 2^64-1 the JSON number no longer is an integer.
   CHECK_THAT(
       parse_failure(object({entry("w.a", "U8", "[18446744073709551616]", "[0,1]")}), 1).what(),
@@ -355,7 +358,7 @@ TEST_CASE("rule 9: shape values are non-negative integers", "[safetensors]") {
 }
 
 TEST_CASE("rule 9: data_offsets are exactly two non-negative integers", "[safetensors]") {
-  for (std::string_view offsets : {"[0.0,48.5]", "[0.0,48]", "[0]", "[0,24,48]", "[-1,47]",
+  for (std::string_view offsets : {"[0.0,48.5]", "[0.0,48]", "[0]", "[0,24,48]", "[-1,47]", "[-0,48]",
                                    "[\"0\",\"48\"]", "{\"begin\":0}", "48"}) {
     INFO("data_offsets " << offsets);
     auto e = parse_failure(object({entry("w.a", "F32", "[12]", offsets)}), 48);

@@ -65,7 +65,8 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept;
 std::string quote(std::string_view text);
 
 /// @return @p value as an unsigned integer if it is a non-negative JSON integer
-///         (never a float, even 0.0).
+///         (never a float, even 0.0, and never `-0`: serde_json, the reference's parser,
+///         reads `-0` as a float and refuses it for a shape or an offset).
 std::optional<std::uint64_t> json_unsigned(const nlohmann::json& value) noexcept;
 
 /// @return the JSON type of @p value with its article, for messages: "an array", "a number".
