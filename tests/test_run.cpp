@@ -212,6 +212,19 @@ TEST_CASE("run: --report and --trace naming one file through a symlink are refus
   CHECK(file_bytes(dir / "same.json") == "{}");
 }
 
+TEST_CASE("run: transport mpi or nccl in a world of one rank is a config error saying why",
+          "[run]") {
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  for (const std::string transport : {"mpi", "nccl"}) {
+    const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--set",
+                            "transport=" + transport});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains("transport: " + transport + ": this is a world of one rank") &&
+                          Catch::Contains("weightcast launch -n N"));
+  }
+}
+
 TEST_CASE("run: verify none leaves the digests out of --report, except discard's", "[run]") {
   const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
   test::TempDir dir;

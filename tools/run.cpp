@@ -74,9 +74,12 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
   switch (config.transport) {
     case TransportKind::mpi:
     case TransportKind::nccl:
-      throw Error(Errc::unavailable,
-                  fmt::format("transport: {}: not available in this build (world size 1 uses "
-                              "transport: local or auto)",
+      // A world of one rank (run_ranks handles more): nothing to broadcast to.
+      throw Error(Errc::config,
+                  fmt::format("transport: {}: this is a world of one rank (no launcher's "
+                              "environment, no world.size), so there is no other rank to "
+                              "broadcast to; use transport: local or auto, or start several "
+                              "ranks (weightcast launch -n N, mpirun, torchrun)",
                               to_string(config.transport)));
     case TransportKind::automatic:
     case TransportKind::local:
