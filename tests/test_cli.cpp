@@ -28,6 +28,11 @@ TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line
       {{"launch", "-n", "0"}, "launch: --ranks: Value 0 not in range", "weightcast launch --help"},
       {{"launch", "-n", "2", "--spawner", "ssh"}, "launch: --spawner: ssh not in",
        "weightcast launch --help"},
+      // NaN passes every range check made of comparisons.
+      {{"launch", "-n", "2", "--grace", "nan"}, "launch: --grace: 'nan' is out of range",
+       "weightcast launch --help"},
+      {{"launch", "-n", "2", "--grace", "5s"}, "launch: --grace: '5s' is not a number",
+       "weightcast launch --help"},
       {{"inspect"}, "inspect: path is required", "weightcast inspect --help"},
       {{"inspect", "a", "b"}, "inspect: The following argument was not expected: b",
        "weightcast inspect --help"},

@@ -63,7 +63,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   launch->add_option("--grace", launch_args.grace_s,
                      "seconds between SIGTERM and SIGKILL when ending the other ranks")
-      ->check(CLI::Range(0.0, 600.0))
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // CLI::Range lets NaN through (every comparison with it is false).
+            double seconds = 0;
+            try {
+              std::size_t used = 0;
+              seconds = std::stod(text, &used);
+              if (used != text.size()) return "'" + text + "' is not a number";
+            } catch (const std::exception&) {
+              return "'" + text + "' is not a number";
+            }
+            if (!(seconds >= 0.0 && seconds <= 600.0)) {
+              return "'" + text + "' is out of range (0 to 600 seconds)";
+            }
+            return {};
+          },
+          "SECONDS in [0, 600]"))
       ->capture_default_str();
 
   cli::InspectArgs inspect_args;
