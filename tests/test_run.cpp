@@ -212,6 +212,23 @@ TEST_CASE("run: --report and --trace naming one file through a symlink are refus
   CHECK(file_bytes(dir / "same.json") == "{}");
 }
 
+TEST_CASE("run: a checkpoint of more shards than the soft open-file limit loads", "[run]") {
+  // Rank 0 keeps every shard open; the launcher raises the soft limit to the hard one.
+  test::TempDir dir;
+  const auto checkpoint = dir / "many";
+  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "4M", "--shard-size",
+                              "64KiB"});
+  REQUIRE(synth.exit_status == 0);
+  REQUIRE(std::distance(fs::directory_iterator(checkpoint), fs::directory_iterator()) > 100);
+  const auto r = run_process({"/bin/bash", "-c",
+                              "ulimit -Sn 32 && exec \"$0\" run --quiet --set checkpoint=\"$1\" "
+                              "--set direct_io=off",
+                              cli_path().string(), checkpoint.string()});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::Contains("shards"));
+}
+
 TEST_CASE("run: transport mpi or nccl in a world of one rank is a config error saying why",
           "[run]") {
   const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";

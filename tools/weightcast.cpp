@@ -8,14 +8,32 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
 
+namespace {
+
+// Rank 0 keeps every shard open for the whole load (twice where it reads with O_DIRECT), so a
+// checkpoint of a few hundred shards passes the common soft limit of 1024 descriptors. Raise
+// the soft limit to the hard one, as Go's runtime does for every program; the hard limit is
+// the administrator's, and stays.
+void raise_open_file_limit() noexcept {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace weightcast;
+  raise_open_file_limit();
   CLI::App app{"weightcast: stream a safetensors checkpoint from rank 0 to every rank"};
   app.require_subcommand(1);
   // --version also says what GPU support is compiled in and what this machine offers.
