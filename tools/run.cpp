@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -110,12 +111,10 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
 
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal()) {
-    return true;
-  }
   // Symlinks, hard links, "dir/../x": the same inode when both exist, else the same path
-  // once the existing part of each is resolved.
+  // once the existing part of each is resolved (the kernel's reading of "link/..", not the
+  // text's).
+  std::error_code ec;
   if (fs::equivalent(a, b, ec) && !ec) return true;
   std::error_code ec_a, ec_b;
   const fs::path ca = fs::weakly_canonical(a, ec_a);
@@ -123,42 +122,100 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   return !ec_a && !ec_b && ca == cb;
 }
 
+namespace {
+
+// A key under which two ranks' outputs collide: the normalised absolute path. Between
+// ranks the text decides (up to 2^20 ranks each compute every rank's paths; resolving each
+// on the file system would cost millions of calls).
+std::string output_key(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::absolute(path, ec).lexically_normal().string();
+}
+
+// An output named like a checkpoint file would be taken for one: written into a checkpoint
+// directory it makes the next load refuse the directory, or it overwrites a shard.
+void check_output_name(std::string_view option, const std::string& path, int rank) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  if (!name.ends_with(".safetensors") && !name.ends_with(".safetensors.index.json")) return;
+  throw Error(Errc::config,
+              fmt::format("{} {} (rank {}) is named like a checkpoint file (*.safetensors, "
+                          "*.safetensors.index.json): it could overwrite a shard, or be taken "
+                          "for one; give the report or trace another name",
+                          option, path, rank));
+}
+
+struct Output {
+  std::string what;  // "rank 3's report"
+  std::string path;
+};
+
+// Rank `rank`'s outputs: its report (if it writes one) and its trace (if any).
+std::vector<Output> outputs_of(const std::string& report_path, const std::string& trace_path,
+                               int rank, int world_size) {
+  std::vector<Output> out;
+  const std::string report = report_path_for_rank(report_path, rank, world_size);
+  if (!report.empty()) out.push_back({fmt::format("rank {}'s report", rank), report});
+  if (!trace_path.empty()) {
+    out.push_back({fmt::format("rank {}'s trace", rank),
+                   trace_path_for_rank(trace_path, rank, world_size).string()});
+  }
+  return out;
+}
+
+[[noreturn]] void collision(const Output& a, const Output& b) {
+  throw Error(Errc::config,
+              fmt::format("{} and {} are the same file ({}): one would overwrite the other; "
+                          "give --report and --trace paths that differ for every rank "
+                          "(\"{{rank}}\" in a path becomes the rank)",
+                          a.what, b.what, b.path));
+}
+
+}  // namespace
+
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int rank, int world_size) {
-  const std::string report = report_path_for_rank(report_path, rank, world_size);
-  if (report.empty() || trace_path.empty()) return;
-  const std::filesystem::path trace = trace_path_for_rank(trace_path, rank, world_size);
-  if (!same_file(report, trace)) return;
-  throw Error(Errc::config,
-              fmt::format("--report {} and --trace {} (or the config's trace) are the same file "
-                          "for rank {} ({}): one would overwrite the other; give them different "
-                          "paths",
-                          report_path, trace_path, rank, report));
+  const std::vector<Output> mine = outputs_of(report_path, trace_path, rank, world_size);
+  for (const Output& output : mine) {
+    check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
+                      rank);
+  }
+  // This rank's report and trace: the same file however it is reached.
+  if (mine.size() == 2 && same_file(mine[0].path, mine[1].path)) {
+    throw Error(Errc::config,
+                fmt::format("--report {} and --trace {} (or the config's trace) are the same "
+                            "file for rank {} ({}): one would overwrite the other; give them "
+                            "different paths",
+                            report_path, trace_path, rank, mine[0].path));
+  }
+  // Against every other rank's (the same options on every rank, as under mpirun or torchrun;
+  // ranks on other nodes only collide where they share a file system, which no rank knows).
+  std::vector<std::string> keys;
+  for (const Output& output : mine) keys.push_back(output_key(output.path));
+  for (int other = 0; other < world_size; ++other) {
+    if (other == rank) continue;
+    for (const Output& theirs : outputs_of(report_path, trace_path, other, world_size)) {
+      const std::string key = output_key(theirs.path);
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        if (keys[i] == key) collision(mine[i], theirs);
+      }
+    }
+  }
 }
 
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int world_size) {
-  struct Output {
-    std::string what;
-    std::filesystem::path path;
-  };
-  std::vector<Output> outputs;
+  std::unordered_map<std::string, Output> seen;
   for (int rank = 0; rank < world_size; ++rank) {
-    const std::string report = report_path_for_rank(report_path, rank, world_size);
-    if (!report.empty()) outputs.push_back({fmt::format("rank {}'s report", rank), report});
-    if (!trace_path.empty()) {
-      outputs.push_back({fmt::format("rank {}'s trace", rank),
-                         trace_path_for_rank(trace_path, rank, world_size)});
+    const std::vector<Output> outputs = outputs_of(report_path, trace_path, rank, world_size);
+    for (const Output& output : outputs) {
+      check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
+                        rank);
+      auto [it, inserted] = seen.try_emplace(output_key(output.path), output);
+      if (!inserted) collision(it->second, output);
     }
-  }
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (std::size_t j = i + 1; j < outputs.size(); ++j) {
-      if (!same_file(outputs[i].path, outputs[j].path)) continue;
-      throw Error(Errc::config,
-                  fmt::format("{} and {} are the same file ({}): one would overwrite the "
-                              "other; give --report and --trace paths that differ for every "
-                              "rank (\"{{rank}}\" in a path becomes the rank)",
-                              outputs[i].what, outputs[j].what, outputs[j].path.string()));
+    // A rank's own pair, resolved on the file system (a symlink between them).
+    if (outputs.size() == 2 && same_file(outputs[0].path, outputs[1].path)) {
+      collision(outputs[0], outputs[1]);
     }
   }
 }
