@@ -6,6 +6,7 @@
 // message with where the value came from (`file:line: key: ` or `--set key=value: `).
 #include "weightcast/config.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>
@@ -19,11 +20,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fcntl.h>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace weightcast {
 
@@ -599,12 +603,33 @@ std::string read_file(const std::string& path) {
   if (std::filesystem::is_directory(status)) {
     throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file", path));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
-  return buffer.str();
+  // Non-blocking open: a FIFO would otherwise wait for a writer forever.
+  const int fd = detail::open_input_nonblocking(path);
+  if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot stat config file", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(Errc::config, fmt::format("{}: is {}, not a YAML config file", path,
+                                          detail::file_type_name(st.st_mode)));
+  }
+  std::string text;
+  std::array<char, 64 * 1024> buffer{};
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
+    }
+    if (got == 0) break;
+    text.append(buffer.data(), static_cast<std::size_t>(got));
+  }
+  return text;
 }
 
 void apply_file(Config& config, const std::string& path) {

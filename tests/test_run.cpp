@@ -5,6 +5,7 @@
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -305,4 +307,70 @@ TEST_CASE("run: an empty checkpoint's summary names no reader rather than an emp
   CHECK(summary["chunks"] == 0);
   CHECK(summary["reader"] == "none");
   CHECK(summary["io_mode"] == "none");
+}
+
+TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited on",
+          "[run][fifo]") {
+  // open(2) of a FIFO blocks until a writer (or reader) comes, and before `timeout` applies:
+  // these hung until killed. Each run below has 20 s before run_cli kills it and fails.
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  auto make_fifo = [&](const fs::path& path) {
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    return path.string();
+  };
+  constexpr int limit_s = 20;
+
+  SECTION("a FIFO checkpoint, index or shard: 66, or 65 where an index names it") {
+    const std::string fifo = make_fifo(dir / "f.safetensors");
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"run", "-q", "--set", "checkpoint=" + fifo, "--set",
+                                   "timeout=2s"},
+          std::vector<std::string>{"inspect", fifo}}) {
+      INFO(args.front());
+      const auto r = run_cli(args, {}, limit_s);
+      CHECK(r.exit_status == 66);
+      CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, expected a .safetensors file"));
+    }
+    const std::string index = make_fifo(dir / "model.safetensors.index.json");
+    auto r = run_cli({"inspect", index}, {}, limit_s);
+    CHECK(r.exit_status == 66);
+    CHECK_THAT(r.err, Catch::Contains(index + ": is a FIFO, expected a .safetensors.index.json "
+                                              "index file"));
+    // A directory whose index names a FIFO shard.
+    const fs::path sharded = dir / "sharded";
+    fs::create_directory(sharded);
+    write_file(sharded / "model.safetensors.index.json",
+               R"({"weight_map": {"w": "model-00001-of-00001.safetensors"}})");
+    make_fifo(sharded / "model-00001-of-00001.safetensors");
+    r = run_cli({"inspect", sharded.string()}, {}, limit_s);
+    CHECK(r.exit_status == 65);
+    CHECK_THAT(r.err, Catch::Contains("is not a regular file"));
+  }
+  SECTION("a FIFO or a device as the config file: 78") {
+    const std::string fifo = make_fifo(dir / "fifo.yaml");
+    auto r = run_cli({"run", fifo}, {}, limit_s);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, not a YAML config file"));
+    if (fs::exists("/dev/zero")) {  // endless: it was read until memory ran out
+      r = run_cli({"run", "/dev/zero"}, {}, limit_s);
+      CHECK(r.exit_status == 78);
+      CHECK_THAT(r.err, Catch::Contains("/dev/zero: is a character device, not a YAML config"));
+    }
+  }
+  SECTION("a FIFO as --report or --trace: 74 before the load; /dev/null still works") {
+    const std::string fifo = make_fifo(dir / "out.json");
+    for (const std::string option : {"--report", "--trace"}) {
+      INFO(option);
+      auto r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), option, fifo}, {},
+                       limit_s);
+      CHECK(r.exit_status == 74);
+      CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, not a regular file"));
+      CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+      r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), option, "/dev/null"}, {},
+                  limit_s);
+      CHECK(r.exit_status == 0);
+      CHECK_THAT(r.out, Catch::Contains("GB/s"));
+    }
+  }
 }

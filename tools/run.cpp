@@ -3,6 +3,7 @@
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
@@ -18,7 +19,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fcntl.h>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,12 +77,9 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
   struct stat st {};
   const bool existed = ::stat(path.c_str(), &st) == 0;
-  // No O_TRUNC: an existing file keeps its contents until the load has something to write.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create {}", path.string(), what));
-  }
-  ::close(fd);
+  // No truncation: an existing file keeps its contents until the load has something to
+  // write. Refuses a FIFO (which would block) or a directory.
+  ::close(detail::open_output_file(path, what, false));
   if (!existed) ::unlink(path.c_str());  // a failed load leaves no empty file behind
 }
 
@@ -138,19 +135,22 @@ void write_report(const std::string& path, const LoadResult& result,
                                           {"shape", tensor.shape}};
     if (digested) entry["xxh3"] = digest_hex(digests[i]);
   }
-  errno = 0;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create the report", path));
+  const std::string text = report.dump(1) + "\n";
+  const int fd = detail::open_output_file(path, "the report", true);
+  std::size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      err = wrote < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<std::size_t>(wrote);
   }
-  out << report.dump(1) << '\n';
-  out.close();
-  if (!out) {
-    // errno is the failing write(2)'s or close(2)'s (ENOSPC, EDQUOT, EIO); 0 if unknown.
-    const int err = errno;
-    const std::string what = fmt::format("{}: cannot write the report", path);
-    if (err != 0) throw system_error(Errc::io, err, what);
-    throw Error(Errc::io, what);
+  if (::close(fd) != 0 && err == 0) err = errno;  // NFS reports ENOSPC/EDQUOT at close
+  if (err != 0) {
+    throw system_error(Errc::io, err, fmt::format("{}: cannot write the report", path));
   }
 }
 
