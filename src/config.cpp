@@ -8,6 +8,7 @@
 
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/safetensors.hpp"
 
 #include <fmt/core.h>
 #include <yaml-cpp/yaml.h>
@@ -594,6 +595,30 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
   }
 }
 
+// A config is a few hundred bytes of key: value lines; 1 MiB leaves ample room for comments
+// and refuses a checkpoint or /dev/zero named by mistake before it is read into memory.
+constexpr std::size_t max_config_bytes = 1 << 20;
+
+// The safetensors layout: a little-endian u64 header length within the format's limit,
+// then the header's opening brace. YAML text never starts with such a length (its first
+// eight bytes are printable, so the u64 is far above the limit).
+bool looks_like_safetensors(std::string_view path, std::string_view first_bytes) {
+  if (path.ends_with(".safetensors") || path.ends_with(".safetensors.index.json")) return true;
+  if (first_bytes.size() < 9 || first_bytes[8] != '{') return false;
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_bytes = (header_bytes << 8) | static_cast<unsigned char>(first_bytes[i]);
+  }
+  return header_bytes >= 2 && header_bytes <= max_header_bytes;
+}
+
+[[noreturn]] void refuse_checkpoint_as_config(const std::string& path) {
+  throw Error(Errc::config,
+              fmt::format("{}: this looks like a checkpoint, not a YAML config file: use --set "
+                          "checkpoint={}",
+                          path, path));
+}
+
 std::string read_file(const std::string& path) {
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
@@ -601,8 +626,11 @@ std::string read_file(const std::string& path) {
     throw Error(Errc::missing_input, fmt::format("{}: config file not found", path));
   }
   if (std::filesystem::is_directory(status)) {
-    throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file", path));
+    throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file (a "
+                                          "checkpoint directory? use --set checkpoint={})",
+                                          path, path));
   }
+  if (looks_like_safetensors(path, {})) refuse_checkpoint_as_config(path);
   // Non-blocking open: a FIFO would otherwise wait for a writer forever.
   const int fd = detail::open_input_nonblocking(path);
   if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
@@ -618,16 +646,29 @@ std::string read_file(const std::string& path) {
     throw Error(Errc::config, fmt::format("{}: is {}, not a YAML config file", path,
                                           detail::file_type_name(st.st_mode)));
   }
-  std::string text;
-  std::array<char, 64 * 1024> buffer{};
-  for (;;) {
-    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+  // At most one byte past the limit: enough to tell "too large", also where st_size says 0
+  // (files in /proc) or the file grows while it is read.
+  std::string text(std::min<std::uint64_t>(static_cast<std::uint64_t>(st.st_size),
+                                           max_config_bytes) + 1,
+                   '\0');
+  std::size_t done = 0;
+  while (done <= max_config_bytes) {
+    if (done == text.size()) text.resize(std::min(text.size() * 2, max_config_bytes + 1));
+    const ssize_t got = ::read(fd, text.data() + done, text.size() - done);
     if (got < 0) {
       if (errno == EINTR) continue;
       throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
     }
     if (got == 0) break;
-    text.append(buffer.data(), static_cast<std::size_t>(got));
+    done += static_cast<std::size_t>(got);
+  }
+  text.resize(done);
+  if (looks_like_safetensors("", text)) refuse_checkpoint_as_config(path);
+  if (done > max_config_bytes) {
+    throw Error(Errc::config,
+                fmt::format("{}: is larger than a config file can be ({} bytes at most; a config "
+                            "is a few lines of YAML key: value)",
+                            path, max_config_bytes));
   }
   return text;
 }

@@ -275,6 +275,33 @@ TEST_CASE("config: malformed files", "[config]") {
   }
 }
 
+TEST_CASE("config: a checkpoint or an oversized file as the config is refused unread",
+          "[config]") {
+  test::TempDir dir;
+  SECTION("a .safetensors name or safetensors bytes: the hint names --set checkpoint=") {
+    const std::string tensors = test::make_safetensors(
+        R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", test::zeros(8));
+    for (const std::string name : {"model.safetensors", "weights.bin"}) {
+      INFO(name);
+      const auto path = dir / name;
+      test::write_file(path, tensors);
+      auto e = expect_error([&] { load_config(path.string(), {}); });
+      CHECK(e.code() == Errc::config);
+      CHECK_THAT(e.what(), Contains(path.string() + ": this looks like a checkpoint") &&
+                               Contains("use --set checkpoint=" + path.string()));
+    }
+  }
+  SECTION("larger than 1 MiB") {
+    // Valid YAML of comments, so only the size can refuse it.
+    const auto path = write_yaml(dir, std::string((1 << 20) + 1, '#'));
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains(path + ": is larger than a config file can be (1048576"));
+    // 1 MiB itself is fine.
+    CHECK_NOTHROW(load_config(write_yaml(dir, std::string(1 << 20, '#'), "max.yaml"), {}));
+  }
+}
+
 TEST_CASE("config: --set syntax", "[config]") {
   auto no_eq = expect_error([] { from_set({"chunk_size"}); });
   CHECK(no_eq.code() == Errc::usage);

@@ -374,3 +374,12 @@ TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited 
     }
   }
 }
+
+TEST_CASE("run: the checkpoint named as the config file is refused with a hint", "[run]") {
+  // It was read whole as YAML: a 4 GiB checkpoint ran out of memory (exit 70).
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto r = run_cli({"run", file.string()}, {}, 30);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains(file.string() + ": this looks like a checkpoint") &&
+                        Catch::Contains("use --set checkpoint=" + file.string()));
+}
