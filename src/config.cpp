@@ -29,6 +29,7 @@
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 namespace weightcast {
 
@@ -673,15 +674,51 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
+// The line where the second document of @p text begins: its root node's mark, or, for an
+// empty document (a null node has no useful mark), its "---" marker's line.
+int second_document_line(std::string_view text, const std::vector<YAML::Node>& documents) {
+  const YAML::Node& first = documents[0];
+  const YAML::Node& second = documents[1];
+  if (!second.IsNull() && second.Mark().line >= 0) return second.Mark().line + 1;
+  std::vector<int> markers;  // lines starting with "---" (document markers), 1-based
+  int line = 1;
+  for (std::size_t at = 0; at < text.size(); ++line) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string_view row = text.substr(at, end - at);
+    if (row.starts_with("---") &&
+        (row.size() == 3 || std::isspace(static_cast<unsigned char>(row[3])) != 0)) {
+      markers.push_back(line);
+    }
+    at = end + 1;
+  }
+  if (markers.empty()) return 1;
+  if (!first.IsNull() && first.Mark().line >= 0) {
+    for (int marker : markers) {
+      if (marker > first.Mark().line + 1) return marker;
+    }
+    return markers.back();
+  }
+  // An empty first document: it began at the first marker unless it had none.
+  return markers.size() >= 2 ? markers[1] : markers[0];
+}
+
 void apply_file(Config& config, const std::string& path) {
   std::string text = read_file(path);
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(text);
+    documents = YAML::LoadAll(text);
   } catch (const YAML::ParserException& e) {
     throw Error(Errc::config, fmt::format("{}:{}:{}: invalid YAML: {}", path, e.mark.line + 1,
                                           e.mark.column + 1, e.msg));
   }
+  // A second document would otherwise be ignored without a word, bad keys and all.
+  if (documents.size() > 1) {
+    throw Error(Errc::config,
+                fmt::format("{}:{}: a second YAML document (after '---'): a config file is one "
+                            "document; merge the two or remove the '---'",
+                            path, second_document_line(text, documents)));
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   // An empty file (or one of comments only) is a valid config that changes nothing.
   if (root.IsNull()) return;
   if (!root.IsMap()) {

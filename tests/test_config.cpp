@@ -7,6 +7,7 @@
 #include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 
 #include <filesystem>
 #include <string>
@@ -273,6 +274,33 @@ TEST_CASE("config: malformed files", "[config]") {
     CHECK(e.code() == Errc::missing_input);
     CHECK_THAT(e.what(), Contains(missing));
   }
+}
+
+TEST_CASE("config: a second YAML document is refused with its line, not ignored",
+          "[config]") {
+  // yaml-cpp's Load reads the first document only: the rest, bad keys and all, went unread.
+  test::TempDir dir;
+  struct Case {
+    std::string yaml;
+    int line;  // where the second document begins
+  };
+  const std::vector<Case> cases{
+      {"device: host\n---\nbogus_key: 1\n", 3},
+      {"---\ndevice: host\n---\n# empty\n---\nio_depth: 8\n", 3},
+      {"device: host\n---\n", 2},
+      {"---\n---\ndevice: host\n", 3},
+  };
+  for (const auto& c : cases) {
+    INFO(c.yaml);
+    const auto path = write_yaml(dir, c.yaml);
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains(fmt::format("{}:{}: a second YAML document", path, c.line)));
+  }
+  // One document with its optional markers is still one document.
+  CHECK(load_config(write_yaml(dir, "---\ndevice: host\n...\n"), {}).device == DeviceKind::host);
+  CHECK(load_config(write_yaml(dir, "# only a comment\n---\ndevice: host\n"), {}).device ==
+        DeviceKind::host);
 }
 
 TEST_CASE("config: a checkpoint or an oversized file as the config is refused unread",
