@@ -122,18 +122,23 @@ void write_report(const std::string& path, const LoadResult& result,
   report["bytes"] = result.stats.bytes;
   report["seconds"] = result.stats.seconds;
   report["peak_rss_bytes"] = peak_rss;
-  auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
+  report["tensors"] = nlohmann::ordered_json::object();
   // No digests at all: `verify: none` (no "xxh3" fields); otherwise one per tensor.
   const bool digested = !digests.empty();
   WEIGHTCAST_EXPECT(!digested || digests.size() == result.catalogue.tensors.size(),
                     Errc::internal,
                     fmt::format("report: {} digests for {} tensors", digests.size(),
                                 result.catalogue.tensors.size()));
+  // Appended to the ordered map's vector directly: its operator[] searches linearly, which
+  // made the report quadratic in the tensor count. Names are unique in a catalogue (the
+  // header parser and open_checkpoint refuse a name given twice).
+  auto& tensors = report["tensors"].get_ref<nlohmann::ordered_json::object_t&>();
+  tensors.reserve(result.catalogue.tensors.size());
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     const TensorInfo& tensor = result.catalogue.tensors[i];
-    auto& entry = tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
-                                          {"shape", tensor.shape}};
+    nlohmann::ordered_json entry = {{"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}};
     if (digested) entry["xxh3"] = digest_hex(digests[i]);
+    tensors.emplace_back(tensor.name, std::move(entry));
   }
   const std::string text = report.dump(1) + "\n";
   const int fd = detail::open_output_file(path, "the report", true);
