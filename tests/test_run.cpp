@@ -385,6 +385,27 @@ TEST_CASE("run: the checkpoint named as the config file is refused with a hint",
                         Catch::Contains("use --set checkpoint=" + file.string()));
 }
 
+TEST_CASE("run --json and --report: a path that is not UTF-8 is written with U+FFFD",
+          "[run]") {
+  // JSON strings are UTF-8; nlohmann threw type_error 316 after a successful load (exit 70).
+  const auto source = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  const fs::path file = dir / "ok\xfe.safetensors";
+  fs::copy_file(source, file);
+  const fs::path report = dir / "r\xfe.json";
+  const fs::path trace = dir / "t\xfe.json";
+  const auto r = run_cli({"run", "-q", "--json", "--set", "checkpoint=" + file.string(),
+                          "--report", report.string(), "--trace", trace.string()},
+                         {}, 60);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  const auto summary = nlohmann::json::parse(r.out);
+  CHECK(summary["checkpoint"] == (dir / "ok\xef\xbf\xbd.safetensors").string());
+  CHECK(summary["trace"] == (dir / "t\xef\xbf\xbd.json").string());
+  CHECK(read_json(report)["tensors"].size() > 0);
+  CHECK(nlohmann::json::parse(read_file(trace))["traceEvents"].size() > 0);
+}
+
 TEST_CASE("run --report: time linear in the tensor count, tensors in catalogue order",
           "[run][report]") {
   // The report was built with ordered_json's operator[], a linear search per tensor: 100k

@@ -72,6 +72,13 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
   return make_local_transport();
 }
 
+// Paths are bytes, not necessarily UTF-8; JSON strings are UTF-8. Invalid bytes become
+// U+FFFD, as in the header's error messages, rather than nlohmann's type_error 316 after a
+// load that succeeded. Tensor names are valid UTF-8 already (the header parser checks).
+std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
+  return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 }  // namespace
 
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
@@ -140,7 +147,7 @@ void write_report(const std::string& path, const LoadResult& result,
     if (digested) entry["xxh3"] = digest_hex(digests[i]);
     tensors.emplace_back(tensor.name, std::move(entry));
   }
-  const std::string text = report.dump(1) + "\n";
+  const std::string text = dump_json(report, 1) + "\n";
   const int fd = detail::open_output_file(path, "the report", true);
   std::size_t done = 0;
   int err = 0;
@@ -202,7 +209,7 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
     summary["trace"] = trace_path_for_rank(config.trace, rank, world_size).string();
   }
   if (!verdict.empty()) summary["verdict"] = verdict;
-  fmt::print("{}\n", summary.dump());
+  fmt::print("{}\n", dump_json(summary));
   std::fflush(stdout);
 }
 
