@@ -1,5 +1,6 @@
 #include "weightcast/checkpoint.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/detail/header_json.hpp"
 #include "weightcast/detail/index.hpp"
 #include "weightcast/error.hpp"
@@ -41,7 +42,7 @@ constexpr std::uint64_t max_index_bytes = 1ull << 30;
 }
 
 std::string read_whole_file(const fs::path& path, const std::string& name) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = detail::open_input_nonblocking(path);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT || err == ENOTDIR) {
@@ -55,6 +56,10 @@ std::string read_whole_file(const fs::path& path, const std::string& name) {
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot stat", name));
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(Errc::missing_input, fmt::format("{}: is {}, expected a {} index file", name,
+                                                 detail::file_type_name(st.st_mode), index_suffix));
+  }
   if (static_cast<std::uint64_t>(st.st_size) > max_index_bytes) {
     fail(name, fmt::format("index is {} bytes, too large to be a safetensors index", st.st_size));
   }

@@ -6,7 +6,9 @@
 // message with where the value came from (`file:line: key: ` or `--set key=value: `).
 #include "weightcast/config.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/safetensors.hpp"
 
 #include <fmt/core.h>
 #include <yaml-cpp/yaml.h>
@@ -19,11 +21,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fcntl.h>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
 
 namespace weightcast {
 
@@ -590,6 +596,30 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
   }
 }
 
+// A config is a few hundred bytes of key: value lines; 1 MiB leaves ample room for comments
+// and refuses a checkpoint or /dev/zero named by mistake before it is read into memory.
+constexpr std::size_t max_config_bytes = 1 << 20;
+
+// The safetensors layout: a little-endian u64 header length within the format's limit,
+// then the header's opening brace. YAML text never starts with such a length (its first
+// eight bytes are printable, so the u64 is far above the limit).
+bool looks_like_safetensors(std::string_view path, std::string_view first_bytes) {
+  if (path.ends_with(".safetensors") || path.ends_with(".safetensors.index.json")) return true;
+  if (first_bytes.size() < 9 || first_bytes[8] != '{') return false;
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_bytes = (header_bytes << 8) | static_cast<unsigned char>(first_bytes[i]);
+  }
+  return header_bytes >= 2 && header_bytes <= max_header_bytes;
+}
+
+[[noreturn]] void refuse_checkpoint_as_config(const std::string& path) {
+  throw Error(Errc::config,
+              fmt::format("{}: this looks like a checkpoint, not a YAML config file: use --set "
+                          "checkpoint={}",
+                          path, path));
+}
+
 std::string read_file(const std::string& path) {
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
@@ -597,25 +627,98 @@ std::string read_file(const std::string& path) {
     throw Error(Errc::missing_input, fmt::format("{}: config file not found", path));
   }
   if (std::filesystem::is_directory(status)) {
-    throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file", path));
+    throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file (a "
+                                          "checkpoint directory? use --set checkpoint={})",
+                                          path, path));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
-  return buffer.str();
+  if (looks_like_safetensors(path, {})) refuse_checkpoint_as_config(path);
+  // Non-blocking open: a FIFO would otherwise wait for a writer forever.
+  const int fd = detail::open_input_nonblocking(path);
+  if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot stat config file", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(Errc::config, fmt::format("{}: is {}, not a YAML config file", path,
+                                          detail::file_type_name(st.st_mode)));
+  }
+  // At most one byte past the limit: enough to tell "too large", also where st_size says 0
+  // (files in /proc) or the file grows while it is read.
+  std::string text(std::min<std::uint64_t>(static_cast<std::uint64_t>(st.st_size),
+                                           max_config_bytes) + 1,
+                   '\0');
+  std::size_t done = 0;
+  while (done <= max_config_bytes) {
+    if (done == text.size()) text.resize(std::min(text.size() * 2, max_config_bytes + 1));
+    const ssize_t got = ::read(fd, text.data() + done, text.size() - done);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw system_error(Errc::io, errno, fmt::format("{}: cannot read", path));
+    }
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  text.resize(done);
+  if (looks_like_safetensors("", text)) refuse_checkpoint_as_config(path);
+  if (done > max_config_bytes) {
+    throw Error(Errc::config,
+                fmt::format("{}: is larger than a config file can be ({} bytes at most; a config "
+                            "is a few lines of YAML key: value)",
+                            path, max_config_bytes));
+  }
+  return text;
+}
+
+// The line where the second document of @p text begins: its root node's mark, or, for an
+// empty document (a null node has no useful mark), its "---" marker's line.
+int second_document_line(std::string_view text, const std::vector<YAML::Node>& documents) {
+  const YAML::Node& first = documents[0];
+  const YAML::Node& second = documents[1];
+  if (!second.IsNull() && second.Mark().line >= 0) return second.Mark().line + 1;
+  std::vector<int> markers;  // lines starting with "---" (document markers), 1-based
+  int line = 1;
+  for (std::size_t at = 0; at < text.size(); ++line) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string_view row = text.substr(at, end - at);
+    if (row.starts_with("---") &&
+        (row.size() == 3 || std::isspace(static_cast<unsigned char>(row[3])) != 0)) {
+      markers.push_back(line);
+    }
+    at = end + 1;
+  }
+  if (markers.empty()) return 1;
+  if (!first.IsNull() && first.Mark().line >= 0) {
+    for (int marker : markers) {
+      if (marker > first.Mark().line + 1) return marker;
+    }
+    return markers.back();
+  }
+  // An empty first document: it began at the first marker unless it had none.
+  return markers.size() >= 2 ? markers[1] : markers[0];
 }
 
 void apply_file(Config& config, const std::string& path) {
   std::string text = read_file(path);
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(text);
+    documents = YAML::LoadAll(text);
   } catch (const YAML::ParserException& e) {
     throw Error(Errc::config, fmt::format("{}:{}:{}: invalid YAML: {}", path, e.mark.line + 1,
                                           e.mark.column + 1, e.msg));
   }
+  // A second document would otherwise be ignored without a word, bad keys and all.
+  if (documents.size() > 1) {
+    throw Error(Errc::config,
+                fmt::format("{}:{}: a second YAML document (after '---'): a config file is one "
+                            "document; merge the two or remove the '---'",
+                            path, second_document_line(text, documents)));
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   // An empty file (or one of comments only) is a valid config that changes nothing.
   if (root.IsNull()) return;
   if (!root.IsMap()) {

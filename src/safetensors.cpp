@@ -1,5 +1,6 @@
 #include "weightcast/safetensors.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/detail/header_json.hpp"
 #include "weightcast/error.hpp"
 
@@ -579,7 +580,7 @@ constexpr std::string_view lfs_prefix = "version https://git-lfs";
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std::string_view name) {
   std::string file = name.empty() ? path.string() : std::string(name);
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FileDescriptor fd(detail::open_input_nonblocking(path));
   if (fd.get() < 0) {
     int err = errno;
     if (err == ENOENT || err == ENOTDIR) {
@@ -591,9 +592,9 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std
   if (::fstat(fd.get(), &st) != 0) {
     throw system_error(Errc::io, errno, fmt::format("{}: cannot stat", file));
   }
-  if (S_ISDIR(st.st_mode)) {
-    throw Error(Errc::missing_input,
-                fmt::format("{}: is a directory, expected a .safetensors file", file));
+  if (!S_ISREG(st.st_mode)) {  // A FIFO or a device: reading it could block or never end.
+    throw Error(Errc::missing_input, fmt::format("{}: is {}, expected a .safetensors file", file,
+                                                 detail::file_type_name(st.st_mode)));
   }
   auto file_bytes = static_cast<std::uint64_t>(st.st_size);
 

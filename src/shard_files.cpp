@@ -2,6 +2,7 @@
 // decides by.
 #include "weightcast/detail/shard_files.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>
@@ -44,7 +45,7 @@ struct Cachestat {
 constexpr double cached_fraction = 0.5;
 
 int open_file(const ShardInfo& shard, int extra_flags) {
-  return ::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+  return open_input_nonblocking(shard.path, extra_flags);
 }
 
 }  // namespace
@@ -105,6 +106,12 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
       struct stat st {};
       if (fstat(fd, &st) != 0) {
         throw system_error(Errc::io, errno, fmt::format("{}: cannot stat shard", shard.name));
+      }
+      // Replaced since its header was read: a FIFO would block the reader, not time out.
+      if (!S_ISREG(st.st_mode)) {
+        throw Error(Errc::missing_input, fmt::format("{}: is {}, expected a .safetensors file",
+                                                     shard.path.string(),
+                                                     file_type_name(st.st_mode)));
       }
       _opened.push_back(Identity{static_cast<std::uint64_t>(st.st_size), st.st_mtim});
       if (static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {

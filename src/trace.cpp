@@ -5,6 +5,7 @@
 // importer and chrome://tracing both read it.
 #include "weightcast/trace.hpp"
 
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>
@@ -13,7 +14,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <fstream>
+#include <ext/stdio_filebuf.h>
+#include <ostream>
 #include <sstream>
 
 namespace weightcast {
@@ -101,15 +103,19 @@ std::string TraceRecorder::to_json() const {
 }
 
 void TraceRecorder::write(const std::filesystem::path& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw system_error(Errc::io, errno,
-                       fmt::format("{}: cannot create the trace file", path.string()));
-  }
+  // Opened without blocking (a FIFO is refused, not waited on), then streamed through a
+  // filebuf that owns the descriptor.
+  const int fd = detail::open_output_file(path, "the trace file", true);
+  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
+  std::ostream out(&file);
   write_to(out);
-  out.close();
-  if (!out) {
-    throw Error(Errc::io, fmt::format("{}: cannot write the trace file", path.string()));
+  out.flush();
+  const bool written = static_cast<bool>(out);
+  errno = 0;
+  if (file.close() == nullptr || !written) {
+    const std::string what = fmt::format("{}: cannot write the trace file", path.string());
+    if (errno != 0) throw system_error(Errc::io, errno, what);
+    throw Error(Errc::io, what);
   }
 }
 

@@ -1,9 +1,13 @@
 // The launcher's command line (tools/weightcast.cpp): every subcommand's parse errors read like
 // weightcast's other errors, and --help / --version still succeed.
+#include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -85,5 +89,46 @@ TEST_CASE("cli: --help of every subcommand and --version exit 0 on stdout", "[cl
     CHECK(r.exit_status == 0);
     CHECK(r.err.empty());
     CHECK_THAT(r.out, Contains(expected));
+  }
+}
+
+TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for every command",
+          "[cli][stdout]") {
+  // The JSON summary to a full disk was lost with exit 0; inspect's larger output became
+  // "internal error" (70). /dev/full fails every write with ENOSPC.
+  if (!std::filesystem::exists("/dev/full")) return;
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  // Over 4 KiB of inspect output (stdio's buffer), so fmt::print itself meets the error.
+  std::string header = "{";
+  for (int i = 0; i < 300; ++i) {
+    header += fmt::format(R"({}"tensor.{:04}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})",
+                          i == 0 ? "" : ",", i, i, i + 1);
+  }
+  header += "}";
+  const auto many = dir / "many.safetensors";
+  write_file(many, make_safetensors(header, zeros(300)));
+  const std::string checkpoint = "checkpoint=" + file.string();
+  const std::vector<std::vector<std::string>> commands{
+      {"run", "-q", "--json", "--set", checkpoint},
+      {"run", "--set", checkpoint},
+      {"inspect", file.string()},
+      {"inspect", many.string()},
+      {"synth", (dir / "synth").string(), "--params", "1M"},
+      {"run", "--help"},
+      {"--version"},
+  };
+  for (const auto& args : commands) {
+    for (const std::string redirect : {"> /dev/full", ">&-"}) {
+      std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect,
+                                    cli_path().string()};
+      argv.insert(argv.end(), args.begin(), args.end());
+      const auto r = run_process(argv, {}, 60);
+      INFO(args.front() << " " << args.back() << " " << redirect << "\nstderr:\n" << r.err);
+      CHECK(r.exit_status == 74);
+      CHECK_THAT(r.err, Catch::Contains("weightcast: error: cannot write to stdout"));
+      CHECK_THAT(r.err, !Catch::Contains("internal error"));
+      std::filesystem::remove_all(dir / "synth");
+    }
   }
 }

@@ -7,6 +7,7 @@
 #include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 
 #include <filesystem>
 #include <string>
@@ -272,6 +273,60 @@ TEST_CASE("config: malformed files", "[config]") {
     auto e = expect_error([&] { load_config(missing, {}); });
     CHECK(e.code() == Errc::missing_input);
     CHECK_THAT(e.what(), Contains(missing));
+  }
+}
+
+TEST_CASE("config: a second YAML document is refused with its line, not ignored",
+          "[config]") {
+  // yaml-cpp's Load reads the first document only: the rest, bad keys and all, went unread.
+  test::TempDir dir;
+  struct Case {
+    std::string yaml;
+    int line;  // where the second document begins
+  };
+  const std::vector<Case> cases{
+      {"device: host\n---\nbogus_key: 1\n", 3},
+      {"---\ndevice: host\n---\n# empty\n---\nio_depth: 8\n", 3},
+      {"device: host\n---\n", 2},
+      {"---\n---\ndevice: host\n", 3},
+  };
+  for (const auto& c : cases) {
+    INFO(c.yaml);
+    const auto path = write_yaml(dir, c.yaml);
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains(fmt::format("{}:{}: a second YAML document", path, c.line)));
+  }
+  // One document with its optional markers is still one document.
+  CHECK(load_config(write_yaml(dir, "---\ndevice: host\n...\n"), {}).device == DeviceKind::host);
+  CHECK(load_config(write_yaml(dir, "# only a comment\n---\ndevice: host\n"), {}).device ==
+        DeviceKind::host);
+}
+
+TEST_CASE("config: a checkpoint or an oversized file as the config is refused unread",
+          "[config]") {
+  test::TempDir dir;
+  SECTION("a .safetensors name or safetensors bytes: the hint names --set checkpoint=") {
+    const std::string tensors = test::make_safetensors(
+        R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", test::zeros(8));
+    for (const std::string name : {"model.safetensors", "weights.bin"}) {
+      INFO(name);
+      const auto path = dir / name;
+      test::write_file(path, tensors);
+      auto e = expect_error([&] { load_config(path.string(), {}); });
+      CHECK(e.code() == Errc::config);
+      CHECK_THAT(e.what(), Contains(path.string() + ": this looks like a checkpoint") &&
+                               Contains("use --set checkpoint=" + path.string()));
+    }
+  }
+  SECTION("larger than 1 MiB") {
+    // Valid YAML of comments, so only the size can refuse it.
+    const auto path = write_yaml(dir, std::string((1 << 20) + 1, '#'));
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains(path + ": is larger than a config file can be (1048576"));
+    // 1 MiB itself is fine.
+    CHECK_NOTHROW(load_config(write_yaml(dir, std::string(1 << 20, '#'), "max.yaml"), {}));
   }
 }
 

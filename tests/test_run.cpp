@@ -6,8 +6,10 @@
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -19,6 +21,7 @@
 #include <memory>
 #include <thread>
 #include <tuple>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -491,4 +494,145 @@ TEST_CASE("run: a second SIGTERM while the load stops ends the process at once",
   INFO(r.out);
   CHECK(r.term_signal == SIGTERM);  // the default action, at once
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited on",
+          "[run][fifo]") {
+  // open(2) of a FIFO blocks until a writer (or reader) comes, and before `timeout` applies:
+  // these hung until killed. Each run below has 20 s before run_cli kills it and fails.
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  auto make_fifo = [&](const fs::path& path) {
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    return path.string();
+  };
+  constexpr int limit_s = 20;
+
+  SECTION("a FIFO checkpoint, index or shard: 66, or 65 where an index names it") {
+    const std::string fifo = make_fifo(dir / "f.safetensors");
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"run", "-q", "--set", "checkpoint=" + fifo, "--set",
+                                   "timeout=2s"},
+          std::vector<std::string>{"inspect", fifo}}) {
+      INFO(args.front());
+      const auto r = run_cli(args, {}, limit_s);
+      CHECK(r.exit_status == 66);
+      CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, expected a .safetensors file"));
+    }
+    const std::string index = make_fifo(dir / "model.safetensors.index.json");
+    auto r = run_cli({"inspect", index}, {}, limit_s);
+    CHECK(r.exit_status == 66);
+    CHECK_THAT(r.err, Catch::Contains(index + ": is a FIFO, expected a .safetensors.index.json "
+                                              "index file"));
+    // A directory whose index names a FIFO shard.
+    const fs::path sharded = dir / "sharded";
+    fs::create_directory(sharded);
+    write_file(sharded / "model.safetensors.index.json",
+               R"({"weight_map": {"w": "model-00001-of-00001.safetensors"}})");
+    make_fifo(sharded / "model-00001-of-00001.safetensors");
+    r = run_cli({"inspect", sharded.string()}, {}, limit_s);
+    CHECK(r.exit_status == 65);
+    CHECK_THAT(r.err, Catch::Contains("is not a regular file"));
+  }
+  SECTION("a FIFO or a device as the config file: 78") {
+    const std::string fifo = make_fifo(dir / "fifo.yaml");
+    auto r = run_cli({"run", fifo}, {}, limit_s);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, not a YAML config file"));
+    if (fs::exists("/dev/zero")) {  // endless: it was read until memory ran out
+      r = run_cli({"run", "/dev/zero"}, {}, limit_s);
+      CHECK(r.exit_status == 78);
+      CHECK_THAT(r.err, Catch::Contains("/dev/zero: is a character device, not a YAML config"));
+    }
+  }
+  SECTION("a FIFO as --report or --trace: 74 before the load; /dev/null still works") {
+    const std::string fifo = make_fifo(dir / "out.json");
+    for (const std::string option : {"--report", "--trace"}) {
+      INFO(option);
+      auto r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), option, fifo}, {},
+                       limit_s);
+      CHECK(r.exit_status == 74);
+      CHECK_THAT(r.err, Catch::Contains(fifo + ": is a FIFO, not a regular file"));
+      CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+      r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), option, "/dev/null"}, {},
+                  limit_s);
+      CHECK(r.exit_status == 0);
+      CHECK_THAT(r.out, Catch::Contains("GB/s"));
+    }
+    // Both to /dev/null is no clash: a device keeps nothing one could overwrite.
+    const auto r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), "--report",
+                            "/dev/null", "--trace", "/dev/null"},
+                           {}, limit_s);
+    CHECK(r.exit_status == 0);
+  }
+}
+
+TEST_CASE("run: the checkpoint named as the config file is refused with a hint", "[run]") {
+  // It was read whole as YAML: a 4 GiB checkpoint ran out of memory (exit 70).
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto r = run_cli({"run", file.string()}, {}, 30);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Catch::Contains(file.string() + ": this looks like a checkpoint") &&
+                        Catch::Contains("use --set checkpoint=" + file.string()));
+}
+
+TEST_CASE("run --json and --report: a path that is not UTF-8 is written with U+FFFD",
+          "[run]") {
+  // JSON strings are UTF-8; nlohmann threw type_error 316 after a successful load (exit 70).
+  const auto source = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  const fs::path file = dir / "ok\xfe.safetensors";
+  fs::copy_file(source, file);
+  const fs::path report = dir / "r\xfe.json";
+  const fs::path trace = dir / "t\xfe.json";
+  const auto r = run_cli({"run", "-q", "--json", "--set", "checkpoint=" + file.string(),
+                          "--report", report.string(), "--trace", trace.string()},
+                         {}, 60);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  const auto summary = nlohmann::json::parse(r.out);
+  CHECK(summary["checkpoint"] == (dir / "ok\xef\xbf\xbd.safetensors").string());
+  CHECK(summary["trace"] == (dir / "t\xef\xbf\xbd.json").string());
+  CHECK(read_json(report)["tensors"].size() > 0);
+  CHECK(nlohmann::json::parse(read_file(trace))["traceEvents"].size() > 0);
+}
+
+TEST_CASE("run --report: time linear in the tensor count, tensors in catalogue order",
+          "[run][report]") {
+  // The report was built with ordered_json's operator[], a linear search per tensor: 100k
+  // tensors took 35 s, so 200k take over 2 minutes. Linear, 200k take a few seconds; the
+  // 30 s limit leaves room for a loaded machine or a sanitizer build.
+  constexpr int tensors = 200'000;
+  std::string header = "{";
+  std::vector<std::string> names;
+  names.reserve(tensors);
+  for (int i = 0; i < tensors; ++i) {
+    names.push_back(fmt::format("layer.{:07}.w", i));
+    header += fmt::format(R"({}"{}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})",
+                          i == 0 ? "" : ",", names.back(), i, i + 1);
+  }
+  header += "}";
+  TempDir dir;
+  const auto file = dir / "many.safetensors";
+  write_file(file, make_safetensors(header, zeros(tensors)));
+  const auto report = dir / "r.json";
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), "--set",
+                          "device=host", "--report", report.string()},
+                         {}, 30);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK(seconds < 30);
+  // The same document as before: each tensor with dtype, shape and xxh3, in catalogue
+  // order (checked on the text: ordered_json's parser is itself quadratic).
+  const std::string text = read_file(report);
+  const auto parsed = nlohmann::json::parse(text);
+  REQUIRE(parsed["tensors"].size() == tensors);
+  std::size_t at = 0;
+  for (int i = 0; i < tensors; ++i) {
+    const auto& entry = parsed["tensors"][names[i]];
+    if (entry.size() != 3 || entry["dtype"] != "U8") FAIL("entry " << names[i] << ": " << entry);
+    at = text.find("\"" + names[i] + "\": {", at);
+    if (at == std::string::npos) FAIL("tensor " << names[i] << " is out of order");
+  }
 }

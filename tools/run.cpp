@@ -3,6 +3,7 @@
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
+#include "weightcast/detail/file_open.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
@@ -21,7 +22,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <fcntl.h>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -89,17 +89,21 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
   return make_local_transport();
 }
 
+// Paths are bytes, not necessarily UTF-8; JSON strings are UTF-8. Invalid bytes become
+// U+FFFD, as in the header's error messages, rather than nlohmann's type_error 316 after a
+// load that succeeded. Tensor names are valid UTF-8 already (the header parser checks).
+std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
+  return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 }  // namespace
 
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
   struct stat st {};
   const bool existed = ::stat(path.c_str(), &st) == 0;
-  // No O_TRUNC: an existing file keeps its contents until the load has something to write.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create {}", path.string(), what));
-  }
-  ::close(fd);
+  // No truncation: an existing file keeps its contents until the load has something to
+  // write. Refuses a FIFO (which would block) or a directory.
+  ::close(detail::open_output_file(path, what, false));
   if (!existed) ::unlink(path.c_str());  // a failed load leaves no empty file behind
 }
 
@@ -144,6 +148,12 @@ void check_output_name(std::string_view option, const std::string& path, int ran
                           option, path, rank));
 }
 
+// A character device (/dev/null): writing it overwrites nothing.
+bool is_device(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
 struct Output {
   std::string what;  // "rank 3's report"
   std::string path;
@@ -179,8 +189,9 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
     check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
                       rank);
   }
-  // This rank's report and trace: the same file however it is reached.
-  if (mine.size() == 2 && same_file(mine[0].path, mine[1].path)) {
+  // This rank's report and trace: the same file however it is reached (a device such as
+  // /dev/null keeps nothing to overwrite: both may go there).
+  if (mine.size() == 2 && !is_device(mine[0].path) && same_file(mine[0].path, mine[1].path)) {
     throw Error(Errc::config,
                 fmt::format("--report {} and --trace {} (or the config's trace) are the same "
                             "file for rank {} ({}): one would overwrite the other; give them "
@@ -194,6 +205,7 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
   for (int other = 0; other < world_size; ++other) {
     if (other == rank) continue;
     for (const Output& theirs : outputs_of(report_path, trace_path, other, world_size)) {
+      if (is_device(theirs.path)) continue;
       const std::string key = output_key(theirs.path);
       for (std::size_t i = 0; i < mine.size(); ++i) {
         if (keys[i] == key) collision(mine[i], theirs);
@@ -210,11 +222,13 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
     for (const Output& output : outputs) {
       check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
                         rank);
+      if (is_device(output.path)) continue;
       auto [it, inserted] = seen.try_emplace(output_key(output.path), output);
       if (!inserted) collision(it->second, output);
     }
     // A rank's own pair, resolved on the file system (a symlink between them).
-    if (outputs.size() == 2 && same_file(outputs[0].path, outputs[1].path)) {
+    if (outputs.size() == 2 && !is_device(outputs[0].path) &&
+        same_file(outputs[0].path, outputs[1].path)) {
       collision(outputs[0], outputs[1]);
     }
   }
@@ -275,32 +289,40 @@ void write_report(const std::string& path, const LoadResult& result,
   report["bytes"] = result.stats.bytes;
   report["seconds"] = result.stats.seconds;
   report["peak_rss_bytes"] = peak_rss;
-  auto& tensors = report["tensors"] = nlohmann::ordered_json::object();
+  report["tensors"] = nlohmann::ordered_json::object();
   // No digests at all: `verify: none` (no "xxh3" fields); otherwise one per tensor.
   const bool digested = !digests.empty();
   WEIGHTCAST_EXPECT(!digested || digests.size() == result.catalogue.tensors.size(),
                     Errc::internal,
                     fmt::format("report: {} digests for {} tensors", digests.size(),
                                 result.catalogue.tensors.size()));
+  // Appended to the ordered map's vector directly: its operator[] searches linearly, which
+  // made the report quadratic in the tensor count. Names are unique in a catalogue (the
+  // header parser and open_checkpoint refuse a name given twice).
+  auto& tensors = report["tensors"].get_ref<nlohmann::ordered_json::object_t&>();
+  tensors.reserve(result.catalogue.tensors.size());
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     const TensorInfo& tensor = result.catalogue.tensors[i];
-    auto& entry = tensors[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
-                                          {"shape", tensor.shape}};
+    nlohmann::ordered_json entry = {{"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}};
     if (digested) entry["xxh3"] = digest_hex(digests[i]);
+    tensors.emplace_back(tensor.name, std::move(entry));
   }
-  errno = 0;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create the report", path));
+  const std::string text = dump_json(report, 1) + "\n";
+  const int fd = detail::open_output_file(path, "the report", true);
+  std::size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      err = wrote < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<std::size_t>(wrote);
   }
-  out << report.dump(1) << '\n';
-  out.close();
-  if (!out) {
-    // errno is the failing write(2)'s or close(2)'s (ENOSPC, EDQUOT, EIO); 0 if unknown.
-    const int err = errno;
-    const std::string what = fmt::format("{}: cannot write the report", path);
-    if (err != 0) throw system_error(Errc::io, err, what);
-    throw Error(Errc::io, what);
+  if (::close(fd) != 0 && err == 0) err = errno;  // NFS reports ENOSPC/EDQUOT at close
+  if (err != 0) {
+    throw system_error(Errc::io, err, fmt::format("{}: cannot write the report", path));
   }
 }
 
@@ -347,7 +369,7 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
     summary["trace"] = trace_path_for_rank(config.trace, rank, world_size).string();
   }
   if (!verdict.empty()) summary["verdict"] = verdict;
-  fmt::print("{}\n", summary.dump());
+  fmt::print("{}\n", dump_json(summary));
   std::fflush(stdout);
 }
 

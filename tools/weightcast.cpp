@@ -10,13 +10,78 @@
 
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <fcntl.h>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <unistd.h>
 
 namespace {
+
+using weightcast::Errc;
+using weightcast::exit_status;
+
+// stdout is buffered: a write that fails (a full disk, a closed descriptor) shows as the
+// stream's error flag, or as fmt's std::system_error where fmt::print flushes a large text.
+bool stdout_failed() { return std::ferror(stdout) != 0; }
+
+int report_stdout_failure(int err) {
+  fmt::print(stderr, "weightcast: error: cannot write to stdout{}{}\n", err != 0 ? ": " : "",
+             err != 0 ? std::strerror(err) : "");
+  return exit_status(Errc::io);
+}
+
+// Runs the chosen command; its Error becomes the exit status, anything else is a bug (70),
+// except a failed write to stdout, which is I/O (74).
+int run_command(const std::function<int()>& command) {
+  try {
+    return command();
+  } catch (const weightcast::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: error: {}\n", weightcast::printable(e.what()));
+    return exit_status(e.code());
+  } catch (const std::system_error& e) {
+    if (stdout_failed()) return report_stdout_failure(e.code().value());
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: internal error: {}\n", weightcast::printable(e.what()));
+    return exit_status(Errc::internal);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "weightcast: internal error: {}\n", weightcast::printable(e.what()));
+    return exit_status(Errc::internal);
+  }
+}
+
+// Every command ends here: output lost on the way to stdout is a failure, never exit 0. A
+// command that failed already keeps its own status (its message said why).
+int check_stdout(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !stdout_failed()) return status;
+  if (status != 0 && status != exit_status(Errc::internal)) return status;
+  return report_stdout_failure(flushed ? 0 : err);
+}
+
+// A standard descriptor closed by the caller (`>&-`) is taken by the next open(2): the
+// summary would then be written into a report, or a read would meet the config. Hold each
+// closed one with /dev/null opened read-only, so writes to it still fail (EBADF), as on the
+// closed descriptor, and check_stdout() reports them.
+void hold_closed_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int held = ::open("/dev/null", O_RDONLY);
+    if (held >= 0 && held != fd) {
+      ::dup2(held, fd);
+      ::close(held);
+    }
+  }
+}
 
 // Rank 0 keeps every shard open for the whole load (twice where it reads with O_DIRECT), so a
 // checkpoint of a few hundred shards passes the common soft limit of 1024 descriptors. Raise
@@ -32,6 +97,7 @@ void raise_open_file_limit() noexcept {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hold_closed_standard_descriptors();
   using namespace weightcast;
   raise_open_file_limit();
   CLI::App app{"weightcast: stream a safetensors checkpoint from rank 0 to every rank"};
@@ -130,10 +196,12 @@ int main(int argc, char** argv) {
                  printable(argv[i]));
       return exit_status(Errc::usage);
     }
-    return app.exit(e);
+    return check_stdout(app.exit(e));
   } catch (const CLI::ParseError& e) {
     // --help: CLI11 prints it and the status is 0.
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      return check_stdout(app.exit(e));
+    }
     // Everything else is a usage error, in weightcast's own one-line form (the text quotes
     // the command line: untrusted, so printable).
     const auto chosen = app.get_subcommands();
@@ -156,19 +224,11 @@ int main(int argc, char** argv) {
     return exit_status(Errc::usage);
   }
 
-  try {
+  return check_stdout(run_command([&] {
     if (*run) return cli::run(run_args);
     if (*launch) return cli::launch(launch_args);
     if (*inspect) return cli::inspect(inspect_args);
     if (*synth) return cli::synth(synth_args);
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
-    return exit_status(e.code());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "weightcast: internal error: {}\n", printable(e.what()));
-    return exit_status(Errc::internal);
-  }
-  return exit_status(Errc::usage);
+    return exit_status(Errc::usage);
+  }));
 }

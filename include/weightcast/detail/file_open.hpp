@@ -1,0 +1,58 @@
+/**
+ * @file file_open.hpp
+ * @brief Opening inputs and outputs without blocking on what is not a regular file.
+ *
+ * Internal. open(2) of a FIFO blocks until the other end opens it, so a FIFO named as a
+ * checkpoint, shard, index, config, report or trace would hang weightcast before any
+ * `timeout` applies. These open with O_NONBLOCK (which makes open(2) of a FIFO return at
+ * once), let the caller check the file type with fstat(2), and then clear O_NONBLOCK so
+ * reads and writes behave as usual.
+ */
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string_view>
+
+namespace weightcast::detail {
+
+/**
+ * @brief The file type of @p mode (`st_mode`) in words for a message: "a regular file",
+ *        "a directory", "a FIFO", "a socket", "a character device", "a block device",
+ *        "a symbolic link", or "a special file".
+ */
+std::string_view file_type_name(mode_t mode) noexcept;
+
+/**
+ * @brief open(2)s @p path read-only (O_CLOEXEC, plus @p extra_flags) without blocking: a
+ *        FIFO with no writer opens at once instead of waiting for one.
+ *
+ * O_NONBLOCK is cleared again before returning. The caller fstat(2)s the descriptor and
+ * refuses what is not a regular file (see file_type_name()).
+ * @param path the file to open.
+ * @param extra_flags further open flags, e.g. O_DIRECT.
+ * @return the descriptor (the caller closes it), or -1 with errno set as open(2) left it.
+ */
+int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 0) noexcept;
+
+/**
+ * @brief Opens @p path for writing, created with mode 0666 (less the umask) if missing,
+ *        truncated when @p truncate, without ever blocking in open(2).
+ *
+ * Accepts a regular file or a character device (/dev/null, a terminal); refuses a FIFO, a
+ * socket or a block device, since writing there blocks until a reader appears, cannot work
+ * or overwrites a disk (a directory fails in open(2) with EISDIR).
+ * The type is checked with stat(2) before opening, so a FIFO that has a reader is not
+ * opened (its reader would see end-of-file), and with fstat(2) after, for a path replaced
+ * in between. O_NONBLOCK is cleared before returning.
+ * @param path the file to open.
+ * @param what what the file is, for messages: "the report", "the trace file".
+ * @param truncate true to empty an existing regular file (O_TRUNC).
+ * @return the descriptor; the caller closes it.
+ * @throws Error `Errc::io` when the file cannot be opened ("PATH: cannot create WHAT: ...")
+ *         or is of a refused type ("PATH: is a FIFO, not a regular file: ...").
+ */
+int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate);
+
+}  // namespace weightcast::detail
