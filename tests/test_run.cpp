@@ -494,6 +494,8 @@ TEST_CASE("run: a second SIGTERM while the load stops ends the process at once",
   INFO(r.out);
   CHECK(r.term_signal == SIGTERM);  // the default action, at once
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+}
+
 TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited on",
           "[run][fifo]") {
   // open(2) of a FIFO blocks until a writer (or reader) comes, and before `timeout` applies:
