@@ -753,8 +753,24 @@ void apply_override(Config& config, const std::string& item) {
     apply(config, YAML::Node(std::string(text)), *spec, where);
     return;
   }
-  // `'a'.b` or `'a' # x`: a quoted string and more text, which YAML would drop.
-  if (text.size() < 2 || text.back() != text.front()) {
+  // `'a'.b`, `'a' # x'`, `"a" "b"`: a quoted string and more text, which YAML would drop.
+  // Where the opening quote's string ends: single quotes escape themselves (''), double
+  // quotes take backslash escapes.
+  const char quote = text.front();
+  std::size_t close = std::string_view::npos;
+  for (std::size_t i = 1; i < text.size(); ++i) {
+    if (quote == '"' && text[i] == '\\') {
+      ++i;
+    } else if (text[i] == quote) {
+      if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+        ++i;
+      } else {
+        close = i;
+        break;
+      }
+    }
+  }
+  if (close != text.size() - 1) {
     throw Error(Errc::config, fmt::format("{}a value that starts with a quote must be one "
                                           "quoted string (quote all of it)",
                                           where));

@@ -347,8 +347,13 @@ TEST_CASE("config: --set syntax", "[config]") {
     CHECK(from_set({"checkpoint=" + path}).checkpoint == path);
   }
   CHECK(from_set({"checkpoint=  /x/y  "}).checkpoint == "/x/y");
-  CHECK_THAT(expect_error([] { from_set({"checkpoint='q'.safetensors"}); }).what(),
-             Contains("must be one quoted string"));
+  for (const std::string bad : {"'q'.safetensors", "'a' # x'", "'a' 'b'", "\"a\" # \"", "'open"}) {
+    INFO(bad);
+    CHECK_THAT(expect_error([&] { from_set({"checkpoint=" + bad}); }).what(),
+               Contains("must be one quoted string"));
+  }
+  CHECK(from_set({"checkpoint='it''s'"}).checkpoint == "it's");
+  CHECK(from_set({"checkpoint=\"a\\\"b\""}).checkpoint == "a\"b");
   CHECK(expect_error([] { from_set({"io_depth=[1, 2]"}); }).code() == Errc::config);
   CHECK(expect_error([] { from_set({"io_depth=[1"}); }).code() == Errc::config);
   CHECK_THAT(expect_error([] { from_set({"io_depth="}); }).what(),
