@@ -483,6 +483,30 @@ TEST_CASE("multirank: verify none skips the digests and says so", "[multirank]")
   }
 }
 
+TEST_CASE("multirank: a rank ended by mpirun's SIGTERM after another failed says where it came "
+          "from", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir);
+  // Rank 1 refuses its config before the rendezvous; mpirun then ends rank 0 with SIGTERM
+  // while it waits for rank 1, before any control plane could tell it why.
+  auto sets = base_sets(29871);
+  auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
+                                     "checkpoint=" + checkpoint.string()});
+  argv = cat(argv, sets);
+  argv = cat(argv, {":", "-np", "1", cli_path().string(), "run", "--set",
+                    "destination=discard"});
+  argv = cat(argv, sets);
+  const auto r = run_process(argv, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status != 0);
+  CHECK_THAT(r.err, Contains("destination: discard: needs world size 1 (got 2)"));
+  // Rank 0 may be gone before its signal thread runs; where it speaks, it names mpirun.
+  if (r.err.find("rank 0: interrupted by SIGTERM") != std::string::npos) {
+    CHECK_THAT(r.err, Contains("rank 0: interrupted by SIGTERM from mpirun"));
+  }
+}
+
 TEST_CASE("multirank: ranks started with a different chunk_size or verify end with 78 before "
           "the load", "[multirank]") {
   REQUIRE_MPI();

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <pthread.h>
 #include <unistd.h>
@@ -106,7 +107,14 @@ void InterruptHandler::watch() {
     _changed.wait(lock, [this] { return _closing; });
     return;
   }
-  end_process(sig, "");
+  // Before this rank's control plane is up, a failure elsewhere reaches it only as mpirun's
+  // SIGTERM (mpirun, or its daemon, is the parent of every rank it starts): say so, lest the
+  // line read as the cause.
+  const bool from_mpirun = info.si_code == SI_USER && info.si_pid == ::getppid() &&
+                           std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
+  end_process(sig, from_mpirun ? " from mpirun (it ends every rank this way once one has "
+                                 "failed: an earlier error says why, if there is one)"
+                               : "");
 }
 
 void InterruptHandler::end_process(int sig, const char* when) {

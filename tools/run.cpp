@@ -77,10 +77,9 @@ std::unique_ptr<Transport> choose_transport(const Config& config) {
     case TransportKind::nccl:
       // A world of one rank (run_ranks handles more): nothing to broadcast to.
       throw Error(Errc::config,
-                  fmt::format("transport: {}: this is a world of one rank (no launcher's "
-                              "environment, no world.size), so there is no other rank to "
-                              "broadcast to; use transport: local or auto, or start several "
-                              "ranks (weightcast launch -n N, mpirun, torchrun)",
+                  fmt::format("transport: {}: this is a world of one rank, so there is no "
+                              "other rank to broadcast to; use transport: local or auto, or "
+                              "start several ranks (weightcast launch -n N, mpirun, torchrun)",
                               to_string(config.transport)));
     case TransportKind::automatic:
     case TransportKind::local:
