@@ -76,17 +76,6 @@ std::vector<std::string> mpirun_run(int ranks, const fs::path& checkpoint,
              args);
 }
 
-// A synthetic checkpoint of 10M parameters in 4 MiB shards (several shards), written to
-// dir/ckpt by `weightcast synth`. REQUIREs that synth succeeds. @return its directory.
-fs::path synth_sharded(const TempDir& dir) {
-  const auto checkpoint = dir / "ckpt";
-  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "10M", "--shard-size",
-                              "4MiB"});
-  INFO(synth.out << synth.err);
-  REQUIRE(synth.exit_status == 0);
-  return checkpoint;
-}
-
 // Starts @p argv in the background with rank 0 pausing @p pause_ms after it has read the
 // catalogue, so that the test can act on the running job; REQUIREs that the pause begins
 // (rank 0 prints "pausing <ms> ms") within 60 s. @p env: more "K=V" entries for the job.
@@ -145,7 +134,7 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const std::string report = (dir / "rank{rank}.json").string();
   auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
                    "--report", report},
@@ -174,7 +163,7 @@ TEST_CASE("multirank: launch gives the ranks their world even inside another lau
           "environment", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   int port = 29861;
   // An sbatch step's variables, and a finished torchrun job's.
   for (const std::vector<std::string>& env :
@@ -196,7 +185,7 @@ TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint pat
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   auto sets = base_sets(29721);
   auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
                                      "checkpoint=" + checkpoint.string(), "--report",
@@ -218,7 +207,7 @@ TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its mes
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29731, "20s")), 3000);
   // The catalogue is read: now the second shard shrinks before the load opens it.
   fs::path shard;
@@ -242,7 +231,7 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
   // makes the ranks' data plane mpi, which launch refuses with the local spawner; the hook
   // lets them start, as they never get as far as the data plane.
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
                                  "--set", "checkpoint=" + checkpoint.string(), "--set",
                                  "device=host", "--set", "rendezvous.port=29741", "--set",
@@ -269,7 +258,7 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
   // ends before mpirun has reaped rank 1, mpirun exits with their 69 instead. Either way the
   // status is 69 and the output says which rank and why.
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
                                      "mpirun", "--set", "checkpoint=" + checkpoint.string()},
                                     base_sets(29743, "10s")),
@@ -289,7 +278,7 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
 TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29751, "3s")), 1500);
   const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
@@ -304,7 +293,7 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
 TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   auto sets = base_sets(29761, "5s");
   auto argv = cat(mpirun_options(), {"-np", "2", cli_path().string(), "run", "--set",
                                      "checkpoint=" + checkpoint.string(), "--set",
@@ -393,7 +382,7 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
 TEST_CASE("multirank: launch passes --quiet, --json and --trace to every rank", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const std::string trace = (dir / "trace{rank}.json").string();
   const auto r = run_cli(cat({"launch", "-n", "2", "-q", "--json", "--trace", trace, "--set",
                               "checkpoint=" + checkpoint.string()},
@@ -431,7 +420,7 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
           "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto r = run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string()},
                              base_sets(29791)),
                          {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"}, job_timeout_s);
@@ -450,7 +439,7 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
 TEST_CASE("multirank: verify none skips the digests and says so", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const std::string report = (dir / "r{rank}.json").string();
 
   // verify: digest (the default) says what hashing cost; none hashes nothing.
@@ -487,7 +476,7 @@ TEST_CASE("multirank: a rank ended by mpirun's SIGTERM after another failed says
           "from", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   // Rank 1 refuses its config before the rendezvous; mpirun then ends rank 0 with SIGTERM
   // while it waits for rank 1, before any control plane could tell it why.
   auto sets = base_sets(29871);
@@ -511,7 +500,7 @@ TEST_CASE("multirank: ranks started with a different chunk_size or verify end wi
           "the load", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   // MPMD: rank 0 with one value, the others with another. Ranks whose chunks differ would
   // post broadcasts of different sizes: wrong bytes or a hang, which MPI does not detect.
   // (device and transport are compared the same way; on CPU no two of them can differ and
@@ -551,7 +540,7 @@ TEST_CASE("multirank: a rank's --report path that cannot be written ends the job
   // Rank 1's report would go to a missing directory: found after the load, it cost the whole
   // load on every rank; now every rank ends before it with rank 1's reason.
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   fs::create_directory(dir / "0");
   const auto report = (dir / "{rank}" / "r.json").string();
   const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
@@ -571,7 +560,7 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   // The shell's convention (130 for Ctrl-C, 143 for a scheduler's SIGTERM), and a last line
   // that says so, rather than the status of a rank our SIGTERM ended.
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   {
     const auto job = start_paused({cli_path().string(), "launch", "-n", "2", "--spawner",
                                    "local", "--set", "checkpoint=" + checkpoint.string(),
@@ -606,7 +595,7 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
   // Under `launch`, mpirun's 143 is the job's status, said as an interrupt.
   REQUIRE_MPI();
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   for (const bool launch : {false, true}) {
     INFO((launch ? "weightcast launch" : "mpirun"));
     const std::string trace = (dir / (launch ? "l{rank}.json" : "m{rank}.json")).string();
@@ -644,7 +633,7 @@ TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143
   // Local spawner, no MPI: rank 1 is waiting for the catalogue while rank 0 pauses; it sends
   // ABORT over the control plane and the others end with its message.
   TempDir dir;
-  const auto checkpoint = synth_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
                                  "--set", "checkpoint=" + checkpoint.string(), "--set",
                                  "device=host", "--set", "rendezvous.port=29819", "--set",

@@ -424,17 +424,6 @@ TEST_CASE("run: an empty checkpoint's summary names no reader rather than an emp
 
 namespace {
 
-// A 10M-parameter synthetic checkpoint in 4 MiB shards, in dir/ckpt; REQUIREs that synth
-// succeeds. With chunk_size 1MiB it is some 20 chunks.
-fs::path synth_small_sharded(const TempDir& dir) {
-  const auto checkpoint = dir / "ckpt";
-  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "10M", "--shard-size",
-                              "4MiB"});
-  INFO(synth.out << synth.err);
-  REQUIRE(synth.exit_status == 0);
-  return checkpoint;
-}
-
 // `weightcast run` of @p checkpoint in the background, sleeping @p delay_ms after each chunk
 // (test hook), so that a test can signal it mid-load; REQUIREs that the first chunk lands.
 std::unique_ptr<BackgroundJob> start_slow_run(const fs::path& checkpoint, int delay_ms,
@@ -455,7 +444,7 @@ TEST_CASE("run: SIGTERM or SIGINT during the load stops it at once, writes the t
   using Catch::Matchers::Contains;
   using Catch::Matchers::EndsWith;
   TempDir dir;
-  const auto checkpoint = synth_small_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   for (const auto& [sig, name, status] :
        {std::tuple{SIGTERM, "SIGTERM", 143}, std::tuple{SIGINT, "SIGINT", 130}}) {
     INFO(name);
@@ -482,7 +471,7 @@ TEST_CASE("run: SIGTERM or SIGINT during the load stops it at once, writes the t
 TEST_CASE("run: a second SIGTERM while the load stops ends the process at once",
           "[run][signal]") {
   TempDir dir;
-  const auto checkpoint = synth_small_sharded(dir);
+  const auto checkpoint = synth_sharded(dir.path());
   // 3 s after each chunk: the first SIGTERM's stop waits for the hook's sleep to end.
   const auto job = start_slow_run(checkpoint, 3000, dir / "trace.json");
   REQUIRE(::kill(job->pid(), SIGTERM) == 0);

@@ -90,4 +90,13 @@ ProcessResult run_cli(const std::vector<std::string>& args, const std::vector<st
   return run_process(argv, env, timeout_s);
 }
 
+std::filesystem::path synth_sharded(const std::filesystem::path& dir) {
+  const auto checkpoint = dir / "ckpt";
+  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "10M", "--shard-size",
+                              "4MiB"});
+  INFO(synth.out << synth.err);
+  REQUIRE(synth.exit_status == 0);
+  return checkpoint;
+}
+
 }  // namespace weightcast::test

@@ -1,6 +1,7 @@
 // Runs a command (the weightcast launcher) and captures its exit status and output.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,5 +31,10 @@ ProcessResult run_process(const std::vector<std::string>& argv,
 /// run_process with the built `weightcast` launcher as argv[0].
 ProcessResult run_cli(const std::vector<std::string>& args,
                       const std::vector<std::string>& env = {}, int timeout_s = 300);
+
+/// Writes a synthetic checkpoint of 10M parameters in 4 MiB shards (several shards; some 20
+/// chunks at chunk_size 1MiB) to @p dir/ckpt with `weightcast synth`; REQUIREs that synth
+/// succeeds. @return its directory.
+std::filesystem::path synth_sharded(const std::filesystem::path& dir);
 
 }  // namespace weightcast::test
