@@ -7,6 +7,7 @@
 // allocate it in large extents.
 #include "weightcast/synth.hpp"
 
+#include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
 #include "weightcast/error.hpp"
 
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <fcntl.h>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -312,9 +314,14 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
   return file_bytes;
 }
 
+// Metadata key and value in every file synth writes (shard `__metadata__`, index `metadata`):
+// synth replaces a file only where it finds them.
+constexpr const char* synth_marker_key = "generator";
+constexpr const char* synth_marker_value = "weightcast synth";
+
 std::string shard_header(const std::vector<const TensorSpec*>& tensors, Dtype dtype) {
   nlohmann::json header = nlohmann::json::object();
-  header["__metadata__"] = {{"format", "pt"}};
+  header["__metadata__"] = {{"format", "pt"}, {synth_marker_key, synth_marker_value}};
   for (const auto* t : tensors) {
     header[t->name] = {{"dtype", std::string(dtype_name(dtype))},
                        {"shape", t->shape},
@@ -324,6 +331,52 @@ std::string shard_header(const std::vector<const TensorSpec*>& tensors, Dtype dt
   // The Python writer pads with spaces so the data section starts 8-byte aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
+}
+
+bool is_synth_output_name(const std::string& name);
+
+// Whether @p path (a .safetensors file or an index) was written by synth: its metadata says so.
+bool written_by_synth(const std::filesystem::path& path) {
+  try {
+    if (path.filename().string().ends_with(".index.json")) {
+      std::ifstream in(path, std::ios::binary);
+      const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      return index.is_object() && index.contains("metadata") &&
+             index["metadata"].is_object() &&
+             index["metadata"].value(synth_marker_key, std::string()) == synth_marker_value;
+    }
+    const Catalogue catalogue = open_checkpoint(path);
+    const auto it = catalogue.metadata.find(synth_marker_key);
+    return it != catalogue.metadata.end() && it->second == synth_marker_value;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Before anything is written: synth replaces an earlier synthetic checkpoint in @p out_dir,
+// never someone's model (it names its files as Hugging Face does: model.safetensors,
+// model-00001-of-00004.safetensors), and leaves no second checkpoint beside its own.
+void check_out_dir(const std::filesystem::path& out_dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(".safetensors") && !name.ends_with(".safetensors.index.json")) continue;
+    if (!is_synth_output_name(name)) {
+      throw Error(Errc::usage,
+                  fmt::format("synth: {} already holds {}: a directory with two checkpoints "
+                              "does not load; write the synthetic checkpoint to an empty "
+                              "directory",
+                              out_dir.string(), name));
+    }
+    if (!written_by_synth(entry.path())) {
+      throw Error(Errc::usage,
+                  fmt::format("synth: {} already holds {}, which weightcast synth did not "
+                              "write (its metadata has no \"generator\": \"weightcast "
+                              "synth\"); synth replaces only its own files: write to an "
+                              "empty directory",
+                              out_dir.string(), name));
+    }
+  }
 }
 
 bool is_synth_output_name(const std::string& name) {
@@ -422,6 +475,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   summary.shards = shards.size();
 
   std::error_code ec;
+  if (std::filesystem::is_directory(out_dir, ec)) check_out_dir(out_dir);
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {
     throw Error(Errc::io, fmt::format("{}: cannot create directory: {}", out_dir.string(),
@@ -449,7 +503,8 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   std::string index_name = "model.safetensors.index.json";
   if (shards.size() > 1) {
     nlohmann::json index;
-    index["metadata"] = {{"total_size", summary.tensor_bytes}};
+    index["metadata"] = {{"total_size", summary.tensor_bytes},
+                         {synth_marker_key, synth_marker_value}};
     nlohmann::json weight_map = nlohmann::json::object();
     for (const auto& t : tensors) weight_map[t.name] = names[t.shard];
     index["weight_map"] = std::move(weight_map);

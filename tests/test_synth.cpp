@@ -173,7 +173,7 @@ TEST_CASE("synth: a single-file checkpoint parses independently", "[synth]") {
   CHECK(dir_listing(out) == std::set<std::string>{"model.safetensors"});
 
   auto shard = parse_shard(summary.checkpoint, 16);
-  CHECK(shard.metadata == nlohmann::json{{"format", "pt"}});
+  CHECK(shard.metadata == nlohmann::json{{"format", "pt"}, {"generator", "weightcast synth"}});
   auto expected = expected_tensors(summary.shape);
   CHECK(summary.tensors == expected.size());
   CHECK(shard.tensors.size() == expected.size());
@@ -302,6 +302,25 @@ TEST_CASE("synth: rewriting a directory leaves exactly one checkpoint", "[synth]
   auto single = write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1ull << 30, 0});
   CHECK(single.shards == 1);
   CHECK(dir_listing(dir.path()) == std::set<std::string>{"README.md", "model.safetensors"});
+}
+
+TEST_CASE("synth: a directory holding someone else's checkpoint is refused, nothing removed",
+          "[synth]") {
+  // Hugging Face's own names, which synth also writes: it used to remove them silently.
+  const auto real = test::corpus_dir() / "malformed" / "ok_basic.safetensors";
+  for (const std::string name : {"model.safetensors", "model-00001-of-00002.safetensors",
+                                 "weights.safetensors"}) {
+    INFO(name);
+    test::TempDir dir;
+    fs::copy_file(real, dir / name);
+    std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {}})";
+    auto e = expect_error(
+        [&] { write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+    CHECK(e.code() == Errc::usage);
+    CHECK_THAT(e.what(), Contains(dir.path().string()) && Contains("empty directory"));
+    CHECK(dir_listing(dir.path()) ==
+          std::set<std::string>{name, "model.safetensors.index.json"});
+  }
 }
 
 TEST_CASE("synth: errors", "[synth]") {

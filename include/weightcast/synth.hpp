@@ -87,15 +87,19 @@ struct SynthSummary {
  *
  * Each file is written under a temporary name and renamed into place only when every file is
  * complete (the index last), so an interrupted run never leaves something that looks like a
- * good checkpoint. Files of an earlier synthetic checkpoint in @p out_dir with the same
- * naming (`model.safetensors`, `model-*-of-*.safetensors`, the index) that the new one does
- * not overwrite are removed, so the directory holds exactly one checkpoint.
+ * good checkpoint. Every file records `"generator": "weightcast synth"` in its metadata. Files
+ * of an earlier synthetic checkpoint in @p out_dir (the same names: `model.safetensors`,
+ * `model-*-of-*.safetensors`, the index; and that metadata) that the new one does not
+ * overwrite are removed, so the directory holds exactly one checkpoint. Any other
+ * `*.safetensors` or `*.safetensors.index.json` in @p out_dir (a real model uses the same
+ * names) is refused before anything is written; other files are left alone.
  *
  * The same seed and shape give the same tensor bytes whatever `shard_bytes` is. Data are
  * written with large positional writes from a few threads (≈ page-cache speed).
  *
- * @throws Error `usage` (64) for a zero `params` or `shard_bytes`, or a sub-byte dtype whose
- *         tensors would not be whole bytes; `io` (74) naming the file when a write fails.
+ * @throws Error `usage` (64) for a zero `params` or `shard_bytes`, a sub-byte dtype whose
+ *         tensors would not be whole bytes, or an @p out_dir holding a checkpoint file synth
+ *         did not write; `io` (74) naming the file when a write fails.
  */
 SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                                         const SynthOptions& options);
