@@ -134,6 +134,11 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
                            "name to shard file",
                            detail::json_kind(*map_it)));
   }
+  if (map_it->empty()) {
+    // Nothing to load, though the shards may sit beside it: a load of zero tensors would
+    // report success. transformers' loader finds no shard to open either.
+    fail(name, "index key 'weight_map' is empty: it names no tensor and no shard");
+  }
   if (doc.duplicate) {
     const auto& dup = *doc.duplicate;
     if (dup.depth == 2 && dup.owner == "weight_map") {

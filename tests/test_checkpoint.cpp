@@ -256,6 +256,8 @@ TEST_CASE("index: not JSON, not an object, no weight_map", "[checkpoint][index]"
       {R"(["a.safetensors"])", "index JSON is an array"},
       {R"({"metadata": {}})", "no 'weight_map'"},
       {R"({"weight_map": ["a.safetensors"]})", "'weight_map' is an array"},
+      // It loaded zero tensors with exit 0, the shards beside it ignored.
+      {R"({"weight_map": {}, "metadata": {"total_size": 4}})", "'weight_map' is empty"},
       {"{\"weight_map\": {\"\xff\": 1}}", "not valid UTF-8"},
       // Python's json.loads, which transformers reads the index with, refuses a BOM too.
       {"\xef\xbb\xbf{\"weight_map\": {\"x\": \"a.safetensors\"}}", "byte-order mark"},
