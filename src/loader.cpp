@@ -22,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <deque>
 #include <span>
 #include <cerrno>
@@ -44,6 +45,27 @@ void check_destination(Destination destination, int world_size) {
                     fmt::format("destination: discard: needs world size 1 (got {}); it checks "
                                 "and times rank 0's reads only",
                                 world_size));
+}
+
+void check_load_options(const LoadOptions& options) {
+  // The config's own bounds (config.cpp), for an embedder that sets LoadOptions directly.
+  auto in_range = [](std::string_view what, std::uint64_t value, std::uint64_t lo,
+                     std::uint64_t hi) {
+    WEIGHTCAST_EXPECT(value >= lo && value <= hi, Errc::config,
+                      fmt::format("LoadOptions::{} is {}: must be {} to {}", what, value, lo, hi));
+  };
+  in_range("chunk_bytes", options.chunk_bytes, 1, 4ull << 30);
+  in_range("buffer_depth", options.buffer_depth, 1, 1024);
+  in_range("io_depth", options.io_depth, 1, 4096);
+  in_range("tensor_alignment", options.tensor_alignment, 1, 1ull << 30);
+  WEIGHTCAST_EXPECT(std::has_single_bit(options.tensor_alignment), Errc::config,
+                    fmt::format("LoadOptions::tensor_alignment is {}: must be a power of two",
+                                options.tensor_alignment));
+  const auto ms = options.timeout.count();
+  WEIGHTCAST_EXPECT(ms > 0 && ms <= 7LL * 24 * 3600 * 1000, Errc::config,
+                    fmt::format("LoadOptions::timeout is {} ms: must be more than 0 and at most "
+                                "7 days",
+                                ms));
 }
 
 LoadOptions LoadOptions::from_config(const Config& config) {
@@ -536,6 +558,7 @@ class Pipeline {
 awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport& transport,
                                  LoadOptions options) {
   auto executor = co_await asio::this_coro::executor;
+  check_load_options(options);
   LoadResult result;
   result.catalogue = std::move(catalogue);
   result.layout = layout_arena(result.catalogue, options.tensor_alignment);

@@ -11,6 +11,8 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+
+#include <functional>
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -143,6 +145,36 @@ TEST_CASE("one-byte chunks deliver the same bytes", "[loader]") {
   options.chunk_bytes = 1;
   options.buffer_depth = 3;
   CHECK(tensor_digests(load(path, options)) == reference);
+}
+
+TEST_CASE("LoadOptions out of the config's bounds are config errors naming the field",
+          "[loader]") {
+  // An embedder sets LoadOptions directly: io_depth 100000 fell back to a pread pool with a
+  // false "io_uring unavailable", stalled 7 s starting threads, then failed as a bug (70).
+  TempDir dir;
+  const Catalogue catalogue = open_checkpoint(write_random_checkpoint(dir.path(), 2, 3));
+  struct Case {
+    std::function<void(LoadOptions&)> set;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](LoadOptions& o) { o.io_depth = 100000; }, "LoadOptions::io_depth is 100000"},
+      {[](LoadOptions& o) { o.io_depth = 0; }, "LoadOptions::io_depth is 0"},
+      {[](LoadOptions& o) { o.buffer_depth = 0; }, "LoadOptions::buffer_depth is 0"},
+      {[](LoadOptions& o) { o.chunk_bytes = 0; }, "LoadOptions::chunk_bytes is 0"},
+      {[](LoadOptions& o) { o.tensor_alignment = 3; }, "must be a power of two"},
+      {[](LoadOptions& o) { o.tensor_alignment = 0; }, "LoadOptions::tensor_alignment is 0"},
+      {[](LoadOptions& o) { o.timeout = std::chrono::milliseconds(-1); },
+       "LoadOptions::timeout is -1 ms"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.says);
+    LoadOptions options;
+    c.set(options);
+    const Error e = test::expect_host_load_error(catalogue, options);
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Catch::Contains(c.says));
+  }
 }
 
 TEST_CASE("on_tensor_ready fires once per tensor, after its bytes landed", "[loader]") {

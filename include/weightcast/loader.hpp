@@ -157,14 +157,24 @@ struct LoadResult {
 void check_destination(Destination destination, int world_size);
 
 /**
+ * @brief Checks @p options against the bounds the config enforces for the same keys:
+ *        `chunk_bytes` 1 B to 4 GiB, `buffer_depth` 1 to 1024, `io_depth` 1 to 4096,
+ *        `tensor_alignment` a power of two up to 1 GiB, `timeout` more than 0 and at most
+ *        7 days. Every load calls it first.
+ * @throws Error `config` (78) naming the field, its value and the bounds.
+ */
+void check_load_options(const LoadOptions& options);
+
+/**
  * @brief Loads @p catalogue into an arena on @p device, broadcasting over @p transport.
  *
  * Rank 0 (`transport.rank() == 0`) opens the shard files and reads them; other ranks only
  * receive. Blocks until every tensor has landed on this rank.
  *
- * @throws Error `io` (74) when a read fails or a shard shrank (names file, offset, tensor);
- *         `timeout` (75) when no stage made progress for `options.timeout`; `interrupted`
- *         (130) when `options.stop` was requested; whatever the device or transport throw.
+ * @throws Error `config` (78) for options out of bounds (check_load_options); `io` (74) when
+ *         a read fails or a shard shrank (names file, offset, tensor); `timeout` (75) when no
+ *         stage made progress for `options.timeout`; `interrupted` (130) when `options.stop`
+ *         was requested; whatever the device or transport throw.
  */
 LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
                 const LoadOptions& options = {});
