@@ -11,14 +11,13 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-
-#include <functional>
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <fcntl.h>
 #include <map>
