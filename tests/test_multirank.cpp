@@ -434,6 +434,25 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   }
   CHECK(count(r.out, "# rank ") == 3);
   CHECK(r.out.find("bit-exact") == std::string::npos);
+
+  // --json: each rank's summary line still comes, rank 0's with the failing verdict.
+  const auto json = run_cli(cat({"launch", "-n", "3", "-q", "--json", "--set",
+                                 "checkpoint=" + checkpoint.string()},
+                                base_sets(29793)),
+                            {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"}, job_timeout_s);
+  INFO(json.out << json.err);
+  CHECK(json.exit_status == 70);
+  int lines = 0;
+  std::size_t begin = 0;
+  for (auto end = json.out.find('\n'); end != std::string::npos;
+       begin = end + 1, end = json.out.find('\n', begin)) {
+    const auto summary = nlohmann::json::parse(json.out.substr(begin, end - begin));
+    ++lines;
+    if (summary.at("rank") == 0) {
+      CHECK_THAT(summary.at("verdict").get<std::string>(), Contains("1 tensor mismatch(es)"));
+    }
+  }
+  CHECK(lines == 3);
 }
 
 TEST_CASE("multirank: verify none skips the digests and says so", "[multirank]") {

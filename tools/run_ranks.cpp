@@ -308,6 +308,13 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       control->gather(std::move(report));
     }
     verdict = control->finish(std::move(verdict));
+    // --json: every rank's summary line, rank 0's with the verdict, whatever it says (a JSON
+    // reader gets the mismatches too; the error line and status follow).
+    if (args.json) {
+      print_json_summary(result, config, shards, rank, world.world_size, peak_rss_bytes(),
+                         rank == 0 ? verdict.message : std::string());
+      std::fflush(stdout);
+    }
     if (verdict.status != 0) {
       // The mismatch list is rank 0's to print; the others end with its status and say where
       // to look, so a job of N ranks does not print the list N times.
@@ -317,12 +324,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
                                                 "between the ranks (its message lists them)",
                                                 rank));
     }
-    if (args.json) {
-      print_json_summary(result, config, shards, rank, world.world_size, peak_rss_bytes(),
-                         rank == 0 ? verdict.message : std::string());
-    } else if (rank == 0) {
-      fmt::print("# {}\n", printable(verdict.message));
-    }
+    if (!args.json && rank == 0) fmt::print("# {}\n", printable(verdict.message));
     std::fflush(stdout);
     return 0;
   } catch (const RemoteAbort&) {
