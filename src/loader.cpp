@@ -362,7 +362,9 @@ class Pipeline {
       std::unique_ptr<Pending> pending = std::move(_posted.front().pending);
       const Clock::time_point begin = _posted.front().begin;
       _posted.pop_front();
+      _landing = c;
       co_await wait(std::move(pending));
+      _landing.reset();
       chunk_landed(c, begin);
     }
     // The last stage to finish ends the watchdog (`||` would not cancel it on failure:
@@ -386,9 +388,17 @@ class Pipeline {
       if (_options.stop.stop_requested()) throw stopped();
       if (ec) throw boost::system::system_error(ec);  // cancelled: another stage failed
       if (Clock::now() - _last_progress >= _options.timeout) {
+        // A broadcast is collective: where this rank waits on one, the rank holding it back
+        // is another (stopped, stuck, or gone without its connection closing).
+        const std::string where =
+            _landing && _transport.world_size() > 1
+                ? fmt::format(" waiting for chunk {}'s broadcast to complete, which needs "
+                              "every rank: another rank stopped taking part",
+                              *_landing)
+                : std::string();
         throw Error(Errc::timeout,
-                    fmt::format("no progress for {} ms (timeout): the load stalled",
-                                _options.timeout.count()));
+                    fmt::format("no progress for {} ms (timeout): the load stalled{}",
+                                _options.timeout.count(), where));
       }
     }
   }
@@ -546,6 +556,7 @@ class Pipeline {
   Clock::time_point _last_progress;
   asio::steady_timer _watchdog_timer{_executor};
   bool _finished = false;
+  std::optional<std::size_t> _landing;  // the chunk whose broadcast the landing stage awaits
   std::exception_ptr _first_failure;
   // LoadOptions::stop: the callback posts a wake-up for the watchdog, which holds `_alive`
   // weakly (a pipeline already destroyed is not touched).

@@ -647,6 +647,27 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
   }
 }
 
+TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a broadcast waits "
+          "on another rank", "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29881, "3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  const auto r = job.wait(job_timeout_s);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  // The ranks still running name what they wait for: it was only "the load stalled".
+  CHECK_THAT(r.out, Contains("no progress for 3000 ms (timeout): the load stalled waiting for "
+                             "chunk ") &&
+                        Contains("broadcast to complete, which needs every rank"));
+}
+
 TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143 naming it",
           "[multirank][signal]") {
   // Local spawner, no MPI: rank 1 is waiting for the catalogue while rank 0 pauses; it sends
