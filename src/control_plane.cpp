@@ -200,6 +200,7 @@ struct ControlPlane::Impl {
   // Rank 0: index = peer rank (0 unused). Others: one connection, to rank 0, at index 0.
   std::vector<std::unique_ptr<Connection>> connections;
   std::thread reader;
+  std::atomic<bool> reader_done{false};  // the reader thread has returned from io.run()
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -523,7 +524,10 @@ struct ControlPlane::Impl {
     for (auto& connection : connections) {
       if (connection) read_next(*connection);
     }
-    reader = std::thread([this] { io.run(); });
+    reader = std::thread([this] {
+      io.run();
+      reader_done = true;
+    });
   }
 
   void read_next(Connection& c) {
@@ -693,6 +697,10 @@ ControlPlane::~ControlPlane() {
 }
 
 bool ControlPlane::ending() const noexcept { return _impl->ending; }
+
+void ControlPlane::join_finished_reader() noexcept {
+  if (_impl && _impl->reader_done && _impl->reader.joinable()) _impl->reader.join();
+}
 
 int ControlPlane::rank() const noexcept { return _impl->world.rank; }
 int ControlPlane::world_size() const noexcept { return _impl->world.world_size; }

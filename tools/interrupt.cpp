@@ -127,7 +127,10 @@ void InterruptHandler::end_process(int sig, const char* when) {
   std::fflush(stderr);
   // As run_ranks does after its message: mpirun drops output it has not forwarded when it
   // tears the job down on the first non-zero exit.
-  if (_control != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (_control != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    _control->join_finished_reader();
+  }
   ::_exit(exit_status(error.code()));
 }
 

@@ -73,6 +73,7 @@ class InitWatchdog {
           fmt::print(stderr, "weightcast: error: {}\n", printable(error.what()));
           std::fflush(stderr);
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          control.join_finished_reader();
           ::_exit(exit_status(Errc::timeout));
         }) {}
   ~InitWatchdog() {
