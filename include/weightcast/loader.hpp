@@ -186,6 +186,8 @@ LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
 LoadResult load(const std::filesystem::path& checkpoint, const LoadOptions& options = {});
 
 /// `load(checkpoint, options)` on a thread of its own; the future holds the result or error.
+/// As with every `std::async` future, destroying it waits for the load to end: to give up
+/// early, request a stop on `options.stop` first (the load then ends within milliseconds).
 std::future<LoadResult> load_async(std::filesystem::path checkpoint, LoadOptions options = {});
 
 }  // namespace weightcast
