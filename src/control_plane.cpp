@@ -673,9 +673,28 @@ struct ControlPlane::Impl {
   }
 
   void send(Connection& c, Frame type, std::string_view payload) {
-    std::lock_guard lock(c.write_mutex);
-    send_all(c.socket.native_handle(), frame_bytes(type, payload),
-             Clock::now() + options.timeout, c.rank);
+    try {
+      std::lock_guard lock(c.write_mutex);
+      send_all(c.socket.native_handle(), frame_bytes(type, payload),
+               Clock::now() + options.timeout, c.rank);
+    } catch (const Error&) {
+      // A peer that failed sends its ABORT and hangs up: a send to it may fail (EPIPE) before
+      // the reader has read that ABORT. Give the reader a moment; when it is ending the
+      // process with the peer's message and status, that is the job's cause, not this send.
+      {
+        std::unique_lock lock(mutex);
+        changed.wait_for(lock, std::chrono::seconds(1), [&] { return c.closed || ending; });
+      }
+      if (ending && !sent_abort_locked()) {
+        std::this_thread::sleep_for(abort_grace + std::chrono::seconds(1));  // it _exits
+      }
+      throw;
+    }
+  }
+
+  bool sent_abort_locked() {
+    std::lock_guard lock(mutex);
+    return sent_abort;
   }
 };
 
