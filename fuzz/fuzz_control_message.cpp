@@ -60,7 +60,9 @@ void decode_payload(wire::Frame type, std::string_view payload) {
     case wire::Frame::abort:
     case wire::Frame::done: {
       const wire::StatusMessage status = wire::decode_status(payload, "status");
-      if (status.status < 0 || status.status > 125) std::abort();
+      // 0..125, or a rank's interrupt (130 SIGINT, 143 SIGTERM), which passes as it is.
+      const bool interrupt = status.status == 130 || status.status == 143;
+      if ((status.status < 0 || status.status > 125) && !interrupt) std::abort();
       if (status.message.size() <= wire::max_status_message_bytes &&
           wire::encode_status(status.status, status.message).size() != payload.size()) {
         std::abort();
