@@ -154,8 +154,9 @@ bool is_device(const std::string& path) {
 }
 
 struct Output {
-  std::string what;  // "rank 3's report"
+  std::string what;    // "rank 3's report"
   std::string path;
+  std::string option;  // "--report" or "--trace"
 };
 
 // Rank `rank`'s outputs: its report (if it writes one) and its trace (if any).
@@ -163,10 +164,12 @@ std::vector<Output> outputs_of(const std::string& report_path, const std::string
                                int rank, int world_size) {
   std::vector<Output> out;
   const std::string report = report_path_for_rank(report_path, rank, world_size);
-  if (!report.empty()) out.push_back({fmt::format("rank {}'s report", rank), report});
+  if (!report.empty()) {
+    out.push_back({fmt::format("rank {}'s report", rank), report, "--report"});
+  }
   if (!trace_path.empty()) {
     out.push_back({fmt::format("rank {}'s trace", rank),
-                   trace_path_for_rank(trace_path, rank, world_size).string()});
+                   trace_path_for_rank(trace_path, rank, world_size).string(), "--trace"});
   }
   return out;
 }
@@ -185,8 +188,7 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
                             int rank, int world_size) {
   const std::vector<Output> mine = outputs_of(report_path, trace_path, rank, world_size);
   for (const Output& output : mine) {
-    check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
-                      rank);
+    check_output_name(output.option, output.path, rank);
   }
   // This rank's report and trace: the same file however it is reached (a device such as
   // /dev/null keeps nothing to overwrite: both may go there).
@@ -219,8 +221,7 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
   for (int rank = 0; rank < world_size; ++rank) {
     const std::vector<Output> outputs = outputs_of(report_path, trace_path, rank, world_size);
     for (const Output& output : outputs) {
-      check_output_name(output.what.ends_with("report") ? "--report" : "--trace", output.path,
-                        rank);
+      check_output_name(output.option, output.path, rank);
       if (is_device(output.path)) continue;
       auto [it, inserted] = seen.try_emplace(output_key(output.path), output);
       if (!inserted) collision(it->second, output);
