@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
        wire::frame_bytes(Frame::report, wire::encode_report({1, 4096, 0.5, {1, 2, 3}})) +
            status_frame(Frame::abort, 74, "rank 1: reading shard 'model-00001-of-00002'"));
   seed(dir, "report", root, wire::frame_bytes(Frame::report, wire::encode_report({2, 0, 0, {}})));
+  seed(dir, "progress", root,
+       wire::frame_bytes(Frame::progress, wire::encode_progress(0)) +
+           wire::frame_bytes(Frame::progress, wire::encode_progress(139)) +
+           wire::frame_bytes(Frame::report, wire::encode_report({1, 8, 0.1, {5}})));
+  seed(dir, "progress", peer,
+       wire::frame_bytes(Frame::progress, wire::encode_progress(7)) +
+           status_frame(Frame::abort, 75, "rank 0: no progress for 3000 ms (timeout)"));
   seed(dir, "welcome", joining, wire::frame_bytes(Frame::welcome, {}));
   seed(dir, "reject", joining, wire::frame_bytes(Frame::reject, "wrong job token"));
   seed(dir, "abort", joining,

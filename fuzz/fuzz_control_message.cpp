@@ -78,6 +78,11 @@ void decode_payload(wire::Frame type, std::string_view payload) {
       return;
     case wire::Frame::reject:
       return;  // text, shown to the user as it is
+    case wire::Frame::progress:
+      if (wire::encode_progress(wire::decode_progress(payload, "progress")) != payload) {
+        std::abort();
+      }
+      return;
   }
   std::abort();  // decode_frame_header let an unknown type through
 }

@@ -188,7 +188,9 @@ struct Connection {
   int rank;
   tcp::socket socket;
   std::mutex write_mutex;
-  bool closed = false;  // guarded by Impl::mutex
+  bool closed = false;               // guarded by Impl::mutex
+  Clock::time_point last_heard;      // the last whole frame from the peer; guarded likewise
+  std::uint64_t progress = 0;        // the peer's chunks landed, by its last PROGRESS; likewise
   std::array<char, frame_header_bytes> header{};
   std::string payload;
 };
@@ -214,8 +216,25 @@ struct ControlPlane::Impl {
   bool reader_terminating = false;  // the reader thread ends the process (not the main thread)
   std::optional<asio::steady_timer> grace_timer;
   std::pair<int, std::string> termination;  // status, message, while terminating
+  // Heartbeat: every connection carries a PROGRESS frame (this rank's chunks landed) each
+  // `heartbeat_interval`, sent by the reader thread, which runs whatever the main thread is
+  // blocked in. A peer silent for `silence_after` is stopped or hung, not merely slow.
+  std::atomic<std::uint64_t> my_progress{0};
+  std::chrono::milliseconds heartbeat_interval;
+  Clock::duration silence_after;
+  std::optional<asio::steady_timer> heartbeat_timer;
 
-  Impl(const World& w, const RendezvousOptions& o) : world(w), options(o) {}
+  Impl(const World& w, const RendezvousOptions& o)
+      : world(w),
+        options(o),
+        heartbeat_interval(std::clamp<std::chrono::milliseconds>(
+            o.timeout / 10, std::chrono::milliseconds(10), std::chrono::milliseconds(1000))),
+        silence_after(4 * heartbeat_interval) {}
+
+  // Whether @p c is open but has sent nothing for `silence_after`. Caller holds `mutex`.
+  [[nodiscard]] bool silent(const Connection& c, Clock::time_point now) const {
+    return !c.closed && now - c.last_heard > silence_after;
+  }
 
   // ---- rendezvous ------------------------------------------------------------------------
 
@@ -521,13 +540,58 @@ struct ControlPlane::Impl {
 
   void start_reader() {
     reports.resize(world.world_size);
+    const auto now = Clock::now();
     for (auto& connection : connections) {
-      if (connection) read_next(*connection);
+      if (!connection) continue;
+      connection->last_heard = now;
+      read_next(*connection);
     }
+    heartbeat_timer.emplace(io);
+    heartbeat();
     reader = std::thread([this] {
       io.run();
       reader_done = true;
     });
+  }
+
+  // Sends this rank's PROGRESS on every open connection, then again after the interval; stops
+  // once every connection is closed, so that the reader thread returns.
+  void heartbeat() {
+    const std::string frame =
+        frame_bytes(Frame::progress, detail::encode_progress(my_progress.load()));
+    bool open = false;
+    for (auto& connection : connections) {
+      if (!connection) continue;
+      {
+        std::lock_guard lock(mutex);
+        if (connection->closed) continue;
+      }
+      open = true;
+      send_heartbeat(*connection, frame);
+    }
+    // Rank 0 ending the job: a stopped rank never hangs up; only the others are waited for.
+    if (world.rank == 0 && reader_terminating) maybe_exit();
+    if (!open) return;
+    heartbeat_timer->expires_after(heartbeat_interval);
+    heartbeat_timer->async_wait([this](boost::system::error_code ec) {
+      if (!ec) heartbeat();
+    });
+  }
+
+  // A heartbeat is skipped rather than waited for: when the main thread is sending (it holds
+  // the write lock, and its frame shows this rank alive) or the peer's receive window is full
+  // (it is not reading). A send buffer that polls writable takes 13 bytes whole.
+  void send_heartbeat(Connection& c, const std::string& frame) noexcept {
+    std::unique_lock lock(c.write_mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    pollfd p{c.socket.native_handle(), POLLOUT, 0};
+    if (::poll(&p, 1, 0) != 1 || (p.revents & POLLOUT) == 0) return;
+    try {
+      send_all(c.socket.native_handle(), frame,
+               Clock::now() + std::chrono::milliseconds(100), c.rank);
+    } catch (const Error&) {
+      // A peer that is gone is the reader's to report.
+    }
   }
 
   void read_next(Connection& c) {
@@ -558,7 +622,17 @@ struct ControlPlane::Impl {
 
   void dispatch(Connection& c, Frame type) {
     const std::string what = fmt::format("message from rank {}", c.rank);
+    {
+      std::lock_guard lock(mutex);
+      c.last_heard = Clock::now();
+    }
     switch (type) {
+      case Frame::progress: {
+        const std::uint64_t chunks = detail::decode_progress(c.payload, what);
+        std::lock_guard lock(mutex);
+        c.progress = chunks;
+        return;
+      }
       case Frame::share: {
         std::lock_guard lock(mutex);
         shared.push_back(std::move(c.payload));
@@ -655,10 +729,13 @@ struct ControlPlane::Impl {
     maybe_exit();
   }
 
+  // Rank 0 ending the job: exits once every rank has hung up, or fell silent (a stopped
+  // process never hangs up; waiting for it would only hold the job for the grace).
   void maybe_exit() {
     std::lock_guard lock(mutex);
+    const auto now = Clock::now();
     for (auto& connection : connections) {
-      if (connection && !connection->closed) return;
+      if (connection && !connection->closed && !silent(*connection, now)) return;
     }
     ::_exit(termination.first);
   }
@@ -716,6 +793,76 @@ ControlPlane::~ControlPlane() {
 }
 
 bool ControlPlane::ending() const noexcept { return _impl->ending; }
+
+void ControlPlane::note_progress(std::uint64_t chunks_landed) noexcept {
+  _impl->my_progress.store(chunks_landed, std::memory_order_relaxed);
+}
+
+std::string ControlPlane::stall_report() const {
+  Impl& impl = *_impl;
+  if (impl.world.world_size <= 1) return {};
+  const auto now = Clock::now();
+  std::vector<int> silent;
+  Clock::duration quiet = Clock::duration::max();  // the shortest silence among them
+  std::vector<std::pair<int, std::uint64_t>> alive{{impl.world.rank, impl.my_progress.load()}};
+  {
+    std::lock_guard lock(impl.mutex);
+    for (const auto& connection : impl.connections) {
+      if (!connection || connection->closed) continue;
+      if (impl.silent(*connection, now)) {
+        silent.push_back(connection->rank);
+        quiet = std::min(quiet, now - connection->last_heard);
+      } else {
+        alive.emplace_back(connection->rank, connection->progress);
+      }
+    }
+  }
+  std::sort(alive.begin(), alive.end());
+  std::string out;
+  if (!silent.empty()) {
+    std::sort(silent.begin(), silent.end());
+    out = fmt::format("rank(s) {} sent nothing over the control plane for {:.1f} s (stopped, or "
+                      "the process hung)",
+                      rank_list(silent), std::chrono::duration<double>(quiet).count());
+  } else {
+    out = impl.world.rank == 0 ? "every rank answers on the control plane"
+                               : "rank 0 answers on the control plane";
+  }
+  const auto [fewest, most] = std::minmax_element(
+      alive.begin(), alive.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  if (most->second == 0) {
+    // Before the load (a rendezvous, MPI_Init_thread): no chunk counts to tell.
+  } else if (alive.size() <= 8) {
+    out += "; chunks landed:";
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      out += fmt::format("{} rank {} {}", i == 0 ? "" : ",", alive[i].first, alive[i].second);
+    }
+  } else if (fewest->second == most->second) {
+    out += fmt::format("; chunks landed: {} on each of {} ranks", fewest->second, alive.size());
+  } else {
+    std::vector<int> behind;
+    for (const auto& [rank, chunks] : alive) {
+      if (chunks == fewest->second) behind.push_back(rank);
+    }
+    out += fmt::format("; fewest chunks landed: {}, on rank(s) {}; most: {}", fewest->second,
+                       rank_list(behind), most->second);
+  }
+  return out;
+}
+
+void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
+  Impl& impl = *_impl;
+  if (impl.world.rank == 0 || impl.connections.empty() || !impl.connections[0]) return;
+  const auto until = Clock::now() + most;
+  std::unique_lock lock(impl.mutex);
+  const Connection& root = *impl.connections[0];
+  // An ABORT or a lost connection ends this process on the reader thread; a silent rank 0
+  // will send neither.
+  while (!root.closed && !impl.silent(root, Clock::now()) && Clock::now() < until) {
+    impl.changed.wait_for(lock, std::min<Clock::duration>(impl.heartbeat_interval,
+                                                          until - Clock::now()));
+  }
+}
 
 void ControlPlane::join_finished_reader() noexcept {
   if (_impl && _impl->reader_done && _impl->reader.joinable()) _impl->reader.join();
@@ -776,12 +923,19 @@ void ControlPlane::abort(const Error& error) noexcept {
   if (impl.world.rank != 0) return;
   // Let the others print the message before the launcher tears the job down.
   std::unique_lock lock(impl.mutex);
-  impl.changed.wait_for(lock, std::min<Clock::duration>(impl.options.timeout, abort_grace), [&] {
+  // A silent rank (stopped) is not waited for; the wait wakes each heartbeat to see.
+  const auto until = Clock::now() + std::min<Clock::duration>(impl.options.timeout, abort_grace);
+  auto all_hung_up = [&] {
+    const auto now = Clock::now();
     for (auto& connection : impl.connections) {
-      if (connection && !connection->closed) return false;
+      if (connection && !connection->closed && !impl.silent(*connection, now)) return false;
     }
     return true;
-  });
+  };
+  while (!all_hung_up() && Clock::now() < until) {
+    impl.changed.wait_for(lock, std::min<Clock::duration>(impl.heartbeat_interval,
+                                                          until - Clock::now()));
+  }
 }
 
 std::vector<RankReport> ControlPlane::gather(RankReport mine) {

@@ -23,6 +23,7 @@ std::string_view frame_name(std::uint8_t type) {
     case Frame::abort: return "abort";
     case Frame::report: return "report";
     case Frame::done: return "verdict";
+    case Frame::progress: return "progress";
   }
   return "unknown";
 }
@@ -38,6 +39,7 @@ std::uint32_t payload_limit(Frame type, FrameReader reader, bool& accepted) {
     case FrameReader::root:
       if (type == Frame::report) return max_share_bytes;
       if (type == Frame::abort) return max_status_bytes;
+      if (type == Frame::progress) return progress_bytes;
       break;
     case FrameReader::joining:
       if (type == Frame::welcome) return 0;
@@ -46,6 +48,7 @@ std::uint32_t payload_limit(Frame type, FrameReader reader, bool& accepted) {
     case FrameReader::peer:
       if (type == Frame::share) return max_share_bytes;
       if (type == Frame::abort || type == Frame::done) return max_status_bytes;
+      if (type == Frame::progress) return progress_bytes;
       break;
   }
   accepted = false;
@@ -163,6 +166,19 @@ RankReport decode_report(std::string_view payload, std::string_view what) {
   for (std::uint64_t& digest : report.digests) digest = in.get<std::uint64_t>("digest");
   refuse_trailing(in);
   return report;
+}
+
+std::string encode_progress(std::uint64_t chunks_landed) {
+  WireWriter out;
+  out.put(chunks_landed);
+  return std::move(out.bytes());
+}
+
+std::uint64_t decode_progress(std::string_view payload, std::string_view what) {
+  WireReader in(payload, what);
+  const auto chunks = in.get<std::uint64_t>("chunks landed");
+  refuse_trailing(in);
+  return chunks;
 }
 
 bool tokens_equal(std::string_view presented, std::string_view expected) noexcept {

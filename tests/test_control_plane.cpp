@@ -289,6 +289,45 @@ TEST_CASE("control plane: 3 ranks meet, share, report and agree", "[control_plan
   }
 }
 
+TEST_CASE("control plane: the heartbeat carries each rank's progress to rank 0 and back",
+          "[control_plane]") {
+  // timeout 1 s: a heartbeat every 100 ms.
+  constexpr std::uint16_t port = 29654;
+  const auto timeout = std::chrono::milliseconds(1000);
+  std::promise<void> reported;
+  auto done = reported.get_future().share();
+  auto peer = [&](int rank) {
+    ControlPlane control(world_of(rank, 3), loopback(port, "", timeout));
+    control.note_progress(rank == 1 ? 5 : 7);
+    done.wait();
+    return control.stall_report();
+  };
+  auto one = std::async(std::launch::async, peer, 1);
+  auto two = std::async(std::launch::async, peer, 2);
+  ControlPlane root(world_of(0, 3), loopback(port, "", timeout));
+  root.note_progress(7);
+  // Before any heartbeat from a peer, rank 0 knows only its own count.
+  std::string report;
+  for (int i = 0; i < 100; ++i) {
+    report = root.stall_report();
+    if (report.find("rank 1 5") != std::string::npos &&
+        report.find("rank 2 7") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(report == "every rank answers on the control plane; chunks landed: rank 0 7, rank 1 5, "
+                  "rank 2 7");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's beats reach them
+  root.finish({});  // the peers' hang-ups are expected from now on
+  reported.set_value();
+  for (auto* f : {&one, &two}) {
+    REQUIRE(f->wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  }
+  CHECK(one.get() == "rank 0 answers on the control plane; chunks landed: rank 0 7, rank 1 5");
+  CHECK(two.get() == "rank 0 answers on the control plane; chunks landed: rank 0 7, rank 2 7");
+}
+
 TEST_CASE("control plane: the ranks that did not join are listed as ranges, not one by one",
           "[control_plane]") {
   // A world of 2^20 ranks (the most a config or environment may give) with none joining: the
@@ -360,6 +399,8 @@ TEST_CASE("control wire: messages round trip", "[control_plane]") {
   CHECK(wire::decode_status(wire::encode_status(-1, "x"), "t").status == 69);
   CHECK(wire::encode_status(1, std::string(100'000, 'm')).size() ==
         4 + 4 + wire::max_status_message_bytes);
+  CHECK(wire::decode_progress(wire::encode_progress(139), "t") == 139);
+  CHECK(wire::decode_progress(wire::encode_progress(~0ull), "t") == ~0ull);
   const RankReport report =
       wire::decode_report(wire::encode_report({1, 4096, 0.25, {7, 8, 9}}), "t");
   CHECK(report.rank == 1);
@@ -402,8 +443,14 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   stranger[0] = 'G';
   CHECK_THAT(error_of(hello, stranger), Contains("hello: magic: not weightcast"));
   std::string newer = good_hello;
-  newer[4] = 2;
-  CHECK_THAT(error_of(hello, newer), Contains("protocol version 2, rank 0 speaks 1"));
+  newer[4] = 3;
+  CHECK_THAT(error_of(hello, newer), Contains("protocol version 3, rank 0 speaks 2"));
+  auto progress = [](const std::string& b) { return wire::decode_progress(b, "progress"); };
+  const std::string good_progress = wire::encode_progress(139);
+  for (std::size_t n = 0; n < good_progress.size(); ++n) {
+    CHECK_THAT(error_of(progress, good_progress.substr(0, n)), Contains("truncated"));
+  }
+  CHECK_THAT(error_of(progress, good_progress + "x"), Contains("1 trailing bytes"));
   // A digest count of 2^32 - 1 in a 32-byte payload is refused before the digests are
   // allocated.
   std::string hostile = wire::encode_report({1, 8, 1.0, {}});
@@ -464,6 +511,13 @@ TEST_CASE("control wire: frame headers are checked per reader before any allocat
   CHECK_THAT(error_of(header(Frame::done, 0xffffffffu), FrameReader::peer),
              Contains("verdict message of 4294967295 bytes"));
   CHECK_THAT(error_of(header(Frame::report, 8), FrameReader::peer), Contains("unexpected"));
+  // The heartbeat goes both ways after the rendezvous, 8 bytes exactly at most.
+  CHECK(error_of(header(Frame::progress, 8), FrameReader::root) == "accepted");
+  CHECK(error_of(header(Frame::progress, 8), FrameReader::peer) == "accepted");
+  CHECK_THAT(error_of(header(Frame::progress, 9), FrameReader::peer),
+             Contains("progress message of 9 bytes, over the limit of 8"));
+  CHECK_THAT(error_of(header(Frame::progress, 8), FrameReader::greeting), Contains("unexpected"));
+  CHECK_THAT(error_of(header(Frame::progress, 8), FrameReader::joining), Contains("unexpected"));
 }
 
 TEST_CASE("control wire: the token comparison", "[control_plane]") {

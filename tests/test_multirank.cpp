@@ -288,6 +288,11 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
   INFO(r.out);
   CHECK(r.exit_status == 75);
   CHECK_THAT(r.out, Contains("within 3000 ms (timeout)"));
+  // Rank 0 names the stopped rank: its heartbeat stopped (the message used to say only "a
+  // rank stalled or died"), and every rank prints rank 0's line.
+  CHECK_THAT(r.out, Contains("rank(s) 1 sent nothing over the control plane for "));
+  CHECK(count(r.out, "weightcast: error: rank 0: MPI_Init_thread did not return within 3000 "
+                     "ms (timeout): rank(s) 1 sent nothing") >= 2);
 }
 
 TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multirank]") {
@@ -666,6 +671,30 @@ TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a bro
   CHECK_THAT(r.out, Contains("no progress for 3000 ms (timeout): the load stalled waiting for "
                              "chunk ") &&
                         Contains("broadcast to complete, which needs every rank"));
+  // And rank 0 names the rank it waits on, with how far each rank got.
+  CHECK_THAT(r.out, Contains("weightcast: error: rank 0: no progress for 3000 ms") &&
+                        Contains("rank(s) 1 sent nothing over the control plane for ") &&
+                        Contains("chunks landed: rank 0 "));
+}
+
+TEST_CASE("multirank: when rank 0 stops mid-load the others name it and end with 75",
+          "[multirank]") {
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29883, "3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 0]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=0");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  const auto r = job.wait(job_timeout_s);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  // A silent rank 0 cannot diagnose; the others do not wait for it to, and say it is silent.
+  CHECK_THAT(r.out, Contains("no progress for 3000 ms (timeout)") &&
+                        Contains("rank(s) 0 sent nothing over the control plane for "));
 }
 
 TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143 naming it",

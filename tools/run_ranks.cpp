@@ -55,6 +55,12 @@ void honour_corrupt_hook(int rank, std::vector<std::uint64_t>& digests) {
   digests.front() = ~digests.front();
 }
 
+/// How long a rank other than 0 that times out waits for rank 0's diagnosis of the same
+/// stall (`ControlPlane::defer_to_root`) before it sends its own.
+std::chrono::milliseconds root_grace(std::chrono::milliseconds timeout) {
+  return std::min(timeout, std::chrono::milliseconds(5'000));
+}
+
 /// Ends the process (through the control plane's ABORT, status 75) if a blocking call that
 /// takes no timeout has not returned within @p timeout.
 class InitWatchdog {
@@ -64,10 +70,15 @@ class InitWatchdog {
       : _thread([this, &control, rank, timeout, what = std::move(what)] {
           std::unique_lock lock(_mutex);
           if (_done.wait_for(lock, timeout, [this] { return _finished; })) return;
+          // Rank 0 meets the same stall and knows every rank's state: let it speak first.
+          lock.unlock();
+          control.defer_to_root(root_grace(timeout));
+          lock.lock();
+          if (_finished) return;
           const Error error(Errc::timeout,
-                            fmt::format("rank {}: {} did not return within {} ms (timeout): a "
-                                        "rank stalled or died",
-                                        rank, what, timeout.count()));
+                            fmt::format("rank {}: {} did not return within {} ms (timeout): "
+                                        "{}",
+                                        rank, what, timeout.count(), control.stall_report()));
           control.abort(error);
           std::fflush(stdout);
           fmt::print(stderr, "weightcast: error: {}\n", printable(error.what()));
@@ -271,6 +282,11 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
 
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
+    // The control plane's heartbeat carries this rank's progress, so that a stall's message
+    // can say which rank is behind.
+    options.on_progress = [&control](const LoadProgress& p) {
+      control->note_progress(p.chunks_done);
+    };
     const std::size_t shards = catalogue.shards.size();
     const LoadResult result =
         load_traced(std::move(catalogue), *device, *transport, std::move(options), config, rank,
@@ -333,6 +349,12 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     throw;
   } catch (const Error& e) {
     Error mine = prefixed(e, e.code());
+    if (e.code() == Errc::timeout) {
+      // A stall: rank 0, if it answers, names the rank behind it; else say what this rank
+      // knows (whether rank 0 answers, the chunks landed).
+      control->defer_to_root(root_grace(config.timeout));
+      mine = Error(Errc::timeout, fmt::format("{}; {}", mine.what(), control->stall_report()));
+    }
     control->abort(mine);
     if (mpi) mpi->abandon();
     throw mine;

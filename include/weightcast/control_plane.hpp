@@ -21,7 +21,11 @@
  *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id);
  *  - ABORT(status, message): any failure on any rank ends every rank with that message and
  *    exit status; rank 0 relays a peer's ABORT to the others;
- *  - each rank's final report (per-tensor digests) and rank 0's verdict.
+ *  - each rank's final report (per-tensor digests) and rank 0's verdict;
+ *  - PROGRESS, a heartbeat both ways (`note_progress`): the chunks a rank has landed. When a
+ *    load stalls, rank 0 names the ranks that fell silent (stopped or hung) and how far
+ *    each got (`stall_report`), and the other ranks leave that diagnosis to rank 0
+ *    (`defer_to_root`).
  *
  * From the end of the rendezvous a background thread reads every connection. An ABORT, or a
  * connection lost before the verdict (a dead process), ends the process at once with
@@ -130,6 +134,34 @@ class ControlPlane {
    * @throws Error `timeout` (75) when no verdict arrives in `timeout`.
    */
   Verdict finish(Verdict verdict);
+
+  /**
+   * @brief Records that this rank's load has landed @p chunks_landed chunks (cheap: an atomic
+   *        store; any thread, e.g. from `LoadOptions::on_progress`).
+   *
+   * From the rendezvous on, the control plane's reader thread sends a heartbeat (PROGRESS:
+   * this count) on every connection each `timeout`/10, clamped to 10 ms..1 s, whatever the
+   * main thread is blocked in (an MPI or NCCL wait, `MPI_Init_thread`). A rank that sends
+   * nothing for four such intervals is stopped (SIGSTOP, a debugger) or its process hung.
+   */
+  void note_progress(std::uint64_t chunks_landed) noexcept;
+
+  /**
+   * @brief What this rank knows of the others, for a stall's message: on rank 0 the ranks
+   *        silent on the control plane (and for how long) and the chunks each other rank has
+   *        landed; on the others the same of rank 0.
+   * @return e.g. "rank(s) 1 sent nothing over the control plane for 4.1 s (stopped, or the
+   *         process hung); chunks landed: rank 0 137, rank 2 139"; "" at world size 1.
+   */
+  [[nodiscard]] std::string stall_report() const;
+
+  /**
+   * @brief On a rank other than 0 about to fail with a timeout: rank 0, when it still answers
+   *        on the control plane, meets the same stall and can name the rank behind it; waits
+   *        up to @p most for rank 0's ABORT, which ends this process with rank 0's message.
+   *        Returns at once on rank 0, or when rank 0 is silent or gone. Never throws.
+   */
+  void defer_to_root(std::chrono::milliseconds most) noexcept;
 
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;

@@ -1,5 +1,7 @@
 #include "utils/tcp_client.hpp"
 
+#include "weightcast/detail/control_wire.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -91,16 +93,19 @@ bool TcpClient::read_exact(char* out, std::size_t bytes, Clock::time_point deadl
 
 std::optional<RawFrame> TcpClient::read_frame(std::chrono::milliseconds wait) {
   const auto deadline = Clock::now() + wait;
-  char header[5];
-  if (!read_exact(header, sizeof header, deadline)) return std::nullopt;
-  RawFrame frame;
-  frame.type = static_cast<std::uint8_t>(header[0]);
-  std::uint32_t length = 0;
-  std::memcpy(&length, header + 1, 4);
-  REQUIRE(length <= (1u << 20));
-  frame.payload.resize(length);
-  if (!read_exact(frame.payload.data(), length, deadline)) return std::nullopt;
-  return frame;
+  while (true) {
+    char header[5];
+    if (!read_exact(header, sizeof header, deadline)) return std::nullopt;
+    RawFrame frame;
+    frame.type = static_cast<std::uint8_t>(header[0]);
+    std::uint32_t length = 0;
+    std::memcpy(&length, header + 1, 4);
+    REQUIRE(length <= (1u << 20));
+    frame.payload.resize(length);
+    if (!read_exact(frame.payload.data(), length, deadline)) return std::nullopt;
+    if (frame.type == static_cast<std::uint8_t>(detail::Frame::progress)) continue;  // rank 0's heartbeat
+    return frame;
+  }
 }
 
 bool TcpClient::closed_within(std::chrono::milliseconds wait) {

@@ -33,7 +33,8 @@ class TcpClient {
   [[nodiscard]] int fd() const noexcept { return _fd; }
   /// Sends all of @p bytes. @return false when the peer has closed the connection.
   bool send(std::string_view bytes);
-  /// Reads one frame (5-byte header, payload of up to 1 MiB) within @p wait.
+  /// Reads one frame (5-byte header, payload of up to 1 MiB) within @p wait, skipping the
+  /// heartbeats (`detail::Frame::progress`) an accepted peer gets from rank 0.
   /// @return nothing when the connection closed or @p wait passed first.
   std::optional<RawFrame> read_frame(std::chrono::milliseconds wait);
   /// @return whether the other side closed the connection (EOF or reset) within @p wait;

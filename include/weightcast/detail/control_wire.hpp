@@ -32,6 +32,8 @@ enum class Frame : std::uint8_t {
   abort = 5,    ///< any → any: status and message (`encode_status`)
   report = 6,   ///< peer → 0: the final report (`encode_report`)
   done = 7,     ///< 0 → peer: the verdict (`encode_status`)
+  progress = 8,  ///< any → any after the rendezvous: chunks landed so far (`encode_progress`);
+                 ///< sent as a heartbeat, so silence means a stopped or hung process
 };
 
 /// Bytes of a frame header: type u8, payload length u32.
@@ -47,15 +49,17 @@ inline constexpr std::uint32_t max_status_bytes = 64 * 1024;
 inline constexpr std::size_t max_status_message_bytes = 60'000;
 /// First field of a HELLO ("HELO" little-endian): tells weightcast from a stray client.
 inline constexpr std::uint32_t hello_magic = 0x4f4c4548;
-/// Control-plane protocol version; rank 0 refuses a peer speaking another.
-inline constexpr std::uint32_t protocol_version = 1;
+/// PROGRESS payload, bytes: chunks landed, u64.
+inline constexpr std::uint32_t progress_bytes = 8;
+/// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS).
+inline constexpr std::uint32_t protocol_version = 2;
 
 /// Who reads a frame; decides the types accepted and each one's length limit.
 enum class FrameReader {
   greeting,  ///< rank 0, from a connection not yet accepted: HELLO only
-  root,      ///< rank 0, from an accepted peer: REPORT, ABORT
+  root,      ///< rank 0, from an accepted peer: REPORT, ABORT, PROGRESS
   joining,   ///< a peer, rank 0's answer to its HELLO: WELCOME, REJECT, ABORT
-  peer,      ///< a peer, after the rendezvous: SHARE, ABORT, verdict
+  peer,      ///< a peer, after the rendezvous: SHARE, ABORT, verdict, PROGRESS
 };
 
 /// A decoded frame header.
@@ -125,6 +129,16 @@ std::string encode_report(const RankReport& report);
  * @throws Error `unavailable` (69) naming the field when truncated or followed by bytes.
  */
 RankReport decode_report(std::string_view payload, std::string_view what);
+
+/// @return the PROGRESS payload for @p chunks_landed (u64, little-endian).
+std::string encode_progress(std::uint64_t chunks_landed);
+
+/**
+ * @brief Decodes a PROGRESS payload.
+ * @return the sender's chunks landed so far.
+ * @throws Error `unavailable` (69) naming the field when truncated or followed by bytes.
+ */
+std::uint64_t decode_progress(std::string_view payload, std::string_view what);
 
 /// @return whether @p presented equals @p expected, in a time that depends on their lengths
 ///         only, not on where they differ (a stranger cannot find the token byte by byte).
