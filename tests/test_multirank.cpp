@@ -652,19 +652,32 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
   }
 }
 
+namespace {
+
+// 3 ranks under mpirun with `timeout: 3s`, each sleeping 200 ms per chunk; stops rank
+// @p victim_rank (SIGSTOP) once it has landed a chunk. @return the job's result.
+ProcessResult stop_rank_mid_load(int victim_rank, int port) {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(port, "3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  const std::string rank = std::to_string(victim_rank);
+  REQUIRE(job.wait_for_output("[rank " + rank + "]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS",
+                              60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=" + rank);
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  auto r = job.wait(job_timeout_s);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a broadcast waits "
           "on another rank", "[multirank]") {
   REQUIRE_MPI();
-  TempDir dir;
-  const auto checkpoint = synth_sharded(dir.path());
-  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29881, "3s")),
-                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
-  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
-  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
-  REQUIRE(victim > 0);
-  REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = job.wait(job_timeout_s);
-  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  const auto r = stop_rank_mid_load(1, 29881);
   INFO(r.out);
   CHECK(r.exit_status == 75);
   // The ranks still running name what they wait for: it was only "the load stalled".
@@ -680,16 +693,7 @@ TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a bro
 TEST_CASE("multirank: when rank 0 stops mid-load the others name it and end with 75",
           "[multirank]") {
   REQUIRE_MPI();
-  TempDir dir;
-  const auto checkpoint = synth_sharded(dir.path());
-  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29883, "3s")),
-                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
-  REQUIRE(job.wait_for_output("[rank 0]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
-  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=0");
-  REQUIRE(victim > 0);
-  REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = job.wait(job_timeout_s);
-  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  const auto r = stop_rank_mid_load(0, 29883);
   INFO(r.out);
   CHECK(r.exit_status == 75);
   // A silent rank 0 cannot diagnose; the others do not wait for it to, and say it is silent.
