@@ -672,12 +672,19 @@ struct ControlPlane::Impl {
   // A connection ended or misbehaved: unless that was expected, the job is over.
   void lost(Connection& c, const std::string& why) {
     bool expected = false;
+    bool all_closed = true;
     {
       std::lock_guard lock(mutex);
       c.closed = true;
       expected = finished || terminating || (world.rank != 0 && verdict.has_value());
+      for (auto& connection : connections) {
+        if (connection && !connection->closed) all_closed = false;
+      }
       changed.notify_all();
     }
+    // Nothing left to beat for: the reader thread returns as soon as its other work is done
+    // (join_finished_reader relies on it returning promptly once the peers hung up).
+    if (all_closed && heartbeat_timer) heartbeat_timer->cancel();
     // Hang up but keep the descriptor: the main thread may be in send_all() on this
     // connection (share, gather, abort), and close() would write the socket's handle while
     // that thread reads it, and free the number for the next file or socket the process
