@@ -60,7 +60,19 @@ class Communicator {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         if (ncclCommGetAsyncError(_comm, &state) != ncclSuccess) state = ncclInternalError;
       }
-      if (state == ncclSuccess && ncclCommDestroy(_comm) == ncclSuccess) return;
+      if (state == ncclSuccess) {
+        // After ncclCommFinalize has completed, ncclCommDestroy frees local resources without
+        // blocking (NCCL 2.14 release notes, NVIDIA/nccl#715); on a non-blocking communicator
+        // the freeing may go on in a background thread. Whatever it returns (an error too:
+        // the reclaim may have run), the handle is consumed: never pass it to NCCL again (no
+        // ncclCommAbort after a destroy).
+        const ncclResult_t destroyed = ncclCommDestroy(_comm);
+        _comm = nullptr;
+        if (destroyed != ncclSuccess && destroyed != ncclInProgress) {
+          spdlog::warn("ncclCommDestroy failed: {}", ncclGetErrorString(destroyed));
+        }
+        return;
+      }
       spdlog::warn("nccl: communicator did not finalise cleanly ({}); aborting it",
                    ncclGetErrorString(state));
     }
