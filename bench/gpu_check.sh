@@ -12,6 +12,7 @@
 # Catch2 v2, liburing, libxxhash), python3 with torch and safetensors. Installs nothing (the
 # GPU hosts have no package registry; never runs scripts/install-deps.sh, apt or pip): a
 # preflight names everything missing within seconds and exits 69 before building.
+# WEIGHTCAST_GPU_CHECK_PARAMS overrides the checkpoint size (e.g. 100M for a dry run).
 # Budget: WEIGHTCAST_GPU_CHECK_BUDGET seconds in all (default 290, under 5 minutes on one
 # H200); every step runs under `timeout` capped by what is left, and a step that no longer
 # fits is skipped with a note, so the table always comes out.
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 WORK_DIR=${1:-/tmp/weightcast-gpu-check}
 BUILD_DIR=build-gpu-check
-PARAMS=4.4B  # BF16: ~8.8e9 bytes, ~8 GiB (whole layers: synth rounds to the nearest layer)
+PARAMS=${WEIGHTCAST_GPU_CHECK_PARAMS:-4.4B}  # BF16: ~8.8e9 bytes, ~8 GiB (whole layers: synth rounds to the nearest layer)
 CKPT_DIR="$WORK_DIR/ckpt-$PARAMS"
 JOBS=$(nproc)
 RESULTS="$WORK_DIR/results.tsv"
@@ -141,8 +142,14 @@ generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-if ! timeout "$(cap 90)" cmake -S . -B "$BUILD_DIR" "${generator[@]}" "${launcher[@]}" \
-  -DCMAKE_BUILD_TYPE=Release -DWEIGHTCAST_CUDA=ON >"$WORK_DIR/cmake.log" 2>&1; then
+configure_status=0
+timeout "$(cap 90)" cmake -S . -B "$BUILD_DIR" "${generator[@]}" "${launcher[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DWEIGHTCAST_CUDA=ON >"$WORK_DIR/cmake.log" 2>&1 ||
+  configure_status=$?
+if ((configure_status == 124)); then
+  echo "gpu_check: CMake configure ran out of its time budget" >&2
+  exit 75
+elif ((configure_status)); then
   tail -30 "$WORK_DIR/cmake.log"
   echo "gpu_check: CMake configure failed (above; lines naming what was not found:)" >&2
   grep -iE "could not find|not found|required" "$WORK_DIR/cmake.log" | head -10 >&2 || true
