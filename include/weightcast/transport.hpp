@@ -88,9 +88,10 @@ NcclUniqueId nccl_unique_id();
  * abort"). Broadcasts run on a non-blocking comm stream of the transport's own;
  * `broadcast_group` returns once NCCL has enqueued the group's kernels (it polls the
  * communicator out of `ncclInProgress`, at most @p timeout: the first group also connects
- * the ranks, so it waits for every rank to post it), and the returned `Pending` completes
- * with a CUDA event recorded after them. Any failure, and destroying the transport while a
- * broadcast is in flight, aborts the communicator.
+ * the ranks, so it waits for every rank to post it; a `LoadOptions::stop` is seen once it
+ * returns), and the returned `Pending` completes with a CUDA event recorded after them. Any
+ * failure, and destroying the transport while a broadcast is in flight, aborts the
+ * communicator.
  * @param rank this rank, 0 ≤ rank < @p world_size.
  * @param local_rank the CUDA device to use (`cudaSetDevice`), the cuda device's ordinal.
  * @param timeout bound on communicator creation and on enqueueing each broadcast group.
