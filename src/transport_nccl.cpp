@@ -20,6 +20,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace weightcast {
@@ -60,7 +61,19 @@ class Communicator {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         if (ncclCommGetAsyncError(_comm, &state) != ncclSuccess) state = ncclInternalError;
       }
-      if (state == ncclSuccess && ncclCommDestroy(_comm) == ncclSuccess) return;
+      if (state == ncclSuccess) {
+        // After ncclCommFinalize has completed, ncclCommDestroy frees local resources without
+        // blocking (NCCL 2.14 release notes, NVIDIA/nccl#715); on a non-blocking communicator
+        // the freeing may go on in a background thread. Whatever it returns (an error too:
+        // the reclaim may have run), the handle is consumed: never pass it to NCCL again (no
+        // ncclCommAbort after a destroy).
+        const ncclResult_t destroyed = ncclCommDestroy(_comm);
+        _comm = nullptr;
+        if (destroyed != ncclSuccess && destroyed != ncclInProgress) {
+          spdlog::warn("ncclCommDestroy failed: {}", ncclGetErrorString(destroyed));
+        }
+        return;
+      }
       spdlog::warn("nccl: communicator did not finalise cleanly ({}); aborting it",
                    ncclGetErrorString(state));
     }
@@ -97,24 +110,21 @@ class Communicator {
   bool _healthy = true;
 };
 
-/// A group of broadcasts in flight on the comm stream.
+/// A group of broadcasts in flight on the comm stream: NCCL has enqueued its kernels, and
+/// `_event` was recorded on the comm stream after them.
 class NcclBroadcast final : public Pending {
  public:
-  NcclBroadcast(Communicator& comm, cudaStream_t stream, std::uint64_t bytes)
-      : _comm(comm), _stream(stream), _bytes(bytes) {}
+  NcclBroadcast(Communicator& comm, CudaEvent event, std::uint64_t bytes)
+      : _comm(comm), _event(std::move(event)), _bytes(bytes) {}
   ~NcclBroadcast() override {
     if (_done) return;
     // Abandoned in flight (a stage failed, the watchdog fired): a broadcast may wait on a
-    // peer forever, so abort the communicator (which ends its kernels), then let the stream
-    // drain before the arena it writes can be freed.
+    // peer forever, so abort the communicator (which ends its kernels), then wait for the
+    // event before the arena it writes can be freed.
     spdlog::warn("nccl: broadcast of {} bytes abandoned in flight: aborting the communicator",
                  _bytes);
     _comm.abort();
-    if (_recorded) {
-      detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
-    } else {
-      detail::log_cuda_release(cudaStreamSynchronize(_stream), "cudaStreamSynchronize");
-    }
+    detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
   }
   NcclBroadcast(const NcclBroadcast&) = delete;
   NcclBroadcast& operator=(const NcclBroadcast&) = delete;
@@ -124,17 +134,13 @@ class NcclBroadcast final : public Pending {
       _done = true;
       throw Error(Errc::unavailable, "nccl: the communicator was aborted");
     }
+    // An asynchronous error (a peer or the network failed) leaves the kernels waiting
+    // forever: it shows in the communicator's state, not in the event.
     const ncclResult_t state = _comm.state();
-    if (state == ncclInProgress) return false;  // NCCL is still enqueueing the group
-    if (state != ncclSuccess) {
+    if (state != ncclSuccess && state != ncclInProgress) {
       _done = true;
       _comm.mark_failed();
       detail::throw_nccl_error(state, "ncclBroadcast (ncclCommGetAsyncError)", _comm.get());
-    }
-    if (!_recorded) {
-      // Only now are the kernels in the stream: the event must be recorded after them.
-      WEIGHTCAST_CUDA_TRY(cudaEventRecord(_event.get(), _stream));
-      _recorded = true;
     }
     const cudaError_t status = cudaEventQuery(_event.get());
     if (status == cudaErrorNotReady) return false;
@@ -149,10 +155,8 @@ class NcclBroadcast final : public Pending {
 
  private:
   Communicator& _comm;
-  cudaStream_t _stream;
-  std::uint64_t _bytes;
   CudaEvent _event;
-  bool _recorded = false;
+  std::uint64_t _bytes;
   bool _done = false;
 };
 
@@ -160,7 +164,7 @@ class NcclTransport final : public Transport {
  public:
   NcclTransport(int rank, int world_size, int local_rank, const NcclUniqueId& unique_id,
                 std::chrono::milliseconds timeout)
-      : _rank(rank), _world_size(world_size), _local_rank(local_rank) {
+      : _rank(rank), _world_size(world_size), _local_rank(local_rank), _timeout(timeout) {
     detail::set_cuda_device(local_rank);
     _stream.emplace();
     ncclUniqueId id;
@@ -168,25 +172,14 @@ class NcclTransport final : public Transport {
     std::memcpy(id.internal, unique_id.data(), unique_id.size());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    WEIGHTCAST_NCCL_TRY(ncclCommInitRankConfig(_comm.out(), world_size, id, rank, &config),
-                        nullptr);
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      const ncclResult_t state = _comm.state();
-      if (state == ncclSuccess) break;
-      if (state != ncclInProgress) {
-        _comm.mark_failed();
-        detail::throw_nccl_error(state, "ncclCommInitRankConfig", _comm.get());
-      }
-      if (Clock::now() >= deadline) {
-        _comm.abort();
-        throw Error(Errc::timeout,
-                    fmt::format("nccl: rank {} of {}: the communicator was not ready after {} ms "
-                                "(timeout): a peer did not join",
-                                rank, world_size, timeout.count()));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const ncclResult_t init = ncclCommInitRankConfig(_comm.out(), world_size, id, rank, &config);
+    if (init != ncclSuccess && init != ncclInProgress) {
+      // A communicator whose creation failed is only fit for ncclCommAbort (the destructor's).
+      _comm.mark_failed();
+      detail::throw_nccl_error(init, "ncclCommInitRankConfig", _comm.get());
     }
+    wait_ready("ncclCommInitRankConfig", "the communicator was not ready",
+               "a peer did not join");
   }
   // Members release in reverse order: the communicator (finalise or abort) before the stream.
 
@@ -204,11 +197,17 @@ class NcclTransport final : public Transport {
     WEIGHTCAST_EXPECT(_comm.get() != nullptr, Errc::unavailable,
                       "nccl: the communicator was aborted after an earlier failure");
     detail::set_cuda_device(_local_rank);
+    // Non-blocking communicator: no NCCL call and no CUDA work on the comm stream while the
+    // previous group is still being enqueued (ncclInProgress). wait_ready below leaves the
+    // communicator ready after every group, so this normally returns at the first poll.
+    wait_ready("ncclGroupEnd (previous broadcast)", "the previous broadcast was not enqueued",
+               "a peer stopped taking part");
     // CUDA stream order: the broadcast reads (on the root) what the copy stream wrote.
     if (ready_event != nullptr) {
       WEIGHTCAST_CUDA_TRY(
           cudaStreamWaitEvent(_stream->get(), static_cast<cudaEvent_t>(ready_event), 0));
     }
+    CudaEvent done;
     std::uint64_t total = 0;
     WEIGHTCAST_NCCL_TRY(ncclGroupStart(), _comm.get());
     try {
@@ -231,15 +230,50 @@ class NcclTransport final : public Transport {
       _comm.mark_failed();
       detail::throw_nccl_error(end, "ncclGroupEnd", _comm.get());
     }
-    return std::make_unique<NcclBroadcast>(_comm, _stream->get(), total);
+    // ncclInProgress: the kernels are being enqueued in the background (NCCL docs,
+    // "Nonblocking group operation"); only once the communicator is ncclSuccess are they in
+    // the stream, so only then may the completion event be recorded after them.
+    wait_ready("ncclGroupEnd", "the broadcast was not enqueued", "a peer stopped taking part");
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(done.get(), _stream->get()));
+    return std::make_unique<NcclBroadcast>(_comm, std::move(done), total);
   }
 
  private:
   int _rank;
   int _world_size;
   int _local_rank;
+  std::chrono::milliseconds _timeout;
   std::optional<CudaStream> _stream;  // the comm stream; after set_cuda_device
   Communicator _comm;
+
+  // Polls the communicator until it leaves ncclInProgress, at most the timeout (NCCL 2.14+
+  // non-blocking mode: poll ncclCommGetAsyncError until it is not ncclInProgress before the
+  // next call or any use of the results; NVIDIA/nccl#715). Spins briefly first: enqueueing a
+  // group normally takes microseconds, and a millisecond sleep per chunk would cost more
+  // than a broadcast of 16 MiB over NVLink. Throws `timeout` (the communicator aborted) when
+  // it stays in progress, the NCCL error (names @p call) when it fails.
+  void wait_ready(const char* call, std::string_view what, std::string_view why) {
+    const auto deadline = Clock::now() + _timeout;
+    for (std::uint64_t polls = 0;; ++polls) {
+      const ncclResult_t state = _comm.state();
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        _comm.mark_failed();
+        detail::throw_nccl_error(state, call, _comm.get());
+      }
+      if (Clock::now() >= deadline) {
+        _comm.abort();
+        throw Error(Errc::timeout,
+                    fmt::format("nccl: rank {} of {}: {} after {} ms (timeout, {}): {}", _rank,
+                                _world_size, what, _timeout.count(), call, why));
+      }
+      if (polls < 2000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
 };
 
 }  // namespace

@@ -85,14 +85,20 @@ NcclUniqueId nccl_unique_id();
  * is polled with `ncclCommGetAsyncError` until it leaves `ncclInProgress`, at most
  * @p timeout, so a rank whose peers never come fails instead of hanging; and a watchdog can
  * `ncclCommAbort` a collective in flight (NCCL docs, "Error handling and communicator
- * abort"). Broadcasts run on a non-blocking comm stream of the transport's own. Any failure,
- * and destroying the transport while a broadcast is in flight, aborts the communicator.
+ * abort"). Broadcasts run on a non-blocking comm stream of the transport's own;
+ * `broadcast_group` returns once NCCL has enqueued the group's kernels (it polls the
+ * communicator out of `ncclInProgress`, at most @p timeout: the first group also connects
+ * the ranks, so it waits for every rank to post it; a `LoadOptions::stop` is seen once it
+ * returns), and the returned `Pending` completes with a CUDA event recorded after them. Any
+ * failure, and destroying the transport while a broadcast is in flight, aborts the
+ * communicator.
  * @param rank this rank, 0 ≤ rank < @p world_size.
  * @param local_rank the CUDA device to use (`cudaSetDevice`), the cuda device's ordinal.
- * @param timeout bound on communicator creation.
+ * @param timeout bound on communicator creation and on enqueueing each broadcast group.
  * @throws Error `unavailable` (69) when the build has no CUDA, the device cannot be used or
  *         NCCL fails (names the NCCL error and `ncclGetLastError`); `timeout` (75) when the
- *         communicator is not ready within @p timeout (the communicator is aborted).
+ *         communicator is not ready within @p timeout (the communicator is aborted). The
+ *         transport's `broadcast_group` throws the same way.
  */
 std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
                                                const NcclUniqueId& unique_id,
