@@ -3,6 +3,7 @@
 #include "weightcast/control_plane.hpp"
 
 #include "weightcast/detail/control_wire.hpp"
+#include "weightcast/log.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -50,6 +51,8 @@ RendezvousOptions rendezvous_options(const Config& config, const World& world) {
     if (const char* token = std::getenv("WEIGHTCAST_TOKEN")) options.token = token;
   }
   options.timeout = config.timeout;
+  options.job_id = world.job_id;
+  options.job_id_source = world.job_id_source;
   return options;
 }
 
@@ -321,10 +324,19 @@ struct ControlPlane::Impl {
       }
       // The token first: a stranger learns nothing about this job's shape.
       if (!detail::tokens_equal(hello.token, options.token)) {
-        return refuse(g, "wrong job token (give every rank the same rendezvous.token or "
-                         "WEIGHTCAST_TOKEN)");
+        return refuse(g, "wrong job token (a rank of another job on this port, or ranks "
+                         "started with different rendezvous.token or WEIGHTCAST_TOKEN)");
       }
       const int rank = hello.rank;
+      // Without a token two jobs on one port would take each other's ranks (plain mpirun
+      // sets none); their launchers' job ids tell them apart.
+      if (!hello.job_id.empty() && !options.job_id.empty() && hello.job_id != options.job_id) {
+        return refuse(g, fmt::format("rank {} belongs to another job: its launcher's job id is "
+                                     "'{}', this job's is '{}' ({}); two jobs are using "
+                                     "rendezvous port {}: give each its own rendezvous.port",
+                                     rank, printable(hello.job_id), printable(options.job_id),
+                                     options.job_id_source, options.port));
+      }
       if (hello.world_size != world.world_size) {
         return refuse(g, fmt::format("world size {}, rank 0 has {}", hello.world_size,
                                      world.world_size));
@@ -465,14 +477,11 @@ struct ControlPlane::Impl {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     };
     const std::string hello_payload =
-        detail::encode_hello({world.rank, world.world_size, options.token});
-    if (hello_payload.size() > detail::max_hello_bytes) {
-      // Rank 0 would refuse it unread; say why here.
-      throw Error(Errc::config,
-                  fmt::format("rendezvous.token is {} bytes; rank 0 takes at most {}",
-                              options.token.size(),
-                              options.token.size() - (hello_payload.size() -
-                                                      detail::max_hello_bytes)));
+        detail::encode_hello({world.rank, world.world_size, options.token, options.job_id});
+    if (options.token.size() > detail::max_token_bytes) {
+      // Rank 0 would refuse the hello unread; say why here.
+      throw Error(Errc::config, fmt::format("rendezvous.token is {} bytes; rank 0 takes at most {}",
+                                            options.token.size(), detail::max_token_bytes));
     }
     const std::string hello = frame_bytes(Frame::hello, hello_payload);
     while (Clock::now() < deadline) {

@@ -102,6 +102,7 @@ std::string encode_hello(const Hello& hello) {
   out.put(hello.rank);
   out.put(hello.world_size);
   out.put_string(hello.token);
+  out.put_string(hello.job_id);
   return std::move(out.bytes());
 }
 
@@ -117,6 +118,7 @@ Hello decode_hello(std::string_view payload, std::string_view what) {
   hello.rank = in.get<std::int32_t>("rank");
   hello.world_size = in.get<std::int32_t>("world size");
   hello.token = in.get_string("token");
+  hello.job_id = in.get_string("job id");
   refuse_trailing(in);
   return hello;
 }

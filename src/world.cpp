@@ -93,7 +93,51 @@ std::string World::describe() const {
   return fmt::format("rank {} of {} (local rank {}) from {}", rank, world_size, local_rank, where);
 }
 
+namespace {
+
+World detect_place(const Config& config);
+
+// The job id of @p source's family (see World::job_id).
+void find_job_id(World& world) {
+  auto take = [&](std::string id, std::string from) {
+    if (id.size() > World::max_job_id_bytes) id.resize(World::max_job_id_bytes);
+    world.job_id = std::move(id);
+    world.job_id_source = std::move(from);
+  };
+  switch (world.source) {
+    case WorldSource::openmpi:
+      if (const char* ns = env("PMIX_NAMESPACE")) return take(ns, "PMIX_NAMESPACE");
+      if (const char* id = env("OMPI_MCA_ess_base_jobid")) {
+        return take(id, "OMPI_MCA_ess_base_jobid");
+      }
+      return;
+    case WorldSource::slurm:
+      if (const char* job = env("SLURM_JOB_ID")) {
+        const char* step = env("SLURM_STEP_ID");
+        return take(step != nullptr ? fmt::format("{}.{}", job, step) : std::string(job),
+                    step != nullptr ? "SLURM_JOB_ID.SLURM_STEP_ID" : "SLURM_JOB_ID");
+      }
+      return;
+    case WorldSource::torchrun:
+      if (const char* id = env("TORCHELASTIC_RUN_ID")) return take(id, "TORCHELASTIC_RUN_ID");
+      return;
+    case WorldSource::config:
+    case WorldSource::single:
+      return;
+  }
+}
+
+}  // namespace
+
 World detect_world(const Config& config) {
+  World world = detect_place(config);
+  find_job_id(world);
+  return world;
+}
+
+namespace {
+
+World detect_place(const Config& config) {
   World world;
   if (const char* addr = env("MASTER_ADDR")) world.master_addr = addr;
   if (config.world_rank >= 0 || config.world_size > 0) {
@@ -178,5 +222,7 @@ World detect_world(const Config& config) {
   if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
   return world;
 }
+
+}  // namespace
 
 }  // namespace weightcast

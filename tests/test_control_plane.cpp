@@ -343,6 +343,50 @@ TEST_CASE("control plane: the ranks that did not join are listed as ranges, not 
   }
 }
 
+TEST_CASE("control plane: a rank of another job is refused by its launcher's job id",
+          "[control_plane]") {
+  // Two plain mpirun jobs on one port set no token: without the job id, a rank of one joined
+  // the other (and the jobs failed with false digest mismatches).
+  constexpr std::uint16_t port = 29655;
+  auto options = [](const std::string& job_id) {
+    RendezvousOptions o = loopback(port, "", std::chrono::seconds(2));
+    o.job_id = job_id;
+    o.job_id_source = "PMIX_NAMESPACE";
+    return o;
+  };
+  auto stray = std::async(std::launch::async, [&] {
+    try {
+      ControlPlane control(world_of(1, 2), options("222"));
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::internal, std::string("joined"));
+  });
+  try {
+    ControlPlane root(world_of(0, 2), options("111"));
+    FAIL("rank 0 took a rank of another job");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::timeout);
+    CHECK_THAT(e.what(), Contains("rank(s) 1 did not join") && Contains("another job"));
+  }
+  REQUIRE(stray.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  auto [code, what] = stray.get();
+  CHECK(code == Errc::config);
+  CHECK_THAT(what, Contains("refused this rank: rank 1 belongs to another job: its launcher's "
+                            "job id is '222', this job's is '111' (PMIX_NAMESPACE); two jobs "
+                            "are using rendezvous port 29655: give each its own "
+                            "rendezvous.port"));
+  // A peer without a job id (started by hand) is not refused for it.
+  auto unknown = std::async(std::launch::async, [&] {
+    ControlPlane control(world_of(1, 2), options(""));
+    return control.finish({}).status;
+  });
+  ControlPlane root(world_of(0, 2), options("111"));
+  root.finish({});
+  REQUIRE(unknown.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(unknown.get() == 0);
+}
+
 TEST_CASE("control plane: a wrong token is refused on both sides", "[control_plane]") {
   constexpr std::uint16_t port = 29652;
   auto intruder = std::async(std::launch::async, [] {
@@ -383,10 +427,16 @@ TEST_CASE("control plane: no rank 0 is unavailable within the timeout", "[contro
 // ---- the message decoders (fuzzed by fuzz/fuzz_control_message.cpp) ----------------------
 
 TEST_CASE("control wire: messages round trip", "[control_plane]") {
-  const wire::Hello hello = wire::decode_hello(wire::encode_hello({2, 3, "s3cret"}), "test");
+  const wire::Hello hello =
+      wire::decode_hello(wire::encode_hello({2, 3, "s3cret", "1078001665"}), "test");
   CHECK(hello.rank == 2);
   CHECK(hello.world_size == 3);
   CHECK(hello.token == "s3cret");
+  CHECK(hello.job_id == "1078001665");
+  // The longest token and job id fit the hello rank 0 reads.
+  CHECK(wire::encode_hello({2, 3, std::string(wire::max_token_bytes, 't'),
+                            std::string(World::max_job_id_bytes, 'j')})
+            .size() == wire::max_hello_bytes);
   const auto status = wire::decode_status(wire::encode_status(74, "rank 0: read failed"), "t");
   CHECK(status.status == 74);
   CHECK(status.message == "rank 0: read failed");
@@ -659,8 +709,9 @@ TEST_CASE("control plane: without the token a connection learns nothing of the j
     test::TcpClient stranger(port);
     // Wrong in every other field too: the token is what rank 0 answers first.
     REQUIRE(stranger.send(hello_frame(5, 7, token)));
-    CHECK(read_refusal(stranger) == "wrong job token (give every rank the same "
-                                    "rendezvous.token or WEIGHTCAST_TOKEN)");
+    CHECK(read_refusal(stranger) == "wrong job token (a rank of another job on this port, or "
+                                    "ranks started with different rendezvous.token or "
+                                    "WEIGHTCAST_TOKEN)");
     // Nothing more is read from it: the connection is closed, whatever it sends next.
     stranger.send(hello_frame(1, 2, "t0ken"));
     CHECK(stranger.closed_within(1s));
@@ -738,6 +789,7 @@ TEST_CASE("control plane: a token too long for a hello is a config error on the 
     FAIL("joined with a 5000-byte token");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::config);
-    CHECK_THAT(e.what(), Contains("rendezvous.token is 5000 bytes; rank 0 takes at most 4076"));
+    CHECK_THAT(e.what(), Contains("rendezvous.token is 5000 bytes; rank 0 takes at most " +
+                                  std::to_string(wire::max_token_bytes)));
   }
 }

@@ -295,6 +295,37 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
                      "ms (timeout): rank(s) 1 sent nothing") >= 2);
 }
 
+TEST_CASE("multirank: two mpirun jobs on one rendezvous port do not take each other's ranks",
+          "[multirank]") {
+  // Plain mpirun sets no job token. Job 1's rank 1 starts 3 s late, so job 2's rank 1 (whose
+  // own rank 0 cannot listen on the taken port) reaches job 1's rank 0 first: it joined job 1
+  // in its place, and both jobs failed (false tensor mismatches, or a stray MPI failure).
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto sets = base_sets(29885, "20s");
+  auto first = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
+                                      "checkpoint=" + checkpoint.string()});
+  first = cat(first, sets);
+  first = cat(first, {":", "-np", "1", "bash", "-c", "sleep 3; exec \"$0\" \"$@\"",
+                      cli_path().string(), "run"});
+  first = cat(first, sets);
+  BackgroundJob job1(first);
+  REQUIRE(job1.wait_for_output("# world: rank 0 of 2", 60));
+  const auto job2 = run_process(mpirun_run(2, checkpoint, sets), {}, job_timeout_s);
+  const auto r = job1.wait(job_timeout_s);
+  INFO("job 1:\n" << r.out << "\njob 2:\n" << job2.out << job2.err);
+  CHECK(r.exit_status == 0);
+  CHECK(count(r.out, "2 ranks × ") == 1);
+  CHECK_THAT(r.out, Contains("bit-exact"));
+  CHECK(job2.exit_status != 0);
+  CHECK_THAT(job2.out + job2.err, Contains("Address already in use"));
+  // Job 2's rank 1, if it got as far as job 1's rank 0 before its mpirun ended it, was refused.
+  if (r.out.find("refused a connection") != std::string::npos) {
+    CHECK_THAT(r.out, Contains("rank 1 belongs to another job"));
+  }
+}
+
 TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;

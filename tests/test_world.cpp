@@ -72,6 +72,38 @@ TEST_CASE("world: torchrun, Slurm and Open MPI environments, in that order", "[w
   }
 }
 
+TEST_CASE("world: the job id comes from the family that gave the world", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  CHECK(detect_world(Config{}).job_id.empty());
+  ScopedEnv mpi({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                 {"OMPI_MCA_ess_base_jobid", "1078001665"}});
+  World w = detect_world(Config{});
+  CHECK(w.job_id == "1078001665");
+  CHECK(w.job_id_source == "OMPI_MCA_ess_base_jobid");
+  {
+    // PMIx's namespace first (Open MPI 5 sets no ess jobid); cut to 256 bytes.
+    ScopedEnv pmix({{"PMIX_NAMESPACE", std::string(300, 'n')}});
+    w = detect_world(Config{});
+    CHECK(w.job_id == std::string(World::max_job_id_bytes, 'n'));
+    CHECK(w.job_id_source == "PMIX_NAMESPACE");
+  }
+  {
+    // srun inside the same allocation: Slurm's world, so Slurm's job and step.
+    ScopedEnv slurm({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"},
+                     {"SLURM_STEP_ID", "3"}});
+    w = detect_world(Config{});
+    CHECK(w.source == WorldSource::slurm);
+    CHECK(w.job_id == "77.3");
+    CHECK(w.job_id_source == "SLURM_JOB_ID.SLURM_STEP_ID");
+    ScopedEnv torchrun({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "job7"}});
+    w = detect_world(Config{});
+    CHECK(w.job_id == "job7");
+    CHECK(w.job_id_source == "TORCHELASTIC_RUN_ID");
+  }
+  // A world from the config has no launcher to vouch for it.
+  CHECK(detect_world(with({"world.rank=1", "world.size=2"})).job_id.empty());
+}
+
 TEST_CASE("world: families that disagree: mpirun's world wins over an inherited Slurm one; "
           "left-over RANK/WORLD_SIZE under mpirun are refused", "[world]") {
   ScopedEnv clean(test::no_launcher_env());

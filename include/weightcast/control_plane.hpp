@@ -55,12 +55,16 @@ struct RendezvousOptions {
   std::string address = "127.0.0.1";  ///< IP address (or host name) rank 0 binds and peers dial.
   std::uint16_t port = 29555;         ///< TCP port of rank 0's listener.
   std::string token;                  ///< Job token every peer must present ("" = none).
+  /// This rank's launcher's job id (`World::job_id`, "" = none); rank 0 refuses a peer whose
+  /// job id differs from its own when both have one (a rank of another job on the port).
+  std::string job_id;
+  std::string job_id_source;          ///< Where `job_id` came from, for messages.
   std::chrono::milliseconds timeout{300'000};  ///< Bound on every wait.
 };
 
 /// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
 ///         (`world.master_addr`), else 127.0.0.1; token `rendezvous.token`, else
-///         `$WEIGHTCAST_TOKEN`, else none.
+///         `$WEIGHTCAST_TOKEN`, else none; the job id of @p world.
 RendezvousOptions rendezvous_options(const Config& config, const World& world);
 
 /// One rank's final report: what landed there.

@@ -35,13 +35,24 @@ struct World {
   int local_rank = 0;  ///< Rank among the processes of this node (the CUDA device ordinal).
   WorldSource source = WorldSource::single;
   std::string master_addr;  ///< `$MASTER_ADDR`, or empty when not set.
+  /// The launcher's id of this job, the same on every rank of one job and different between
+  /// jobs: `PMIX_NAMESPACE` (else `OMPI_MCA_ess_base_jobid`) under mpirun, `SLURM_JOB_ID`
+  /// `.SLURM_STEP_ID` under srun, `TORCHELASTIC_RUN_ID` under torchrun; empty from the config
+  /// or with no launcher. Cut to `max_job_id_bytes`. Rank 0 refuses a peer of another job.
+  std::string job_id;
+  /// The variable(s) `job_id` came from, for messages (e.g. "PMIX_NAMESPACE"); empty with it.
+  std::string job_id_source;
+
+  /// Longest `job_id` kept, bytes (it travels in the rendezvous hello).
+  static constexpr std::size_t max_job_id_bytes = 256;
 
   /// @return e.g. "rank 1 of 3 (local rank 1) from torchrun (RANK, WORLD_SIZE)".
   [[nodiscard]] std::string describe() const;
 };
 
 /**
- * @brief Finds the world from @p config, else from the environment (the order above).
+ * @brief Finds the world from @p config, else from the environment (the order above), and
+ *        the job id of the family it came from.
  * @throws Error `config` (78) naming the key or variable when a value is not a whole number
  *         (or negative, or past INT_MAX), the rank is not below the size, `world.rank` and
  *         `world.size` are not set together, or no launcher's environment is complete but one

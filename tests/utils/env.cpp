@@ -31,7 +31,8 @@ std::vector<ScopedEnv::Entry> no_launcher_env() {
   for (const char* name :
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
         "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "WEIGHTCAST_TOKEN", "TORCHELASTIC_RUN_ID"}) {
+        "OMPI_COMM_WORLD_LOCAL_RANK", "WEIGHTCAST_TOKEN", "TORCHELASTIC_RUN_ID",
+        "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
     entries.emplace_back(name, std::nullopt);
   }
   return entries;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "weightcast/control_plane.hpp"
+#include "weightcast/world.hpp"
 
 #include <array>
 #include <cstddef>
@@ -51,7 +52,8 @@ inline constexpr std::size_t max_status_message_bytes = 60'000;
 inline constexpr std::uint32_t hello_magic = 0x4f4c4548;
 /// PROGRESS payload, bytes: chunks landed, u64.
 inline constexpr std::uint32_t progress_bytes = 8;
-/// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS).
+/// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS, and
+/// the job id in HELLO).
 inline constexpr std::uint32_t protocol_version = 2;
 
 /// Who reads a frame; decides the types accepted and each one's length limit.
@@ -89,9 +91,15 @@ struct Hello {
   std::int32_t rank = 0;        ///< The peer's rank.
   std::int32_t world_size = 0;  ///< The world size the peer was started with.
   std::string token;            ///< The job token it presents ("" = none).
+  std::string job_id;           ///< Its launcher's job id (`World::job_id`; "" = none).
 };
 
-/// @return the HELLO payload of @p hello (magic, protocol version, rank, world size, token).
+/// Longest job token a HELLO carries, bytes: what is left of `max_hello_bytes` after the
+/// fixed fields (magic, version, rank, world size, two string lengths) and the longest job id.
+inline constexpr std::size_t max_token_bytes = max_hello_bytes - 6 * 4 - World::max_job_id_bytes;
+
+/// @return the HELLO payload of @p hello (magic, protocol version, rank, world size, token,
+///         job id).
 std::string encode_hello(const Hello& hello);
 
 /**
