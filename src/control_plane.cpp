@@ -128,11 +128,13 @@ void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int pe
 }
 
 // Reads rank 0's answer to a hello before @p deadline (later the reader thread reads).
-// @return nothing when the connection closed or the deadline passed.
+// @return nothing when the connection closed (@p timed_out false) or the deadline passed
+//         (@p timed_out true).
 // @throws Error `unavailable` when the header is not one a joining peer accepts (checked
 //         before the payload is read or allocated).
 std::optional<std::pair<Frame, std::string>> recv_reply(int fd, Clock::time_point deadline,
-                                                        std::string_view what) {
+                                                        std::string_view what, bool& timed_out) {
+  timed_out = false;
   auto read_exact = [&](char* out, std::size_t bytes) {
     while (bytes > 0) {
       const ssize_t got = ::recv(fd, out, bytes, MSG_DONTWAIT);
@@ -146,7 +148,10 @@ std::optional<std::pair<Frame, std::string>> recv_reply(int fd, Clock::time_poin
       if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
                                                                               Clock::now());
-      if (left.count() <= 0) return false;
+      if (left.count() <= 0) {
+        timed_out = true;
+        return false;
+      }
       pollfd p{fd, POLLIN, 0};
       ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
     }
@@ -508,13 +513,23 @@ struct ControlPlane::Impl {
         continue;
       }
       std::optional<std::pair<Frame, std::string>> reply;
+      bool timed_out = false;
       try {
-        reply = recv_reply(socket.native_handle(), deadline, "reply");
+        reply = recv_reply(socket.native_handle(), deadline, "reply", timed_out);
       } catch (const Error& e) {
         throw Error(Errc::unavailable,
                     fmt::format("rendezvous: {}:{} answered this rank's hello with a malformed "
                                 "message ({}); is rendezvous.port another service's?",
                                 options.address, options.port, e.what()));
+      }
+      if (!reply && timed_out) {
+        // Connected, and the hello went out, but no answer: rank 0 answers a hello at once,
+        // so it is stopped or hung, or the port is another service's.
+        throw Error(Errc::timeout,
+                    fmt::format("rendezvous: {}:{} accepted this rank's connection but did not "
+                                "answer its hello within {} (timeout): is rank 0 stopped or "
+                                "hung, or is rendezvous.port another service's?",
+                                options.address, options.port, milliseconds(options.timeout)));
       }
       if (!reply) {
         // Refused without a word, e.g. closed as the oldest of a flood of connections.

@@ -700,6 +700,29 @@ TEST_CASE("control plane: a peer gives up at once on a reply claiming 4 GiB", "[
                                       "65536"));
 }
 
+TEST_CASE("control plane: a rank 0 that accepts but never answers is a timeout, not a close",
+          "[control_plane]") {
+  // A stopped rank 0 (its listener's backlog still accepts) or another service on the port:
+  // the peer said "rank 0 closed the connection during the rendezvous" (69), which was false.
+  constexpr std::uint16_t port = 29663;
+  test::TcpListener silent_root(port);
+  auto peer = std::async(std::launch::async, [] {
+    try {
+      ControlPlane control(world_of(1, 2), loopback(port, "t0ken", 1500ms));
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::internal, std::string("joined"));
+  });
+  test::TcpClient connection = silent_root.accept(5s);
+  REQUIRE(connection.read_frame(2s));  // the hello, left unanswered
+  REQUIRE(peer.wait_for(10s) == std::future_status::ready);
+  const auto [code, what] = peer.get();
+  CHECK(code == Errc::timeout);
+  CHECK_THAT(what, Contains("rendezvous: 127.0.0.1:29663 accepted this rank's connection but "
+                            "did not answer its hello within 1500 ms (timeout)"));
+}
+
 TEST_CASE("control plane: without the token a connection learns nothing of the job",
           "[control_plane]") {
   constexpr std::uint16_t port = 29659;
