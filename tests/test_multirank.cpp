@@ -295,6 +295,22 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
                      "ms (timeout): rank(s) 1 sent nothing") >= 2);
 }
 
+TEST_CASE("multirank: rank 0 shows the load's progress, as run does alone", "[multirank]") {
+  // It showed none with several ranks: a long load said nothing until its summary.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  // About 25 chunks of 1 MiB, 150 ms after each: a load of several seconds.
+  const auto r = run_process(mpirun_run(2, checkpoint, base_sets(29887)),
+                             {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=150"}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  const std::string all = r.out + r.err;
+  CHECK(count(all, "weightcast[rank 0]: ") > count(all, "weightcast[rank 0]: info"));
+  CHECK_THAT(all, Contains("% ") && Contains(" GB/s  ETA "));
+  CHECK(count(all, "weightcast[rank 1]:  ") == 0);  // rank 0 alone
+}
+
 TEST_CASE("multirank: two mpirun jobs on one rendezvous port do not take each other's ranks",
           "[multirank]") {
   // Plain mpirun sets no job token. Job 1's rank 1 starts 3 s late, so job 2's rank 1 (whose

@@ -113,6 +113,11 @@ TEST_CASE("progress: log lines every further 10%, at most one per 2 s", "[progre
   CHECK(out.text().find('\r') == std::string::npos);  // plain lines for logs
   renderer.finish();
   CHECK(count(out.text(), "\n") == 3);
+  // Rank 0 among several labels its lines as its log lines are.
+  MemoryFile ranked;
+  ProgressRenderer rank0(ranked.get(), ProgressRenderer::Mode::lines, t0, "weightcast[rank 0]");
+  rank0.update(progress_at(3'100'000'000, 2.5), t0 + 2500ms);
+  CHECK(count(ranked.text(), "weightcast[rank 0]:  31%") == 1);
 }
 
 TEST_CASE("progress: a terminal bar redraws in place at most 10 times a second", "[progress]") {

@@ -44,8 +44,9 @@ ProgressRenderer::Mode ProgressRenderer::mode_for(std::FILE* out) noexcept {
   return ::isatty(::fileno(out)) == 1 ? Mode::bar : Mode::lines;
 }
 
-ProgressRenderer::ProgressRenderer(std::FILE* out, Mode mode, Clock::time_point start)
-    : _out(out), _mode(mode), _last_draw(start) {
+ProgressRenderer::ProgressRenderer(std::FILE* out, Mode mode, Clock::time_point start,
+                                   std::string label)
+    : _out(out), _mode(mode), _label(std::move(label)), _last_draw(start) {
   // A bar longer than the terminal wraps, and "\r" then redraws only its last row.
   winsize size{};
   if (::ioctl(::fileno(out), TIOCGWINSZ, &size) == 0 && size.ws_col > 20) _columns = size.ws_col;
@@ -87,7 +88,7 @@ void ProgressRenderer::update(const LoadProgress& p, Clock::time_point now) {
   if (since < line_interval) return;
   const int decile = percent_of(p) / 10;
   if (decile <= _last_decile && since < heartbeat_interval) return;
-  fmt::print(_out, "weightcast: {}\n", describe(p));
+  fmt::print(_out, "{}: {}\n", _label, describe(p));
   std::fflush(_out);
   _last_decile = decile;
   _last_draw = now;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 namespace weightcast::cli {
 
@@ -28,7 +29,10 @@ class ProgressRenderer {
   static Mode mode_for(std::FILE* out) noexcept;
 
   /// @param out where to write (not owned). @param mode how. @param start the load's start.
-  ProgressRenderer(std::FILE* out, Mode mode, Clock::time_point start = Clock::now());
+  /// @param label what starts each line in `lines` mode (e.g. "weightcast[rank 0]", as the
+  ///        log lines of a rank among several).
+  ProgressRenderer(std::FILE* out, Mode mode, Clock::time_point start = Clock::now(),
+                   std::string label = "weightcast");
 
   /// Shows @p progress if the rate limit allows (the last chunk is always drawn on a bar).
   void update(const LoadProgress& progress) { update(progress, Clock::now()); }
@@ -45,6 +49,7 @@ class ProgressRenderer {
  private:
   std::FILE* _out;
   Mode _mode;
+  std::string _label;
   Clock::time_point _last_draw;
   std::size_t _columns = 80;    // bar mode: the terminal's width (80 when unknown)
   bool _drawn = false;          // a bar line is on screen (finish must end it)

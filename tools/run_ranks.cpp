@@ -2,6 +2,7 @@
 // from rank 0, the load over the data plane, every rank's digests compared on rank 0.
 #include "commands.hpp"
 #include "interrupt.hpp"
+#include "progress.hpp"
 
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
@@ -283,9 +284,16 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
     // The control plane's heartbeat carries this rank's progress, so that a stall's message
-    // can say which rank is behind.
-    options.on_progress = [&control](const LoadProgress& p) {
+    // can say which rank is behind. Rank 0 shows the load's progress as `run` does alone, as
+    // plain lines whatever stderr is: the other ranks' lines would break a redrawn bar.
+    std::optional<ProgressRenderer> progress;
+    if (rank == 0 && !args.quiet) {
+      progress.emplace(stderr, ProgressRenderer::Mode::lines, std::chrono::steady_clock::now(),
+                       "weightcast[rank 0]");
+    }
+    options.on_progress = [&control, &progress](const LoadProgress& p) {
       control->note_progress(p.chunks_done);
+      if (progress) progress->update(p);
     };
     const std::size_t shards = catalogue.shards.size();
     const LoadResult result =
