@@ -626,6 +626,24 @@ TEST_CASE("multirank: a rank's --report path that cannot be written ends the job
   CHECK_FALSE(fs::exists(dir / "0" / "r.json"));
 }
 
+TEST_CASE("multirank: a rank that failed says why once; mpirun's SIGTERM adds no line",
+          "[multirank]") {
+  // Ranks 1 and 2 both fail; the first exit makes mpirun SIGTERM the other while it lingers
+  // after its message, which then also printed "rank 2: interrupted by SIGTERM from mpirun".
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  fs::create_directory(dir / "0");
+  auto argv = mpirun_run(3, checkpoint, base_sets(29889, "20s"));
+  argv = cat(argv, {"--report", (dir / "{rank}" / "r.json").string()});
+  const auto r = run_process(argv, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 74);
+  const std::string all = r.out + r.err;
+  CHECK_THAT(all, Contains(": cannot create the report: No such file or directory"));
+  CHECK_THAT(all, !Contains("interrupted by SIGTERM"));
+}
+
 TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 + signal",
           "[multirank]") {
   // The shell's convention (130 for Ctrl-C, 143 for a scheduler's SIGTERM), and a last line

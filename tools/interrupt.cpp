@@ -55,6 +55,11 @@ void InterruptHandler::set_rank(int rank) {
   _rank = rank;
 }
 
+void InterruptHandler::failing(int status) {
+  std::lock_guard lock(_mutex);
+  _failing_status = status;
+}
+
 void InterruptHandler::attach(ControlPlane* control) {
   std::lock_guard lock(_mutex);
   _control = control;
@@ -84,6 +89,13 @@ void InterruptHandler::watch() {
   while (sig < 0) sig = ::sigwaitinfo(&_signals, &info);  // < 0: EINTR
   std::unique_lock lock(_mutex);
   if (_closing) return;  // the destructor's wake-up (or a signal just as `run` returns)
+  if (_failing_status >= 0) {
+    // This rank's own failure is printed and its exit near: the signal (mpirun tearing the
+    // failed job down) says nothing new, and a second line would read as the cause.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(_failing_status);
+  }
   _signal = sig;
   // From now on this thread takes SIGINT and SIGTERM with their default action (no other
   // thread has them unblocked): a second one ends the process at once.

@@ -56,6 +56,11 @@ class InterruptHandler {
   /// so before @p control is destroyed: this waits while the thread uses it).
   void attach(ControlPlane* control);
 
+  /// This process has failed and printed why, and is about to exit with @p status (a rank
+  /// lingers a moment first, so mpirun forwards its message): from now on a signal (mpirun
+  /// ending the failed job) ends the process at once with @p status and no second message.
+  void failing(int status);
+
   /// @return the token to pass as `LoadOptions::stop` inside a `LoadScope`.
   [[nodiscard]] std::stop_token stop_token() const noexcept { return _stop.get_token(); }
 
@@ -90,6 +95,7 @@ class InterruptHandler {
   bool _in_load = false;
   bool _closing = false;
   int _rank = -1;
+  int _failing_status = -1;  // set by failing()
   ControlPlane* _control = nullptr;
   std::thread _thread;  // last: starts after the members it uses exist
 };

@@ -406,7 +406,9 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
   } catch (const Error& e) {
     // Printed here rather than by main(): after the message, linger a moment before the
     // exit, because mpirun drops output it has not forwarded when it tears a job down on
-    // the first non-zero exit, and this rank's message must reach the user.
+    // the first non-zero exit, and this rank's message must reach the user. mpirun's SIGTERM
+    // meanwhile ends it with this status, silently.
+    interrupts.failing(exit_status(e.code()));
     std::fflush(stdout);
     fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
     std::fflush(stderr);
