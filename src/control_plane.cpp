@@ -45,6 +45,11 @@ RendezvousOptions rendezvous_options(const Config& config, const World& world) {
   } else if (!world.master_addr.empty()) {
     options.address = world.master_addr;
   }
+  // "[::1]", as an IPv6 address is written beside a port (RFC 3986), is the address ::1.
+  if (options.address.size() > 2 && options.address.front() == '[' &&
+      options.address.back() == ']') {
+    options.address = options.address.substr(1, options.address.size() - 2);
+  }
   options.port = config.rendezvous_port;
   options.token = config.rendezvous_token;
   if (options.token.empty()) {
@@ -99,6 +104,30 @@ constexpr std::chrono::milliseconds accept_backoff{100};
 constexpr std::chrono::milliseconds abort_grace{10'000};
 
 std::string milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
+
+// "host:port", or "[v6:address]:port" for an IPv6 address (RFC 3986's form).
+std::string host_port(std::string_view host, unsigned port) {
+  return host.find(':') != std::string_view::npos ? fmt::format("[{}]:{}", host, port)
+                                                  : fmt::format("{}:{}", host, port);
+}
+
+// What to try when rank 0 cannot listen on its rendezvous address, by the bind's error.
+std::string listen_hint(const boost::system::error_code& ec) {
+  if (ec.category() != boost::system::system_category()) return "";
+  switch (ec.value()) {
+    case EADDRINUSE:
+      return " (another job on this port? give each job its own rendezvous.port)";
+    case EADDRNOTAVAIL:
+      return " (no interface of this host has that address: set rendezvous.address to one "
+             "of this host's, or leave it auto)";
+    case EACCES:
+      return " (ports below 1024 need privileges: set rendezvous.port to 1024 or more)";
+    case EINVAL:
+      return " (an IPv6 link-local address needs its interface: fe80::1%eth0)";
+    default:
+      return "";
+  }
+}
 
 // Sends a whole frame before @p deadline; the socket may be non-blocking (Asio's reactor).
 void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int peer_rank) {
@@ -257,12 +286,12 @@ struct ControlPlane::Impl {
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       throw Error(Errc::unavailable,
-                  fmt::format("rendezvous: cannot listen on {}:{}: {} (another job on this "
-                              "port? set rendezvous.port or rendezvous.address)",
-                              options.address, options.port, ec.message()));
+                  fmt::format("rendezvous: cannot listen on {}: {}{}",
+                              host_port(options.address, options.port), ec.message(),
+                              listen_hint(ec)));
     }
-    spdlog::debug("rendezvous: listening on {}:{} for {} peer(s)", options.address,
-                  options.port, world.world_size - 1);
+    spdlog::debug("rendezvous: listening on {} for {} peer(s)",
+                  host_port(options.address, options.port), world.world_size - 1);
     connections.resize(world.world_size);
     const auto deadline = Clock::now() + options.timeout;
     const auto greeting_wait = std::min(options.timeout, greeting_timeout);
@@ -367,7 +396,7 @@ struct ControlPlane::Impl {
       boost::system::error_code peer_error;
       auto remote = g->socket.remote_endpoint(peer_error);
       g->from = peer_error ? std::string("?")
-                           : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+                           : host_port(remote.address().to_string(), remote.port());
       if (pending.size() >= max_pending_greetings) {
         // A real peer says hello within a round trip; the oldest waiting is the likeliest
         // stranger.
@@ -425,8 +454,9 @@ struct ControlPlane::Impl {
                                 error.value() == ENOBUFS || error.value() == ENOMEM);
         const auto pause = exhausted ? accept_backoff : std::chrono::milliseconds(10);
         if (exhausted && !std::exchange(warned_accept, true)) {
-          spdlog::warn("rendezvous: cannot accept a connection on {}:{}: {}; retrying every {}",
-                       options.address, options.port, error.message(), milliseconds(pause));
+          spdlog::warn("rendezvous: cannot accept a connection on {}: {}; retrying every {}",
+                       host_port(options.address, options.port), error.message(),
+                       milliseconds(pause));
         } else {
           spdlog::debug("rendezvous: accept failed: {}; retrying in {}", error.message(),
                         milliseconds(pause));
@@ -450,8 +480,8 @@ struct ControlPlane::Impl {
       if (!connections[r]) missing.push_back(r);
     }
     std::string message = fmt::format(
-        "rendezvous: rank(s) {} did not join rank 0 at {}:{} within {}", rank_list(missing),
-        options.address, options.port, milliseconds(options.timeout));
+        "rendezvous: rank(s) {} did not join rank 0 at {} within {}", rank_list(missing),
+        host_port(options.address, options.port), milliseconds(options.timeout));
     if (refused > 0) {
       message += fmt::format("; refused {} connection(s), last {}", refused, last_refusal);
     }
@@ -518,18 +548,19 @@ struct ControlPlane::Impl {
         reply = recv_reply(socket.native_handle(), deadline, "reply", timed_out);
       } catch (const Error& e) {
         throw Error(Errc::unavailable,
-                    fmt::format("rendezvous: {}:{} answered this rank's hello with a malformed "
+                    fmt::format("rendezvous: {} answered this rank's hello with a malformed "
                                 "message ({}); is rendezvous.port another service's?",
-                                options.address, options.port, e.what()));
+                                host_port(options.address, options.port), e.what()));
       }
       if (!reply && timed_out) {
         // Connected, and the hello went out, but no answer: rank 0 answers a hello at once,
         // so it is stopped or hung, or the port is another service's.
         throw Error(Errc::timeout,
-                    fmt::format("rendezvous: {}:{} accepted this rank's connection but did not "
+                    fmt::format("rendezvous: {} accepted this rank's connection but did not "
                                 "answer its hello within {} (timeout): is rank 0 stopped or "
                                 "hung, or is rendezvous.port another service's?",
-                                options.address, options.port, milliseconds(options.timeout)));
+                                host_port(options.address, options.port),
+                                milliseconds(options.timeout)));
       }
       if (!reply) {
         // Refused without a word, e.g. closed as the oldest of a flood of connections.
@@ -543,8 +574,8 @@ struct ControlPlane::Impl {
           return;
         case Frame::reject:
           throw Error(Errc::config,
-                      fmt::format("rendezvous: rank 0 at {}:{} refused this rank: {}",
-                                  options.address, options.port, reply->second));
+                      fmt::format("rendezvous: rank 0 at {} refused this rank: {}",
+                                  host_port(options.address, options.port), reply->second));
         case Frame::abort: {
           auto [status, message] = decode_status(reply->second, "abort from rank 0");
           throw RemoteAbort(static_cast<Errc>(status == 0 ? 69 : status), message);
@@ -554,10 +585,10 @@ struct ControlPlane::Impl {
       }
     }
     throw Error(Errc::unavailable,
-                fmt::format("rendezvous: cannot reach rank 0 at {}:{} within {}: {} (is rank 0 "
+                fmt::format("rendezvous: cannot reach rank 0 at {} within {}: {} (is rank 0 "
                             "running? check rendezvous.address and rendezvous.port)",
-                            options.address, options.port, milliseconds(options.timeout),
-                            last_error));
+                            host_port(options.address, options.port),
+                            milliseconds(options.timeout), last_error));
   }
 
   // ---- the reader thread -----------------------------------------------------------------

@@ -387,6 +387,46 @@ TEST_CASE("control plane: a rank of another job is refused by its launcher's job
   CHECK(unknown.get() == 0);
 }
 
+TEST_CASE("control plane: a rank 0 that cannot listen says why and what to try",
+          "[control_plane]") {
+  // Every bind failure said "another job on this port?".
+  constexpr std::uint16_t port = 29664;
+  auto listen_error = [](RendezvousOptions options) {
+    try {
+      ControlPlane root(world_of(0, 2), options);
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::unavailable);
+      return std::string(e.what());
+    }
+    return std::string("listened");
+  };
+  {
+    test::TcpListener taken(port);
+    CHECK_THAT(listen_error(loopback(port, "", 1s)),
+               Contains("cannot listen on 127.0.0.1:29664: Address already in use (another job "
+                        "on this port? give each job its own rendezvous.port)"));
+  }
+  RendezvousOptions elsewhere = loopback(port, "", 1s);
+  elsewhere.address = "192.0.2.1";  // TEST-NET-1 (RFC 5737): no host has it
+  CHECK_THAT(listen_error(elsewhere),
+             Contains("cannot listen on 192.0.2.1:29664: ") &&
+                 Contains("(no interface of this host has that address: set "
+                          "rendezvous.address to one of this host's, or leave it auto)"));
+  // An IPv6 address is written in brackets beside a port, and may be given so.
+  Config config;
+  config.rendezvous_address = "[::1]";
+  config.rendezvous_port = port;
+  config.timeout = 300ms;
+  const RendezvousOptions v6 = rendezvous_options(config, world_of(1, 2));
+  CHECK(v6.address == "::1");
+  try {
+    ControlPlane peer(world_of(1, 2), v6);
+    FAIL("joined nobody");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Contains("rank 0 at [::1]:29664"));
+  }
+}
+
 TEST_CASE("control plane: a wrong token is refused on both sides", "[control_plane]") {
   constexpr std::uint16_t port = 29652;
   auto intruder = std::async(std::launch::async, [] {
