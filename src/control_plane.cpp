@@ -226,6 +226,7 @@ struct Connection {
   tcp::socket socket;
   std::mutex write_mutex;
   bool closed = false;               // guarded by Impl::mutex
+  bool told = false;                 // rank 0: the peer sent the ABORT it ends with; likewise
   Clock::time_point last_heard;      // the last whole frame from the peer; guarded likewise
   std::uint64_t progress = 0;        // the peer's chunks landed, by its last PROGRESS; likewise
   std::array<char, frame_header_bytes> header{};
@@ -731,7 +732,9 @@ struct ControlPlane::Impl {
     {
       std::lock_guard lock(mutex);
       c.closed = true;
-      expected = finished || terminating || (world.rank != 0 && verdict.has_value());
+      // A peer that sent its own ABORT waits for rank 0 to hang up (linger).
+      expected = finished || terminating ||
+                 (world.rank != 0 && (verdict.has_value() || sent_abort));
       for (auto& connection : connections) {
         if (connection && !connection->closed) all_closed = false;
       }
@@ -773,6 +776,11 @@ struct ControlPlane::Impl {
     }
     {
       std::lock_guard lock(mutex);
+      // The rank whose ABORT this is printed it and waits for rank 0 to hang up (linger):
+      // waiting for it in turn would hold both until the grace.
+      if (origin > 0 && origin < static_cast<int>(connections.size()) && connections[origin]) {
+        connections[origin]->told = true;
+      }
       if (terminating) return;  // the main thread is already spreading its own failure
       terminating = true;
       reader_terminating = true;
@@ -797,7 +805,9 @@ struct ControlPlane::Impl {
     std::lock_guard lock(mutex);
     const auto now = Clock::now();
     for (auto& connection : connections) {
-      if (connection && !connection->closed && !silent(*connection, now)) return;
+      if (connection && !connection->closed && !connection->told && !silent(*connection, now)) {
+        return;
+      }
     }
     ::_exit(termination.first);
   }
@@ -912,6 +922,15 @@ std::string ControlPlane::stall_report() const {
   return out;
 }
 
+void ControlPlane::linger(std::chrono::milliseconds most) noexcept {
+  Impl& impl = *_impl;
+  if (impl.world.rank == 0 || impl.connections.empty() || !impl.connections[0]) return;
+  std::unique_lock lock(impl.mutex);
+  if (!impl.sent_abort) return;
+  const Connection& root = *impl.connections[0];
+  impl.changed.wait_for(lock, most, [&] { return root.closed; });
+}
+
 void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
   Impl& impl = *_impl;
   if (impl.world.rank == 0 || impl.connections.empty() || !impl.connections[0]) return;
@@ -990,7 +1009,10 @@ void ControlPlane::abort(const Error& error) noexcept {
   auto all_hung_up = [&] {
     const auto now = Clock::now();
     for (auto& connection : impl.connections) {
-      if (connection && !connection->closed && !impl.silent(*connection, now)) return false;
+      if (connection && !connection->closed && !connection->told &&
+          !impl.silent(*connection, now)) {
+        return false;
+      }
     }
     return true;
   };

@@ -140,6 +140,7 @@ void InterruptHandler::end_process(int sig, const char* when) {
   // As run_ranks does after its message: mpirun drops output it has not forwarded when it
   // tears the job down on the first non-zero exit.
   if (_control != nullptr) {
+    _control->linger(std::chrono::milliseconds(2'000));  // rank 0 takes the ABORT first
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     _control->join_finished_reader();
   }

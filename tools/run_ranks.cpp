@@ -56,6 +56,27 @@ void honour_corrupt_hook(int rank, std::vector<std::uint64_t>& digests) {
   digests.front() = ~digests.front();
 }
 
+/// An error this rank has printed already (`report_failure`): not printed again.
+class Reported : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Prints this rank's failure; from now on a signal (mpirun ending the failed job) ends the
+/// process with its status and no second line.
+void report_failure(const Error& e, InterruptHandler& interrupts) {
+  interrupts.failing(exit_status(e.code()));
+  std::fflush(stdout);
+  fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
+  std::fflush(stderr);
+}
+
+/// How long a rank other than 0 that sent its ABORT waits for rank 0 to take it
+/// (`ControlPlane::linger`) before it exits.
+std::chrono::milliseconds linger_most(std::chrono::milliseconds timeout) {
+  return std::min(timeout, std::chrono::milliseconds(2'000));
+}
+
 /// How long a rank other than 0 that times out waits for rank 0's diagnosis of the same
 /// stall (`ControlPlane::defer_to_root`) before it sends its own.
 std::chrono::milliseconds root_grace(std::chrono::milliseconds timeout) {
@@ -84,6 +105,7 @@ class InitWatchdog {
           std::fflush(stdout);
           fmt::print(stderr, "weightcast: error: {}\n", printable(error.what()));
           std::fflush(stderr);
+          control.linger(linger_most(timeout));
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
           control.join_finished_reader();
           ::_exit(exit_status(Errc::timeout));
@@ -364,13 +386,17 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       mine = Error(Errc::timeout, fmt::format("{}; {}", mine.what(), control->stall_report()));
     }
     control->abort(mine);
+    report_failure(mine, interrupts);
+    control->linger(linger_most(config.timeout));
     if (mpi) mpi->abandon();
-    throw mine;
+    throw Reported(mine.code(), mine.what());
   } catch (const std::exception& e) {
     Error mine = prefixed(e, Errc::internal);
     control->abort(mine);
+    report_failure(mine, interrupts);
+    control->linger(linger_most(config.timeout));
     if (mpi) mpi->abandon();
-    throw mine;
+    throw Reported(mine.code(), mine.what());
   }
 }
 
@@ -404,14 +430,11 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
   try {
     return run_ranks_or_throw(args, config, world, interrupts);
   } catch (const Error& e) {
-    // Printed here rather than by main(): after the message, linger a moment before the
-    // exit, because mpirun drops output it has not forwarded when it tears a job down on
-    // the first non-zero exit, and this rank's message must reach the user. mpirun's SIGTERM
-    // meanwhile ends it with this status, silently.
-    interrupts.failing(exit_status(e.code()));
-    std::fflush(stdout);
-    fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
-    std::fflush(stderr);
+    // Printed here rather than by main() (unless printed already): after the message, linger
+    // a moment before the exit, because mpirun drops output it has not forwarded when it
+    // tears a job down on the first non-zero exit, and this rank's message must reach the
+    // user. mpirun's SIGTERM meanwhile ends it with this status, silently.
+    if (dynamic_cast<const Reported*>(&e) == nullptr) report_failure(e, interrupts);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return exit_status(e.code());
   }

@@ -167,6 +167,17 @@ class ControlPlane {
    */
   void defer_to_root(std::chrono::milliseconds most) noexcept;
 
+  /**
+   * @brief On a rank other than 0 that sent its ABORT (`abort`) and is about to exit: waits
+   *        until rank 0 has hung up, at most @p most. Rank 0 hangs up once it has read the
+   *        ABORT and passed it on; a process that exits before then may reset the connection
+   *        (TCP sends RST when unread bytes, e.g. a heartbeat, are left), and the reset can
+   *        discard the ABORT before rank 0 reads it, which then reports this rank as dead
+   *        (69) instead of its failure. Returns at once on rank 0 or without an ABORT sent.
+   *        Never throws.
+   */
+  void linger(std::chrono::milliseconds most) noexcept;
+
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;
 
