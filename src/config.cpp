@@ -425,9 +425,11 @@ const std::array<KeySpec, 19>& key_table() {
       {"timeout",
        [](Config& c, std::string_view t) {
          auto d = parse_duration_value(t);
+         // Durations are whole milliseconds: "0.0001s" rounds to 0, so the bound says the
+         // unit rather than "more than 0", which that value is.
          if (d.count() <= 0 || d > max_timeout) {
-           bad_value(fmt::format(
-               "'{}' is out of range (must be more than 0 and at most 7 days)", t));
+           bad_value(fmt::format("'{}' is out of range (must be at least 1ms and at most 7 days)",
+                                 t));
          }
          c.timeout = d;
        },

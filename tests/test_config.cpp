@@ -190,6 +190,19 @@ TEST_CASE("config: each key's bad values name the key and the value", "[config]"
              Contains("auto, host, cuda"));
 }
 
+TEST_CASE("config: a duration that rounds to 0 ms says the bound in milliseconds", "[config]") {
+  // 0.0001 s is more than 0, but durations are whole milliseconds: the bound is 1 ms.
+  for (const std::string value : {"0.0001s", "0.4ms", "0"}) {
+    INFO(value);
+    auto e = expect_error([&] { from_set({"timeout=" + value}); });
+    CHECK(e.code() == Errc::config);
+    CHECK(std::string(e.what()) == "--set timeout=" + value + ": '" + value +
+                                       "' is out of range (must be at least 1ms and at most 7 "
+                                       "days)");
+  }
+  CHECK(from_set({"timeout=0.0005s"}).timeout == 1ms);  // rounds to the nearest millisecond
+}
+
 TEST_CASE("config: a bad value in a file names file, line, key and value", "[config]") {
   test::TempDir dir;
   auto path = write_yaml(dir,
