@@ -132,3 +132,29 @@ TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for e
     }
   }
 }
+
+TEST_CASE("cli: --set takes one value, so a config path after it is the config", "[cli]") {
+  // `--set device=host c.yaml` was read as two overrides, the second "c.yaml: expected
+  // key=value" (64).
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  const auto config = dir / "c.yaml";
+  write_file(config, "checkpoint: " + file.string() + "\ndestination: discard\n");
+  const std::vector<std::vector<std::string>> commands{
+      {"run", "-q", "--set", "device=host", config.string()},
+      {"run", "-q", "--set", "device=host", "--set", "transport=local", config.string()},
+      {"launch", "-n", "1", "--spawner", "local", "-q", "--set", "device=host", "--set",
+       "transport=local", config.string()},
+  };
+  for (const auto& args : commands) {
+    const auto r = run_cli(args, {}, 60);
+    INFO(args.front() << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 0);
+    CHECK_THAT(r.out, Contains("# rank 0 of 1: "));
+  }
+  // Two values after one --set: the second is the config, and a third is one too many.
+  const auto r = run_cli({"run", "--set", "device=host", "a.yaml", "b.yaml"}, {}, 30);
+  CHECK(r.exit_status == 64);
+  CHECK_THAT(r.err, StartsWith("weightcast: error: run: The following argument was not "
+                               "expected: b.yaml"));
+}

@@ -112,8 +112,11 @@ int main(int argc, char** argv) {
   cli::RunArgs run_args;
   auto* run = app.add_subcommand("run", "load a checkpoint on this rank, as the config says");
   run->add_option("config", run_args.config_path, "YAML config (default: built-in defaults)");
+  // Each --set takes one value: a vector option would otherwise also take the words after it,
+  // the positional config among them (`--set device=host c.yaml`).
   run->add_option("--set", run_args.overrides, "override a config key: key=value (repeatable)")
-      ->take_all();
+      ->take_all()
+      ->allow_extra_args(false);
   run->add_option("--report", run_args.report_path,
                   "write a JSON report (per-tensor XXH3-64 of the delivered bytes)");
   run->add_option("--trace", run_args.trace_path,
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   launch->add_option("config", launch_args.config_path, "YAML config for every rank");
   launch->add_option("--set", launch_args.overrides, "override a config key on every rank")
-      ->take_all();
+      ->take_all()
+      ->allow_extra_args(false);
   launch->add_option("--report", launch_args.report_path,
                      "per-rank JSON report; {rank} in PATH becomes the rank");
   launch->add_option("--trace", launch_args.trace_path,
