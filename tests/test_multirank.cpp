@@ -7,6 +7,7 @@
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -380,6 +381,36 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
     // One line from launch itself: no rank printed its config or a "rank N:" error.
     CHECK_THAT(r.err, StartsWith("weightcast: error: " + c.message));
     CHECK(count(r.err, "\n") == 1);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("multirank: launch without a runnable mpirun ends with 69 saying why, before any "
+          "rank starts", "[multirank][cli]") {
+  // It exited 127, "mpirun exited with status 127 (see the ranks' messages above)", though no
+  // rank had run.
+  TempDir dir;
+  const auto fake = dir / "mpirun";  // on PATH and executable, but its exec fails (ENOENT)
+  write_file(fake, "#!/nonexistent/interpreter\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"PATH=/nonexistent",
+       "weightcast: error: mpirun not found on PATH (install Open MPI: scripts/install-deps.sh, "
+       "or use --spawner local with transport nccl)\n"},
+      {"PATH=" + dir.path().string(),
+       "weightcast: error: cannot start mpirun (" + fake.string() +
+           "): No such file or directory\n"},
+  };
+  for (const auto& [path, message] : cases) {
+    const auto r = run_cli({"launch", "-n", "2", "--spawner", "mpirun", "--set",
+                            "checkpoint=/does/not/matter", "--set", "device=host", "--set",
+                            "transport=mpi"},
+                           {path}, job_timeout_s);
+    INFO(path << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 69);
+    CHECK_THAT(r.err, EndsWith(message));
+    // Not found: nothing started, not even launch's notice that it starts mpirun.
+    if (path == "PATH=/nonexistent") CHECK(r.err == message);
     CHECK(r.out.empty());
   }
 }
