@@ -415,6 +415,31 @@ TEST_CASE("multirank: launch without a runnable mpirun ends with 69 saying why, 
   }
 }
 
+TEST_CASE("multirank: launch with a stdout that takes no writes ends with 74 before any rank "
+          "starts", "[multirank][cli][stdout]") {
+  // mpirun drops its own write errors: `launch > /dev/full` lost every rank's output and
+  // exited 0.
+  if (!fs::exists("/dev/full")) return;
+  const std::vector<std::vector<std::string>> spawners{
+      {"--spawner", "mpirun", "--set", "device=host", "--set", "transport=mpi"},
+      {"--spawner", "local", "--set", "device=cuda", "--set", "transport=nccl", "--json"},
+  };
+  for (const auto& spawner : spawners) {
+    for (const std::string redirect : {"> /dev/full", ">&-"}) {
+      auto argv = cat({"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect, cli_path().string(),
+                       "launch", "-n", "2", "--set", "checkpoint=/does/not/matter"},
+                      spawner);
+      const auto r = run_process(argv, {}, job_timeout_s);
+      INFO(spawner.at(1) << " " << redirect << "\nstderr:\n" << r.err);
+      CHECK(r.exit_status == 74);
+      CHECK(r.err == (redirect == ">&-"
+                          ? "weightcast: error: cannot write to stdout: Bad file descriptor\n"
+                          : "weightcast: error: cannot write to stdout: No space left on "
+                            "device\n"));
+    }
+  }
+}
+
 TEST_CASE("multirank: launch passes --quiet, --json and --trace to every rank", "[multirank]") {
   REQUIRE_MPI();
   TempDir dir;

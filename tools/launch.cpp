@@ -285,6 +285,9 @@ int launch(const LaunchArgs& args) {
   configure_log(args.quiet ? LogLevel::error : config.log_level);
   const bool mpirun = use_mpirun(args, config);
   check_launch(args, config, mpirun);
+  // The ranks' output goes to this stdout; mpirun drops its own write errors, so output lost
+  // to a full disk would end the job with status 0.
+  check_stdout_writable();
   // Before anything starts: without mpirun, the child's failed exec would otherwise be
   // reported as "mpirun exited with status 127" once the job had ended.
   std::optional<std::string> mpirun_exe;

@@ -370,7 +370,18 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   }
   if (!verdict.empty()) summary["verdict"] = verdict;
   fmt::print("{}\n", dump_json(summary));
-  std::fflush(stdout);
+  flush_stdout();
+}
+
+void flush_stdout() {
+  if (std::fflush(stdout) != 0) throw system_error(Errc::io, errno, "cannot write to stdout");
+}
+
+void check_stdout_writable() {
+  flush_stdout();
+  if (::write(STDOUT_FILENO, "", 0) < 0) {
+    throw system_error(Errc::io, errno, "cannot write to stdout");
+  }
 }
 
 namespace {

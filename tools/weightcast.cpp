@@ -31,6 +31,9 @@ using weightcast::exit_status;
 bool stdout_failed() { return std::ferror(stdout) != 0; }
 
 int report_stdout_failure(int err) {
+  // A flush whose result was ignored took the reason with it; a descriptor that still fails
+  // (/dev/full, one not open for writing) gives it again for a write of zero bytes.
+  if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
   fmt::print(stderr, "weightcast: error: cannot write to stdout{}{}\n", err != 0 ? ": " : "",
              err != 0 ? std::strerror(err) : "");
   return exit_status(Errc::io);
