@@ -163,3 +163,27 @@ TEST_CASE("cli: --set takes one value, so a config path after it is the config",
   CHECK_THAT(r.err, StartsWith("weightcast: error: run: The following argument was not "
                                "expected: b.yaml"));
 }
+
+TEST_CASE("cli: an empty path on the command line is refused naming what it is, status 64",
+          "[cli]") {
+  // `inspect ''` said "error: : no such file or directory"; `run ''` ran on built-in defaults,
+  // `--report ''` wrote no report, `synth ''` was an internal error.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"run", ""}, "run: config: the config path is empty"},
+      {{"run", "--report", "", "--set", "checkpoint=x"}, "run: --report: the report path is empty"},
+      {{"run", "--trace", "", "--set", "checkpoint=x"}, "run: --trace: the trace path is empty"},
+      {{"launch", "-n", "2", ""}, "launch: config: the config path is empty"},
+      {{"launch", "-n", "2", "--report", ""}, "launch: --report: the report path is empty"},
+      {{"launch", "-n", "2", "--trace", ""}, "launch: --trace: the trace path is empty"},
+      {{"inspect", ""}, "inspect: path: the checkpoint path is empty"},
+      {{"synth", ""}, "synth: out_dir: the output directory path is empty"},
+  };
+  for (const auto& [args, what] : cases) {
+    const auto r = run_cli(args, {}, 30);
+    INFO(args.front() << " " << args.at(1) << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 64);
+    CHECK(r.out.empty());
+    CHECK_THAT(r.err, StartsWith("weightcast: error: " + what + "; see 'weightcast " +
+                                 args.front() + " --help'"));
+  }
+}
