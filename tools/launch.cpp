@@ -348,11 +348,11 @@ int launch(const LaunchArgs& args) {
     argv.insert(argv.end(), {"-x", "WEIGHTCAST_TOKEN"});
     argv.insert(argv.end(), run_argv.begin(), run_argv.end());
     if (config.rendezvous_token.empty()) ::setenv("WEIGHTCAST_TOKEN", env[0].c_str() + 17, 1);
-    spdlog::info("launch: {} ranks under mpirun", args.ranks);
+    spdlog::info("launch: {} rank{} under mpirun", args.ranks, args.ranks == 1 ? "" : "s");
     group.spawn(argv, env, "mpirun");
   } else {
     const char* port = std::getenv("MASTER_PORT");
-    spdlog::info("launch: {} local ranks", args.ranks);
+    spdlog::info("launch: {} local rank{}", args.ranks, args.ranks == 1 ? "" : "s");
     for (int r = 0; r < args.ranks; ++r) {
       auto rank_env = env;
       rank_env.insert(rank_env.end(),

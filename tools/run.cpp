@@ -525,18 +525,20 @@ int run(const RunArgs& args) {
     return 0;
   }
 
-  fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
-             transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,
+  const std::size_t tensors = result.catalogue.tensors.size();
+  fmt::print("# rank {} of {}: {} tensor{}, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
+             transport->rank(), transport->world_size(), tensors, tensors == 1 ? "" : "s", shards,
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
   const std::string how_read =
       result.stats.reader.empty()
           ? std::string("none (nothing to read)")
           : fmt::format("{} ({} reads)", result.stats.reader, result.stats.io_mode);
-  fmt::print("# reader {}, destination {}, device {}, transport {}, {} chunks of <= "
+  fmt::print("# reader {}, destination {}, device {}, transport {}, {} chunk{} of <= "
              "{}, staging ring {} (buffer_depth {})\n",
              how_read, to_string(config.destination),
              result.stats.device, result.stats.transport, result.stats.chunks,
+             result.stats.chunks == 1 ? "" : "s",
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth);
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
