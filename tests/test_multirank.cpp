@@ -1,5 +1,6 @@
 // Many ranks against real processes: mpirun and `weightcast launch`, bit-exact on every rank,
 // and every failure ends every rank in bounded time with one message and status.
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/transport_mpi.hpp"
 
@@ -10,6 +11,7 @@
 #include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -438,6 +440,32 @@ TEST_CASE("multirank: launch with a stdout that takes no writes ends with 74 bef
                             "device\n"));
     }
   }
+}
+
+TEST_CASE("multirank: a $WEIGHTCAST_TOKEN too long for a hello is refused at once on every "
+          "rank, and by launch", "[multirank]") {
+  // Rank 0 waited out `timeout` for peers that had each refused the token as they connected.
+  const std::string token = "WEIGHTCAST_TOKEN=" + std::string(5000, 't');
+  const std::string message = fmt::format(
+      "WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not set): 5000 bytes, over the "
+      "{} a rank's hello to rank 0 carries\n",
+      detail::max_hello_token_bytes());
+  for (const std::string rank : {"0", "1"}) {
+    const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
+                            "device=host", "--set", "rendezvous.port=29791", "--set",
+                            "timeout=5s"},
+                           {token, "RANK=" + rank, "WORLD_SIZE=2"}, 60);
+    INFO("rank " << rank << "\n" << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, EndsWith(message));
+    CHECK(r.err.find("ttttt") == std::string::npos);
+  }
+  const auto r = run_cli({"launch", "-n", "2", "--set", "checkpoint=/does/not/matter", "--set",
+                          "device=host", "--set", "timeout=5s"},
+                         {token}, 60);
+  INFO(r.err);
+  CHECK(r.exit_status == 78);
+  CHECK(r.err == "weightcast: error: " + message);
 }
 
 TEST_CASE("multirank: launch passes --quiet, --json and --trace to every rank", "[multirank]") {

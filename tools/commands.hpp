@@ -60,6 +60,13 @@ void flush_stdout();
 /// @throws Error `io` (74): "cannot write to stdout: <strerror>".
 void check_stdout_writable();
 
+/// Refuses, in a world of several ranks, a job token from `$WEIGHTCAST_TOKEN` (used when
+/// @p config has no `rendezvous.token`) too long for a rank's hello: the config's own token
+/// is checked as it is read, but the environment's only reached the control plane, where rank
+/// 0 waited out `timeout` for peers that had each refused it (tools/run.cpp).
+/// @throws Error `config` (78) naming the variable, its length and the limit, not the token.
+void check_environment_token(const Config& config);
+
 /// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
 /// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
 /// @param shards the checkpoint's shard count; @p peak_rss in bytes.

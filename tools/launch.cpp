@@ -232,6 +232,7 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   const std::string& trace = args.trace_path.empty() ? config.trace : args.trace_path;
   check_distinct_outputs(args.report_path, trace, args.ranks);
   if (args.ranks == 1) return;  // a world of one: `run` alone decides
+  check_environment_token(config);
   check_destination(config.destination, args.ranks);
   WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,
                     fmt::format("world.rank/world.size: set in the config, so all {} ranks "

@@ -3,6 +3,7 @@
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
@@ -21,6 +22,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fcntl.h>
 #include <optional>
 #include <string>
@@ -373,6 +375,18 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   flush_stdout();
 }
 
+void check_environment_token(const Config& config) {
+  if (!config.rendezvous_token.empty()) return;
+  const char* token = std::getenv("WEIGHTCAST_TOKEN");
+  if (token == nullptr) return;
+  const std::size_t bytes = std::strlen(token);
+  const std::size_t limit = detail::max_hello_token_bytes();
+  WEIGHTCAST_EXPECT(bytes <= limit, Errc::config,
+                    fmt::format("WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not "
+                                "set): {} bytes, over the {} a rank's hello to rank 0 carries",
+                                bytes, limit));
+}
+
 void flush_stdout() {
   if (std::fflush(stdout) != 0) throw system_error(Errc::io, errno, "cannot write to stdout");
 }
@@ -479,7 +493,10 @@ int run(const RunArgs& args) {
   // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
   check_destination(config.destination, world.world_size);
   check_distinct_outputs(args.report_path, config.trace, world.rank, world.world_size);
-  if (world.world_size > 1) return run_ranks(args, config, world, interrupts);
+  if (world.world_size > 1) {
+    check_environment_token(config);
+    return run_ranks(args, config, world, interrupts);
+  }
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
