@@ -371,6 +371,9 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
        "destination: discard: needs world size 1 (got 2)"},
       {{"--set", "device=host", "--set", "world.rank=0", "--set", "world.size=2"},
        "world.rank/world.size: set in the config, so all 2 ranks would take the same place"},
+      {{"--set", "device=host", "--set", "world.local_rank=5"},
+       "world.local_rank: set in the config, so all 2 ranks would take the same GPU; launch "
+       "gives each rank its own (remove the key)"},
   };
   for (const auto& c : cases) {
     const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=/does/not/matter",

@@ -239,6 +239,12 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
                                 "would take the same place; launch gives each rank its own "
                                 "(remove the world keys)",
                                 args.ranks));
+  // The same for the rank on its host, which picks each rank's GPU: all would take one.
+  WEIGHTCAST_EXPECT(config.world_local_rank < 0, Errc::config,
+                    fmt::format("world.local_rank: set in the config, so all {} ranks would "
+                                "take the same GPU; launch gives each rank its own (remove "
+                                "the key)",
+                                args.ranks));
   // Whether the ranks' arena is host memory: known for device host and cuda, and for auto
   // when the ranks run on this machine (the local spawner) and see the GPUs this process sees.
   std::optional<bool> host_device;
