@@ -102,10 +102,12 @@ class ChildGroup {
   }
 
   /// Starts @p argv with @p env added; @p label names it in messages ("rank 2", "mpirun").
+  /// @p program is the file to run (default argv[0], searched on PATH).
   /// @throws Error `unavailable` (69) when it cannot be started (fork, or exec: the reason).
   void spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-             std::string label) {
+             std::string label, std::string program = {}) {
     const detail::ExecImage image(argv, env);  // before fork: the child only execs
+    if (program.empty()) program = argv.at(0);
     // A failed exec sends its errno back on this pipe; a successful one closes it (O_CLOEXEC),
     // so the launcher says why it could not start the child rather than report a status 127
     // as if the child had run.
@@ -130,7 +132,7 @@ class ChildGroup {
       if (::getppid() != parent) ::_exit(127);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
-      ::execvpe(image.argv()[0], image.argv(), image.envp());
+      ::execvpe(program.c_str(), image.argv(), image.envp());
       const int err = errno;
       [[maybe_unused]] const ssize_t sent = ::write(exec_error[1], &err, sizeof err);
       ::_exit(127);
@@ -147,7 +149,7 @@ class ChildGroup {
       int status = 0;
       ::waitpid(pid, &status, 0);  // not one of the group: it never ran
       throw system_error(Errc::unavailable, err,
-                         fmt::format("cannot start {} ({})", label, image.argv()[0]));
+                         fmt::format("cannot start {} ({})", label, program));
     }
     if (_pgid == 0) _pgid = pid;
     _children.push_back(Child{pid, std::move(label), std::nullopt});
@@ -350,13 +352,14 @@ int launch(const LaunchArgs& args) {
   std::signal(SIGTERM, on_signal);
   ChildGroup group;
   if (mpirun) {
-    std::vector<std::string> argv{*mpirun_exe, "-np", std::to_string(args.ranks), "--oversubscribe"};
+    // argv[0] stays "mpirun": Open MPI reads an absolute one as --prefix.
+    std::vector<std::string> argv{"mpirun", "-np", std::to_string(args.ranks), "--oversubscribe"};
     if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
     argv.insert(argv.end(), {"-x", "WEIGHTCAST_TOKEN"});
     argv.insert(argv.end(), run_argv.begin(), run_argv.end());
     if (config.rendezvous_token.empty()) ::setenv("WEIGHTCAST_TOKEN", env[0].c_str() + 17, 1);
     spdlog::info("launch: {} rank{} under mpirun", args.ranks, args.ranks == 1 ? "" : "s");
-    group.spawn(argv, env, "mpirun");
+    group.spawn(argv, env, "mpirun", *mpirun_exe);
   } else {
     const char* port = std::getenv("MASTER_PORT");
     spdlog::info("launch: {} local rank{}", args.ranks, args.ranks == 1 ? "" : "s");
