@@ -377,6 +377,8 @@ Catalogue open_directory(const fs::path& dir) {
 }  // namespace
 
 Catalogue open_checkpoint(const fs::path& path) {
+  // Else the message would read ": no such file or directory".
+  if (path.empty()) throw Error(Errc::missing_input, "checkpoint path is empty");
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (!fs::exists(status)) {

@@ -6,6 +6,7 @@
 // message with where the value came from (`file:line: key: ` or `--set key=value: `).
 #include "weightcast/config.hpp"
 
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/safetensors.hpp"
@@ -425,9 +426,11 @@ const std::array<KeySpec, 19>& key_table() {
       {"timeout",
        [](Config& c, std::string_view t) {
          auto d = parse_duration_value(t);
+         // Durations are whole milliseconds: "0.0001s" rounds to 0, so the bound says the
+         // unit rather than "more than 0", which that value is.
          if (d.count() <= 0 || d > max_timeout) {
-           bad_value(fmt::format(
-               "'{}' is out of range (must be more than 0 and at most 7 days)", t));
+           bad_value(fmt::format("'{}' is out of range (must be at least 1ms and at most 7 days)",
+                                 t));
          }
          c.timeout = d;
        },
@@ -471,8 +474,18 @@ const std::array<KeySpec, 19>& key_table() {
        [](const Config& c) { return fmt::format("{}", c.rendezvous_port); }},
       // The token is a secret shared by the job: the effective config shows only whether
       // one is set, so logs can be shared.
+      // Refused here, on every rank, when too long for a hello: otherwise only the peers find
+      // out as they connect, and rank 0 waits out `timeout` for them. The value, a secret, is
+      // never quoted.
       {"rendezvous.token",
-       [](Config& c, std::string_view t) { c.rendezvous_token = std::string(t); },
+       [](Config& c, std::string_view t) {
+         const std::size_t limit = detail::max_hello_token_bytes();
+         if (t.size() > limit) {
+           bad_value(fmt::format("{} bytes, over the {} a rank's hello to rank 0 carries",
+                                 t.size(), limit));
+         }
+         c.rendezvous_token = std::string(t);
+       },
        [](const Config& c) {
          return c.rendezvous_token.empty() ? std::string() : std::string("(set)");
        }},
@@ -744,6 +757,8 @@ void apply_override(Config& config, const std::string& item) {
   }
   const KeySpec* spec = find_key(key);
   if (spec == nullptr) throw Error(Errc::config, where + unknown_key_reason(key));
+  // The job token is a secret: its messages name the key alone.
+  if (spec->name == "rendezvous.token") where = fmt::format("--set {}: ", spec->name);
   // The value is taken as written: read as YAML, `model #v2.safetensors` would be `model` (a
   // comment), and `~`, `null`, `!x`, `&x` would be no value or a tag. Only a value that starts
   // with a quote is YAML's quoted scalar (`'/x/y: z'`, `"a b"`, `''` for an empty string).

@@ -450,6 +450,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                                         const SynthOptions& options) {
   if (options.params == 0) throw Error(Errc::usage, "synth: params must be more than 0");
   if (options.shard_bytes == 0) throw Error(Errc::usage, "synth: shard size must be more than 0");
+  if (out_dir.empty()) throw Error(Errc::usage, "synth: the output directory path is empty");
 
   SynthSummary summary;
   summary.shape = choose_llama_shape(options.params);

@@ -121,6 +121,12 @@ TEST_CASE("open_checkpoint: a missing path is missing_input (66)", "[checkpoint]
   CHECK_THAT(e.what(), Contains((dir / "nope").string()));
 }
 
+TEST_CASE("open_checkpoint: an empty path is missing_input saying so", "[checkpoint]") {
+  // Not ": no such file or directory".
+  auto e = open_failure("", Errc::missing_input);
+  CHECK(std::string(e.what()) == "checkpoint path is empty");
+}
+
 TEST_CASE("open_checkpoint: a directory with one .safetensors file opens it", "[checkpoint]") {
   test::TempDir dir;
   write_shard(dir / "weights.safetensors", {{"w", 2}});

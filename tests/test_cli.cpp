@@ -126,9 +126,64 @@ TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for e
       const auto r = run_process(argv, {}, 60);
       INFO(args.front() << " " << args.back() << " " << redirect << "\nstderr:\n" << r.err);
       CHECK(r.exit_status == 74);
-      CHECK_THAT(r.err, Catch::Contains("weightcast: error: cannot write to stdout"));
+      // With the reason, also where a flush had met the error first (`run --json`).
+      CHECK_THAT(r.err, Catch::Contains(redirect == ">&-"
+                                            ? "weightcast: error: cannot write to stdout: Bad "
+                                              "file descriptor\n"
+                                            : "weightcast: error: cannot write to stdout: No "
+                                              "space left on device\n"));
       CHECK_THAT(r.err, !Catch::Contains("internal error"));
       std::filesystem::remove_all(dir / "synth");
     }
+  }
+}
+
+TEST_CASE("cli: --set takes one value, so a config path after it is the config", "[cli]") {
+  // `--set device=host c.yaml` was read as two overrides, the second "c.yaml: expected
+  // key=value" (64).
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  const auto config = dir / "c.yaml";
+  write_file(config, "checkpoint: " + file.string() + "\ndestination: discard\n");
+  const std::vector<std::vector<std::string>> commands{
+      {"run", "-q", "--set", "device=host", config.string()},
+      {"run", "-q", "--set", "device=host", "--set", "transport=local", config.string()},
+      {"launch", "-n", "1", "--spawner", "local", "-q", "--set", "device=host", "--set",
+       "transport=local", config.string()},
+  };
+  for (const auto& args : commands) {
+    const auto r = run_cli(args, {}, 60);
+    INFO(args.front() << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 0);
+    CHECK_THAT(r.out, Contains("# rank 0 of 1: "));
+  }
+  // Two values after one --set: the second is the config, and a third is one too many.
+  const auto r = run_cli({"run", "--set", "device=host", "a.yaml", "b.yaml"}, {}, 30);
+  CHECK(r.exit_status == 64);
+  CHECK_THAT(r.err, StartsWith("weightcast: error: run: The following argument was not "
+                               "expected: b.yaml"));
+}
+
+TEST_CASE("cli: an empty path on the command line is refused naming what it is, status 64",
+          "[cli]") {
+  // `inspect ''` said "error: : no such file or directory"; `run ''` ran on built-in defaults,
+  // `--report ''` wrote no report, `synth ''` was an internal error.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"run", ""}, "run: config: the config path is empty"},
+      {{"run", "--report", "", "--set", "checkpoint=x"}, "run: --report: the report path is empty"},
+      {{"run", "--trace", "", "--set", "checkpoint=x"}, "run: --trace: the trace path is empty"},
+      {{"launch", "-n", "2", ""}, "launch: config: the config path is empty"},
+      {{"launch", "-n", "2", "--report", ""}, "launch: --report: the report path is empty"},
+      {{"launch", "-n", "2", "--trace", ""}, "launch: --trace: the trace path is empty"},
+      {{"inspect", ""}, "inspect: path: the checkpoint path is empty"},
+      {{"synth", ""}, "synth: out_dir: the output directory path is empty"},
+  };
+  for (const auto& [args, what] : cases) {
+    const auto r = run_cli(args, {}, 30);
+    INFO(args.front() << " " << args.at(1) << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 64);
+    CHECK(r.out.empty());
+    CHECK_THAT(r.err, StartsWith("weightcast: error: " + what + "; see 'weightcast " +
+                                 args.front() + " --help'"));
   }
 }

@@ -1,5 +1,6 @@
 // Config: defaults, YAML file, --set overrides, every key's good and bad values, messages.
 #include "weightcast/config.hpp"
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/error.hpp"
 
 #include "utils/expect_error.hpp"
@@ -188,6 +189,43 @@ TEST_CASE("config: each key's bad values name the key and the value", "[config]"
         "--set chunk_size=abc: 'abc' is not a size (use bytes or a unit: 16MiB, 1GiB)");
   CHECK_THAT(expect_error([] { from_set({"device=gpu"}); }).what(),
              Contains("auto, host, cuda"));
+}
+
+TEST_CASE("config: a rendezvous.token longer than a hello carries is refused, unquoted",
+          "[config]") {
+  // It was caught only as a peer connected, so rank 0 waited out `timeout` for nothing.
+  const std::size_t limit = detail::max_hello_token_bytes();
+  CHECK(limit > 4000);
+  CHECK(limit < detail::max_hello_bytes);
+  CHECK(from_set({"rendezvous.token=" + std::string(limit, 'k')}).rendezvous_token.size() ==
+        limit);
+  const std::string token(limit + 1, 'k');
+  auto e = expect_error([&] { from_set({"rendezvous.token=" + token}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) ==
+        fmt::format("--set rendezvous.token: {} bytes, over the {} a rank's hello to rank 0 "
+                    "carries",
+                    limit + 1, limit));
+  test::TempDir dir;
+  auto file = expect_error(
+      [&] { load_config(write_yaml(dir, "rendezvous.token: " + token + "\n"), {}); });
+  CHECK(file.code() == Errc::config);
+  CHECK_THAT(file.what(), Contains("x.yaml:1: rendezvous.token: ") &&
+                              Contains(fmt::format("over the {}", limit)));
+  CHECK_THAT(file.what(), !Contains("kkk"));
+}
+
+TEST_CASE("config: a duration that rounds to 0 ms says the bound in milliseconds", "[config]") {
+  // 0.0001 s is more than 0, but durations are whole milliseconds: the bound is 1 ms.
+  for (const std::string value : {"0.0001s", "0.4ms", "0"}) {
+    INFO(value);
+    auto e = expect_error([&] { from_set({"timeout=" + value}); });
+    CHECK(e.code() == Errc::config);
+    CHECK(std::string(e.what()) == "--set timeout=" + value + ": '" + value +
+                                       "' is out of range (must be at least 1ms and at most 7 "
+                                       "days)");
+  }
+  CHECK(from_set({"timeout=0.0005s"}).timeout == 1ms);  // rounds to the nearest millisecond
 }
 
 TEST_CASE("config: a bad value in a file names file, line, key and value", "[config]") {

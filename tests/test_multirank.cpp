@@ -1,5 +1,6 @@
 // Many ranks against real processes: mpirun and `weightcast launch`, bit-exact on every rank,
 // and every failure ends every rank in bounded time with one message and status.
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/transport_mpi.hpp"
 
@@ -7,8 +8,10 @@
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -415,6 +418,9 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
        "destination: discard: needs world size 1 (got 2)"},
       {{"--set", "device=host", "--set", "world.rank=0", "--set", "world.size=2"},
        "world.rank/world.size: set in the config, so all 2 ranks would take the same place"},
+      {{"--set", "device=host", "--set", "world.local_rank=5"},
+       "world.local_rank: set in the config, so all 2 ranks would take the same GPU; launch "
+       "gives each rank its own (remove the key)"},
   };
   for (const auto& c : cases) {
     const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=/does/not/matter",
@@ -429,6 +435,87 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
     CHECK(count(r.err, "\n") == 1);
     CHECK(r.out.empty());
   }
+}
+
+TEST_CASE("multirank: launch without a runnable mpirun ends with 69 saying why, before any "
+          "rank starts", "[multirank][cli]") {
+  // It exited 127, "mpirun exited with status 127 (see the ranks' messages above)", though no
+  // rank had run.
+  TempDir dir;
+  const auto fake = dir / "mpirun";  // on PATH and executable, but its exec fails (ENOENT)
+  write_file(fake, "#!/nonexistent/interpreter\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"PATH=/nonexistent",
+       "weightcast: error: mpirun not found on PATH (install Open MPI: scripts/install-deps.sh, "
+       "or use --spawner local with transport nccl)\n"},
+      {"PATH=" + dir.path().string(),
+       "weightcast: error: cannot start mpirun (" + fake.string() +
+           "): No such file or directory\n"},
+  };
+  for (const auto& [path, message] : cases) {
+    const auto r = run_cli({"launch", "-n", "2", "--spawner", "mpirun", "--set",
+                            "checkpoint=/does/not/matter", "--set", "device=host", "--set",
+                            "transport=mpi"},
+                           {path}, job_timeout_s);
+    INFO(path << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_status == 69);
+    CHECK_THAT(r.err, EndsWith(message));
+    // Not found: nothing started, not even launch's notice that it starts mpirun.
+    if (path == "PATH=/nonexistent") CHECK(r.err == message);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("multirank: launch with a stdout that takes no writes ends with 74 before any rank "
+          "starts", "[multirank][cli][stdout]") {
+  // mpirun drops its own write errors: `launch > /dev/full` lost every rank's output and
+  // exited 0.
+  if (!fs::exists("/dev/full")) return;
+  const std::vector<std::vector<std::string>> spawners{
+      {"--spawner", "mpirun", "--set", "device=host", "--set", "transport=mpi"},
+      {"--spawner", "local", "--set", "device=cuda", "--set", "transport=nccl", "--json"},
+  };
+  for (const auto& spawner : spawners) {
+    for (const std::string redirect : {"> /dev/full", ">&-"}) {
+      auto argv = cat({"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect, cli_path().string(),
+                       "launch", "-n", "2", "--set", "checkpoint=/does/not/matter"},
+                      spawner);
+      const auto r = run_process(argv, {}, job_timeout_s);
+      INFO(spawner.at(1) << " " << redirect << "\nstderr:\n" << r.err);
+      CHECK(r.exit_status == 74);
+      CHECK(r.err == (redirect == ">&-"
+                          ? "weightcast: error: cannot write to stdout: Bad file descriptor\n"
+                          : "weightcast: error: cannot write to stdout: No space left on "
+                            "device\n"));
+    }
+  }
+}
+
+TEST_CASE("multirank: a $WEIGHTCAST_TOKEN too long for a hello is refused at once on every "
+          "rank, and by launch", "[multirank]") {
+  // Rank 0 waited out `timeout` for peers that had each refused the token as they connected.
+  const std::string token = "WEIGHTCAST_TOKEN=" + std::string(5000, 't');
+  const std::string message = fmt::format(
+      "WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not set): 5000 bytes, over the "
+      "{} a rank's hello to rank 0 carries\n",
+      detail::max_hello_token_bytes());
+  for (const std::string rank : {"0", "1"}) {
+    const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
+                            "device=host", "--set", "rendezvous.port=29791", "--set",
+                            "timeout=5s"},
+                           {token, "RANK=" + rank, "WORLD_SIZE=2"}, 60);
+    INFO("rank " << rank << "\n" << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, EndsWith(message));
+    CHECK(r.err.find("ttttt") == std::string::npos);
+  }
+  const auto r = run_cli({"launch", "-n", "2", "--set", "checkpoint=/does/not/matter", "--set",
+                          "device=host", "--set", "timeout=5s"},
+                         {token}, 60);
+  INFO(r.err);
+  CHECK(r.exit_status == 78);
+  CHECK(r.err == "weightcast: error: " + message);
 }
 
 TEST_CASE("multirank: launch passes --quiet, --json and --trace to every rank", "[multirank]") {

@@ -422,6 +422,25 @@ TEST_CASE("run: an empty checkpoint's summary names no reader rather than an emp
   CHECK(summary["io_mode"] == "none");
 }
 
+TEST_CASE("run and launch: a count of one reads in the singular", "[run]") {
+  // "1 tensors", "1 chunks", "launch: 1 local ranks".
+  TempDir dir;
+  const auto file = dir / "one.safetensors";
+  write_file(file, make_safetensors(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
+                                    zeros(4)));
+  const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "device=host"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::Contains("# rank 0 of 1: 1 tensor, 1 shard, ") &&
+                        Catch::Contains(", 1 chunk of <= "));
+  const auto launch = run_cli({"launch", "-n", "1", "--spawner", "local", "--set",
+                               "checkpoint=" + file.string(), "--set", "device=host", "--set",
+                               "transport=local"});
+  INFO(launch.out << launch.err);
+  REQUIRE(launch.exit_status == 0);
+  CHECK_THAT(launch.err, Catch::Contains("launch: 1 local rank\n"));
+}
+
 namespace {
 
 // `weightcast run` of @p checkpoint in the background, sleeping @p delay_ms after each chunk

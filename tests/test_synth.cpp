@@ -331,6 +331,11 @@ TEST_CASE("synth: errors", "[synth]") {
   CHECK(expect_error([&] {
           write_synthetic_checkpoint(dir.path(), {0, Dtype::BF16, 1 << 20, 0});
         }).code() == Errc::usage);
+  // An empty path: not an internal error from the filesystem library.
+  auto empty = expect_error(
+      [&] { write_synthetic_checkpoint("", {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+  CHECK(empty.code() == Errc::usage);
+  CHECK(std::string(empty.what()) == "synth: the output directory path is empty");
 
   // The output directory is a file: an I/O error naming it.
   auto blocker = dir / "not-a-dir";

@@ -46,6 +46,27 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
 ///         unset, not a number or not positive. Test hooks are not user features.
 long test_hook_ms(const char* env);
 
+/// Flushes stdout (tools/run.cpp). A flush whose result is ignored loses the reason: the
+/// stream keeps only its error flag, and the final check could then say no more than "cannot
+/// write to stdout".
+/// @throws Error `io` (74): "cannot write to stdout: <strerror>".
+void flush_stdout();
+
+/// Checks, before a command starts work whose output goes to stdout, that stdout takes
+/// writes (`launch`: mpirun drops its own write errors, so a job's output lost to a full disk
+/// would otherwise end with status 0). Flushes stdout, then writes zero bytes to its
+/// descriptor, which fails for a descriptor not open for writing and for /dev/full, and
+/// writes nothing into the output.
+/// @throws Error `io` (74): "cannot write to stdout: <strerror>".
+void check_stdout_writable();
+
+/// Refuses, in a world of several ranks, a job token from `$WEIGHTCAST_TOKEN` (used when
+/// @p config has no `rendezvous.token`) too long for a rank's hello: the config's own token
+/// is checked as it is read, but the environment's only reached the control plane, where rank
+/// 0 waited out `timeout` for peers that had each refused it (tools/run.cpp).
+/// @throws Error `config` (78) naming the variable, its length and the limit, not the token.
+void check_environment_token(const Config& config);
+
 /// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
 /// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
 /// @param shards the checkpoint's shard count; @p peak_rss in bytes.

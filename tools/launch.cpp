@@ -17,10 +17,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <optional>
 #include <string>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -55,6 +57,28 @@ std::string random_token() {
   return hex;
 }
 
+// Where execvp would find @p name: the first regular, executable file of that name in a
+// directory of PATH (unset: glibc's default "/bin:/usr/bin"; an empty entry is the current
+// directory); nullopt when there is none.
+std::optional<std::string> find_on_path(const std::string& name) {
+  const char* env = std::getenv("PATH");
+  const std::string path = env != nullptr ? env : "/bin:/usr/bin";
+  std::size_t begin = 0;
+  while (begin <= path.size()) {
+    std::size_t end = path.find(':', begin);
+    if (end == std::string::npos) end = path.size();
+    const std::string dir = path.substr(begin, end - begin);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    begin = end + 1;
+  }
+  return std::nullopt;
+}
+
 std::string describe_status(int status) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
@@ -78,26 +102,55 @@ class ChildGroup {
   }
 
   /// Starts @p argv with @p env added; @p label names it in messages ("rank 2", "mpirun").
+  /// @p program is the file to run (default argv[0], searched on PATH).
+  /// @throws Error `unavailable` (69) when it cannot be started (fork, or exec: the reason).
   void spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-             std::string label) {
+             std::string label, std::string program = {}) {
     const detail::ExecImage image(argv, env);  // before fork: the child only execs
+    if (program.empty()) program = argv.at(0);
+    // A failed exec sends its errno back on this pipe; a successful one closes it (O_CLOEXEC),
+    // so the launcher says why it could not start the child rather than report a status 127
+    // as if the child had run.
+    int exec_error[2];
+    if (::pipe2(exec_error, O_CLOEXEC) != 0) {
+      throw system_error(Errc::unavailable, errno, "pipe (to start " + label + ")");
+    }
 
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
-    if (pid < 0) throw system_error(Errc::unavailable, errno, "fork");
+    if (pid < 0) {
+      const int err = errno;
+      ::close(exec_error[0]);
+      ::close(exec_error[1]);
+      throw system_error(Errc::unavailable, err, "fork (to start " + label + ")");
+    }
     if (pid == 0) {
+      ::close(exec_error[0]);
       ::setpgid(0, _pgid);  // the first child founds the group
       // If the launcher itself is killed, the ranks must not live on.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
-      ::execvpe(image.argv()[0], image.argv(), image.envp());
-      std::fprintf(stderr, "weightcast launch: cannot run %s: %s\n", image.argv()[0],
-                   std::strerror(errno));
+      ::execvpe(program.c_str(), image.argv(), image.envp());
+      const int err = errno;
+      [[maybe_unused]] const ssize_t sent = ::write(exec_error[1], &err, sizeof err);
       ::_exit(127);
     }
+    ::close(exec_error[1]);
     ::setpgid(pid, _pgid);  // also here: whichever of parent and child runs first
+    int err = 0;
+    ssize_t got = 0;
+    do {
+      got = ::read(exec_error[0], &err, sizeof err);
+    } while (got < 0 && errno == EINTR);
+    ::close(exec_error[0]);
+    if (got == static_cast<ssize_t>(sizeof err)) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);  // not one of the group: it never ran
+      throw system_error(Errc::unavailable, err,
+                         fmt::format("cannot start {} ({})", label, program));
+    }
     if (_pgid == 0) _pgid = pid;
     _children.push_back(Child{pid, std::move(label), std::nullopt});
   }
@@ -181,11 +234,18 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   const std::string& trace = args.trace_path.empty() ? config.trace : args.trace_path;
   check_distinct_outputs(args.report_path, trace, args.ranks);
   if (args.ranks == 1) return;  // a world of one: `run` alone decides
+  check_environment_token(config);
   check_destination(config.destination, args.ranks);
   WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,
                     fmt::format("world.rank/world.size: set in the config, so all {} ranks "
                                 "would take the same place; launch gives each rank its own "
                                 "(remove the world keys)",
+                                args.ranks));
+  // The same for the rank on its host, which picks each rank's GPU: all would take one.
+  WEIGHTCAST_EXPECT(config.world_local_rank < 0, Errc::config,
+                    fmt::format("world.local_rank: set in the config, so all {} ranks would "
+                                "take the same GPU; launch gives each rank its own (remove "
+                                "the key)",
                                 args.ranks));
   // Whether the ranks' arena is host memory: known for device host and cuda, and for auto
   // when the ranks run on this machine (the local spawner) and see the GPUs this process sees.
@@ -234,6 +294,20 @@ int launch(const LaunchArgs& args) {
   configure_log(args.quiet ? LogLevel::error : config.log_level);
   const bool mpirun = use_mpirun(args, config);
   check_launch(args, config, mpirun);
+  // The ranks' output goes to this stdout; mpirun drops its own write errors, so output lost
+  // to a full disk would end the job with status 0.
+  check_stdout_writable();
+  // Before anything starts: without mpirun, the child's failed exec would otherwise be
+  // reported as "mpirun exited with status 127" once the job had ended.
+  std::optional<std::string> mpirun_exe;
+  if (mpirun) {
+    mpirun_exe = find_on_path("mpirun");
+    if (!mpirun_exe) {
+      throw Error(Errc::unavailable,
+                  "mpirun not found on PATH (install Open MPI: scripts/install-deps.sh, or use "
+                  "--spawner local with transport nccl)");
+    }
+  }
 
   // One job token for all ranks, unless the user chose one: a stray rank of another job on
   // the same port is then refused rather than mixed in.
@@ -278,16 +352,17 @@ int launch(const LaunchArgs& args) {
   std::signal(SIGTERM, on_signal);
   ChildGroup group;
   if (mpirun) {
+    // argv[0] stays "mpirun": Open MPI reads an absolute one as --prefix.
     std::vector<std::string> argv{"mpirun", "-np", std::to_string(args.ranks), "--oversubscribe"};
     if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
     argv.insert(argv.end(), {"-x", "WEIGHTCAST_TOKEN"});
     argv.insert(argv.end(), run_argv.begin(), run_argv.end());
     if (config.rendezvous_token.empty()) ::setenv("WEIGHTCAST_TOKEN", env[0].c_str() + 17, 1);
-    spdlog::info("launch: {} ranks under mpirun", args.ranks);
-    group.spawn(argv, env, "mpirun");
+    spdlog::info("launch: {} rank{} under mpirun", args.ranks, args.ranks == 1 ? "" : "s");
+    group.spawn(argv, env, "mpirun", *mpirun_exe);
   } else {
     const char* port = std::getenv("MASTER_PORT");
-    spdlog::info("launch: {} local ranks", args.ranks);
+    spdlog::info("launch: {} local rank{}", args.ranks, args.ranks == 1 ? "" : "s");
     for (int r = 0; r < args.ranks; ++r) {
       auto rank_env = env;
       rank_env.insert(rank_env.end(),

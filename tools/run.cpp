@@ -3,6 +3,7 @@
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
+#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
@@ -21,6 +22,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fcntl.h>
 #include <optional>
 #include <string>
@@ -370,7 +372,30 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   }
   if (!verdict.empty()) summary["verdict"] = verdict;
   fmt::print("{}\n", dump_json(summary));
-  std::fflush(stdout);
+  flush_stdout();
+}
+
+void check_environment_token(const Config& config) {
+  if (!config.rendezvous_token.empty()) return;
+  const char* token = std::getenv("WEIGHTCAST_TOKEN");
+  if (token == nullptr) return;
+  const std::size_t bytes = std::strlen(token);
+  const std::size_t limit = detail::max_hello_token_bytes();
+  WEIGHTCAST_EXPECT(bytes <= limit, Errc::config,
+                    fmt::format("WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not "
+                                "set): {} bytes, over the {} a rank's hello to rank 0 carries",
+                                bytes, limit));
+}
+
+void flush_stdout() {
+  if (std::fflush(stdout) != 0) throw system_error(Errc::io, errno, "cannot write to stdout");
+}
+
+void check_stdout_writable() {
+  flush_stdout();
+  if (::write(STDOUT_FILENO, "", 0) < 0) {
+    throw system_error(Errc::io, errno, "cannot write to stdout");
+  }
 }
 
 namespace {
@@ -468,7 +493,10 @@ int run(const RunArgs& args) {
   // Before any rendezvous: the other ranks would otherwise wait for `timeout`.
   check_destination(config.destination, world.world_size);
   check_distinct_outputs(args.report_path, config.trace, world.rank, world.world_size);
-  if (world.world_size > 1) return run_ranks(args, config, world, interrupts);
+  if (world.world_size > 1) {
+    check_environment_token(config);
+    return run_ranks(args, config, world, interrupts);
+  }
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
@@ -514,18 +542,20 @@ int run(const RunArgs& args) {
     return 0;
   }
 
-  fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
-             transport->rank(), transport->world_size(), result.catalogue.tensors.size(), shards,
+  const std::size_t tensors = result.catalogue.tensors.size();
+  fmt::print("# rank {} of {}: {} tensor{}, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
+             transport->rank(), transport->world_size(), tensors, tensors == 1 ? "" : "s", shards,
              shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
              result.stats.seconds, result.stats.gbps());
   const std::string how_read =
       result.stats.reader.empty()
           ? std::string("none (nothing to read)")
           : fmt::format("{} ({} reads)", result.stats.reader, result.stats.io_mode);
-  fmt::print("# reader {}, destination {}, device {}, transport {}, {} chunks of <= "
+  fmt::print("# reader {}, destination {}, device {}, transport {}, {} chunk{} of <= "
              "{}, staging ring {} (buffer_depth {})\n",
              how_read, to_string(config.destination),
              result.stats.device, result.stats.transport, result.stats.chunks,
+             result.stats.chunks == 1 ? "" : "s",
              format_bytes(config.chunk_bytes), format_bytes(result.stats.staging_bytes),
              config.buffer_depth);
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);

@@ -49,7 +49,7 @@ int synth(const SynthArgs& args) {
   fmt::print("synth: {} layers, hidden {}, intermediate {}, heads {}/{} kv, vocab {}, {}\n",
              shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.kv_heads,
              shape.vocab, dtype_name(options.dtype));
-  std::fflush(stdout);
+  flush_stdout();  // before the checkpoint is written, not after
 
   auto start = std::chrono::steady_clock::now();
   SynthSummary summary = write_synthetic_checkpoint(args.out_dir, options);

@@ -31,6 +31,9 @@ using weightcast::exit_status;
 bool stdout_failed() { return std::ferror(stdout) != 0; }
 
 int report_stdout_failure(int err) {
+  // A flush whose result was ignored took the reason with it; a descriptor that still fails
+  // (/dev/full, one not open for writing) gives it again for a write of zero bytes.
+  if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
   fmt::print(stderr, "weightcast: error: cannot write to stdout{}{}\n", err != 0 ? ": " : "",
              err != 0 ? std::strerror(err) : "");
   return exit_status(Errc::io);
@@ -83,6 +86,17 @@ void hold_closed_standard_descriptors() {
   }
 }
 
+// A path given on the command line as "" (`--report "$OUT"` with OUT unset) is a mistake, not
+// "none": refuse it, rather than run on built-in defaults, write no report, or say
+// ": no such file or directory".
+CLI::Validator non_empty_path(const std::string& noun) {
+  return CLI::Validator(
+      [noun](std::string& text) -> std::string {
+        return text.empty() ? "the " + noun + " path is empty" : std::string();
+      },
+      "");
+}
+
 // Rank 0 keeps every shard open for the whole load (twice where it reads with O_DIRECT), so a
 // checkpoint of a few hundred shards passes the common soft limit of 1024 descriptors. Raise
 // the soft limit to the hard one, as Go's runtime does for every program; the hard limit is
@@ -111,13 +125,19 @@ int main(int argc, char** argv) {
 
   cli::RunArgs run_args;
   auto* run = app.add_subcommand("run", "load a checkpoint on this rank, as the config says");
-  run->add_option("config", run_args.config_path, "YAML config (default: built-in defaults)");
+  run->add_option("config", run_args.config_path, "YAML config (default: built-in defaults)")
+      ->check(non_empty_path("config"));
+  // Each --set takes one value: a vector option would otherwise also take the words after it,
+  // the positional config among them (`--set device=host c.yaml`).
   run->add_option("--set", run_args.overrides, "override a config key: key=value (repeatable)")
-      ->take_all();
+      ->take_all()
+      ->allow_extra_args(false);
   run->add_option("--report", run_args.report_path,
-                  "write a JSON report (per-tensor XXH3-64 of the delivered bytes)");
+                  "write a JSON report (per-tensor XXH3-64 of the delivered bytes)")
+      ->check(non_empty_path("report"));
   run->add_option("--trace", run_args.trace_path,
-                  "write a Chrome trace-event JSON of the pipeline (open in ui.perfetto.dev)");
+                  "write a Chrome trace-event JSON of the pipeline (open in ui.perfetto.dev)")
+      ->check(non_empty_path("trace"));
   run->add_flag("-q,--quiet", run_args.quiet,
                 "print only errors and the summary (no config, no progress, no notices)");
   run->add_flag("--json", run_args.json,
@@ -129,13 +149,17 @@ int main(int argc, char** argv) {
   launch->add_option("-n,--ranks", launch_args.ranks, "number of ranks")
       ->required()
       ->check(CLI::Range(1, 4096));
-  launch->add_option("config", launch_args.config_path, "YAML config for every rank");
+  launch->add_option("config", launch_args.config_path, "YAML config for every rank")
+      ->check(non_empty_path("config"));
   launch->add_option("--set", launch_args.overrides, "override a config key on every rank")
-      ->take_all();
+      ->take_all()
+      ->allow_extra_args(false);
   launch->add_option("--report", launch_args.report_path,
-                     "per-rank JSON report; {rank} in PATH becomes the rank");
+                     "per-rank JSON report; {rank} in PATH becomes the rank")
+      ->check(non_empty_path("report"));
   launch->add_option("--trace", launch_args.trace_path,
-                     "per-rank pipeline trace; rank R > 0 writes PATH.rankR, or {rank} in PATH");
+                     "per-rank pipeline trace; rank R > 0 writes PATH.rankR, or {rank} in PATH")
+      ->check(non_empty_path("trace"));
   launch->add_flag("-q,--quiet", launch_args.quiet,
                    "every rank prints only errors and its summary (and launch only errors)");
   launch->add_flag("--json", launch_args.json,
@@ -169,11 +193,14 @@ int main(int argc, char** argv) {
   cli::InspectArgs inspect_args;
   auto* inspect = app.add_subcommand("inspect", "list and validate a checkpoint's tensors");
   inspect->add_option("path", inspect_args.path, "checkpoint file, directory or index")
-      ->required();
+      ->required()
+      ->check(non_empty_path("checkpoint"));
 
   cli::SynthArgs synth_args;
   auto* synth = app.add_subcommand("synth", "write a Llama-shaped synthetic checkpoint");
-  synth->add_option("out_dir", synth_args.out_dir, "output directory (created)")->required();
+  synth->add_option("out_dir", synth_args.out_dir, "output directory (created)")
+      ->required()
+      ->check(non_empty_path("output directory"));
   synth->add_option("--params", synth_args.params, "target parameter count, e.g. 125M, 1B, 7B")
       ->capture_default_str();
   synth->add_option("--dtype", synth_args.dtype, "element dtype")->capture_default_str();

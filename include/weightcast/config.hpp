@@ -78,7 +78,8 @@ struct Config {
   /// torchrun's `MASTER_PORT` (29500), which its own store may be using.
   std::uint16_t rendezvous_port = 29555;
   /// `rendezvous.token`: the job token every rank must present. Empty: `$WEIGHTCAST_TOKEN`,
-  /// else no token (any peer of the right world size is accepted). Printed masked.
+  /// else no token (any peer of the right world size is accepted). Printed masked. At most
+  /// `detail::max_hello_token_bytes()` (4076) bytes, what a rank's hello carries.
   std::string rendezvous_token;
 
   /// @return the config as YAML, one `key: value` line per key (the "effective config").

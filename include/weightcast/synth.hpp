@@ -97,9 +97,9 @@ struct SynthSummary {
  * The same seed and shape give the same tensor bytes whatever `shard_bytes` is. Data are
  * written with large positional writes from a few threads (≈ page-cache speed).
  *
- * @throws Error `usage` (64) for a zero `params` or `shard_bytes`, a sub-byte dtype whose
- *         tensors would not be whole bytes, or an @p out_dir holding a checkpoint file synth
- *         did not write; `io` (74) naming the file when a write fails.
+ * @throws Error `usage` (64) for an empty @p out_dir, a zero `params` or `shard_bytes`, a
+ *         sub-byte dtype whose tensors would not be whole bytes, or an @p out_dir holding a
+ *         checkpoint file synth did not write; `io` (74) naming the file when a write fails.
  */
 SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                                         const SynthOptions& options);
