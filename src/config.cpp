@@ -479,7 +479,7 @@ const std::array<KeySpec, 19>& key_table() {
       // never quoted.
       {"rendezvous.token",
        [](Config& c, std::string_view t) {
-         const std::size_t limit = detail::max_hello_token_bytes();
+         const std::size_t limit = detail::max_token_bytes;
          if (t.size() > limit) {
            bad_value(fmt::format("{} bytes, over the {} a rank's hello to rank 0 carries",
                                  t.size(), limit));

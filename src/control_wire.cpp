@@ -106,11 +106,6 @@ std::string encode_hello(const Hello& hello) {
   return std::move(out.bytes());
 }
 
-std::size_t max_hello_token_bytes() {
-  static const std::size_t fields = encode_hello(Hello{}).size();
-  return max_hello_bytes - fields;
-}
-
 Hello decode_hello(std::string_view payload, std::string_view what) {
   WireReader in(payload, what);
   if (in.get<std::uint32_t>("magic") != hello_magic) in.fail("magic", "not weightcast");

@@ -499,7 +499,7 @@ TEST_CASE("multirank: a $WEIGHTCAST_TOKEN too long for a hello is refused at onc
   const std::string message = fmt::format(
       "WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not set): 5000 bytes, over the "
       "{} a rank's hello to rank 0 carries\n",
-      detail::max_hello_token_bytes());
+      detail::max_token_bytes);
   for (const std::string rank : {"0", "1"}) {
     const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
                             "device=host", "--set", "rendezvous.port=29791", "--set",

@@ -380,7 +380,7 @@ void check_environment_token(const Config& config) {
   const char* token = std::getenv("WEIGHTCAST_TOKEN");
   if (token == nullptr) return;
   const std::size_t bytes = std::strlen(token);
-  const std::size_t limit = detail::max_hello_token_bytes();
+  const std::size_t limit = detail::max_token_bytes;
   WEIGHTCAST_EXPECT(bytes <= limit, Errc::config,
                     fmt::format("WEIGHTCAST_TOKEN (the job token, as rendezvous.token is not "
                                 "set): {} bytes, over the {} a rank's hello to rank 0 carries",

@@ -79,7 +79,7 @@ struct Config {
   std::uint16_t rendezvous_port = 29555;
   /// `rendezvous.token`: the job token every rank must present. Empty: `$WEIGHTCAST_TOKEN`,
   /// else no token (any peer of the right world size is accepted). Printed masked. At most
-  /// `detail::max_hello_token_bytes()` (4076) bytes, what a rank's hello carries.
+  /// `detail::max_token_bytes` (3816) bytes, what a rank's hello carries.
   std::string rendezvous_token;
 
   /// @return the config as YAML, one `key: value` line per key (the "effective config").

@@ -102,11 +102,6 @@ inline constexpr std::size_t max_token_bytes = max_hello_bytes - 6 * 4 - World::
 ///         job id).
 std::string encode_hello(const Hello& hello);
 
-/// @return the longest job token, bytes, whose HELLO stays within `max_hello_bytes`: the
-///         limit less the other fields, so that the config's check of `rendezvous.token`
-///         cannot drift from what rank 0 reads.
-std::size_t max_hello_token_bytes();
-
 /**
  * @brief Decodes a HELLO payload.
  * @param what names the sender, e.g. "hello from 10.0.0.7:51234".
