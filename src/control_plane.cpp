@@ -261,6 +261,7 @@ struct ControlPlane::Impl {
   std::chrono::milliseconds heartbeat_interval;
   Clock::duration silence_after;
   std::optional<asio::steady_timer> heartbeat_timer;
+  std::function<void()> ending_hook;  // on_ending's; guarded by `mutex`
 
   Impl(const World& w, const RendezvousOptions& o)
       : world(w),
@@ -771,6 +772,7 @@ struct ControlPlane::Impl {
       for (auto& connection : connections) {
         if (connection) ::shutdown(connection->socket.native_handle(), SHUT_RDWR);
       }
+      run_ending_hook();
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       ::_exit(status);
     }
@@ -794,9 +796,20 @@ struct ControlPlane::Impl {
     std::fflush(stdout);
     std::fprintf(stderr, "weightcast: error: %s\n", message.c_str());
     std::fflush(stderr);
+    run_ending_hook();
     grace_timer.emplace(io, std::min<Clock::duration>(options.timeout, abort_grace));
     grace_timer->async_wait([this](auto) { ::_exit(termination.first); });
     maybe_exit();
+  }
+
+  // The caller's last words before the reader thread ends the process (on_ending), once.
+  void run_ending_hook() noexcept {
+    std::function<void()> hook;
+    {
+      std::lock_guard lock(mutex);
+      hook = std::exchange(ending_hook, nullptr);
+    }
+    if (hook) hook();
   }
 
   // Rank 0 ending the job: exits once every rank has hung up, or fell silent (a stopped
@@ -920,6 +933,11 @@ std::string ControlPlane::stall_report() const {
                        rank_list(behind), most->second);
   }
   return out;
+}
+
+void ControlPlane::on_ending(std::function<void()> hook) {
+  std::lock_guard lock(_impl->mutex);
+  _impl->ending_hook = std::move(hook);
 }
 
 void ControlPlane::linger(std::chrono::milliseconds most) noexcept {

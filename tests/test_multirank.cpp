@@ -797,10 +797,14 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
       CHECK_THAT(r.out, Contains("weightcast launch: mpirun exited with status 143: a rank was "
                                  "interrupted by SIGTERM"));
     }
-    // Rank 1's trace of its stopped load.
-    const fs::path rank1_trace = dir / (launch ? "l1.json" : "m1.json");
-    REQUIRE(fs::exists(rank1_trace));
-    CHECK(read_json(rank1_trace)["traceEvents"].size() > 1);
+    // Every rank's trace of its stopped load: rank 1's, and those of the ranks its ABORT
+    // ended (they wrote none: the control plane's thread exited the process mid-load).
+    for (const char* r : {"0", "1", "2"}) {
+      const fs::path rank_trace = dir / ((launch ? "l" : "m") + std::string(r) + ".json");
+      INFO(rank_trace);
+      REQUIRE(fs::exists(rank_trace));
+      CHECK(read_json(rank_trace)["traceEvents"].size() > 1);
+    }
   }
 }
 

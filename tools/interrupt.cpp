@@ -55,6 +55,21 @@ void InterruptHandler::set_rank(int rank) {
   _rank = rank;
 }
 
+void InterruptHandler::stop_load_and_wait(std::chrono::milliseconds most) {
+  std::unique_lock lock(_mutex);
+  if (!_load_started || _load_finished) return;
+  _stop.request_stop();
+  _changed.wait_for(lock, most, [this] { return _load_finished; });
+}
+
+void InterruptHandler::load_finished() {
+  {
+    std::lock_guard lock(_mutex);
+    _load_finished = true;
+  }
+  _changed.notify_all();
+}
+
 void InterruptHandler::failing(int status) {
   std::lock_guard lock(_mutex);
   _failing_status = status;
@@ -68,6 +83,7 @@ void InterruptHandler::attach(ControlPlane* control) {
 InterruptHandler::LoadScope::LoadScope(InterruptHandler& handler) : _handler(&handler) {
   std::lock_guard lock(_handler->_mutex);
   _handler->_in_load = true;
+  _handler->_load_started = true;
 }
 
 int InterruptHandler::LoadScope::end() {

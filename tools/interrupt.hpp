@@ -61,6 +61,13 @@ class InterruptHandler {
   /// ending the failed job) ends the process at once with @p status and no second message.
   void failing(int status);
 
+  /// Another rank is ending the job: stops the load in progress, if any, as an interrupt
+  /// does, and waits at most @p most until the load's caller calls `load_finished` (its
+  /// trace written). Returns at once when no load is in progress.
+  void stop_load_and_wait(std::chrono::milliseconds most);
+  /// The load and what follows it at once (the trace) are done: `stop_load_and_wait` returns.
+  void load_finished();
+
   /// @return the token to pass as `LoadOptions::stop` inside a `LoadScope`.
   [[nodiscard]] std::stop_token stop_token() const noexcept { return _stop.get_token(); }
 
@@ -93,6 +100,8 @@ class InterruptHandler {
   int _signal = 0;          // the first signal taken, 0 before
   int _signal_in_load = 0;  // the same, when it came during a LoadScope
   bool _in_load = false;
+  bool _load_started = false;   // a LoadScope was made
+  bool _load_finished = false;  // load_finished() was called
   bool _closing = false;
   int _rank = -1;
   int _failing_status = -1;  // set by failing()

@@ -470,6 +470,7 @@ LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport
   const int sig = scope.end();
   if (end_display) end_display();
   write_trace(trace, config, rank, world_size, failure || sig != 0);
+  interrupts.load_finished();
   if (sig != 0 && (!failure || is_stop(failure))) throw interrupted_error(sig, " during the load");
   if (failure) std::rethrow_exception(failure);
   return result;

@@ -318,6 +318,17 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       if (progress) progress->update(p);
     };
     const std::size_t shards = catalogue.shards.size();
+    // Another rank's failure ends this process from the control plane's thread: with a
+    // trace asked for, the load is stopped first and its trace written (a second at most).
+    struct ClearHook {
+      ControlPlane& control;
+      ~ClearHook() { control.on_ending({}); }
+    } clear_hook{*control};
+    if (!config.trace.empty()) {
+      control->on_ending([&interrupts] {
+        interrupts.stop_load_and_wait(std::chrono::milliseconds(1'000));
+      });
+    }
     const LoadResult result =
         load_traced(std::move(catalogue), *device, *transport, std::move(options), config, rank,
                     world.world_size, interrupts);
@@ -378,6 +389,12 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     if (mpi) mpi->abandon();
     throw;
   } catch (const Error& e) {
+    if (control->ending() && !control->aborted()) {
+      // Another rank's ABORT, or a lost peer, is ending this process on the control plane's
+      // thread, which printed why; this is the load stopping for it (on_ending). That thread
+      // exits the process; this one says nothing.
+      std::this_thread::sleep_for(std::chrono::seconds(15));
+    }
     Error mine = prefixed(e, e.code());
     if (e.code() == Errc::timeout) {
       // A stall: rank 0, if it answers, names the rank behind it; else say what this rank

@@ -43,6 +43,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -177,6 +178,14 @@ class ControlPlane {
    *        Never throws.
    */
   void linger(std::chrono::milliseconds most) noexcept;
+
+  /**
+   * @brief Sets what the reader thread does, once, when another rank's ABORT or a lost peer
+   *        ends this process: after the message is printed, before the exit (e.g. stop the
+   *        load and wait, at most a second, for its trace to be written). Empty: nothing.
+   *        The hook must not throw; clear it before what it refers to goes away.
+   */
+  void on_ending(std::function<void()> hook);
 
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;
