@@ -3,6 +3,7 @@
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <charconv>
 #include <cstdlib>
@@ -149,6 +150,29 @@ World detect_place(const Config& config) {
     world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
     world.source = WorldSource::config;
     check(world, "world.rank", "world.size");
+    // The config wins (DESIGN.md), but under a launcher that placed this process elsewhere
+    // every rank started from one config takes the same place: rank 0 twice ended in
+    // "Address already in use" with nothing to say why. Say it.
+    for (const EnvSource& source : env_sources) {
+      const char* rank = env(source.rank);
+      const char* size = env(source.size);
+      if (rank == nullptr || size == nullptr) continue;
+      int env_rank = 0;
+      int env_size = 0;
+      try {
+        env_rank = env_int(source.rank, rank);
+        env_size = env_int(source.size, size);
+      } catch (const Error&) {
+        continue;  // not a world to compare with
+      }
+      if (env_rank == world.rank && env_size == world.world_size) continue;
+      spdlog::warn("world.rank {} and world.size {} from the config, though {}={} {}={} ({} "
+                   "started this process): every rank given this config takes the same place; "
+                   "leave world.* auto under a launcher",
+                   world.rank, world.world_size, source.rank, env_rank, source.size, env_size,
+                   to_string(source.source));
+      break;
+    }
     return world;
   }
   // The first family that set both variables, in the order above.

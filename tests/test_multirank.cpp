@@ -314,6 +314,22 @@ TEST_CASE("multirank: rank 0 shows the load's progress, as run does alone", "[mu
   CHECK(count(all, "weightcast[rank 1]:  ") == 0);  // rank 0 alone
 }
 
+TEST_CASE("multirank: world.* in the config under mpirun says every rank takes that place",
+          "[multirank]") {
+  // Both ranks claimed rank 0; the second failed with "Address already in use" and no word
+  // of why.
+  REQUIRE_MPI();
+  auto argv = mpirun_run(2, "/does/not/matter", base_sets(29891, "3s"));
+  argv = cat(argv, {"--set", "world.rank=0", "--set", "world.size=2"});
+  const auto r = run_process(argv, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status != 0);
+  CHECK_THAT(r.out + r.err,
+             Contains("world.rank 0 and world.size 2 from the config, though "
+                      "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 (openmpi started this "
+                      "process): every rank given this config takes the same place"));
+}
+
 TEST_CASE("multirank: two mpirun jobs on one rendezvous port do not take each other's ranks",
           "[multirank]") {
   // Plain mpirun sets no job token. Job 1's rank 1 starts 3 s late, so job 2's rank 1 (whose
