@@ -888,6 +888,7 @@ std::string ControlPlane::stall_report() const {
   if (impl.world.world_size <= 1) return {};
   const auto now = Clock::now();
   std::vector<int> silent;
+  std::vector<std::pair<int, std::uint64_t>> silent_progress;  // as last heard
   Clock::duration quiet = Clock::duration::max();  // the shortest silence among them
   std::vector<std::pair<int, std::uint64_t>> alive{{impl.world.rank, impl.my_progress.load()}};
   {
@@ -896,6 +897,7 @@ std::string ControlPlane::stall_report() const {
       if (!connection || connection->closed) continue;
       if (impl.silent(*connection, now)) {
         silent.push_back(connection->rank);
+        silent_progress.emplace_back(connection->rank, connection->progress);
         quiet = std::min(quiet, now - connection->last_heard);
       } else {
         alive.emplace_back(connection->rank, connection->progress);
@@ -906,9 +908,24 @@ std::string ControlPlane::stall_report() const {
   std::string out;
   if (!silent.empty()) {
     std::sort(silent.begin(), silent.end());
+    std::sort(silent_progress.begin(), silent_progress.end());
     out = fmt::format("rank(s) {} sent nothing over the control plane for {:.1f} s (stopped, or "
-                      "the process hung)",
+                      "the process hung",
                       rank_list(silent), std::chrono::duration<double>(quiet).count());
+    // How far the silent got, as last heard (the others' counts follow); nothing before the
+    // load, when every count is 0.
+    const bool loading =
+        std::any_of(alive.begin(), alive.end(), [](auto& a) { return a.second > 0; }) ||
+        std::any_of(silent_progress.begin(), silent_progress.end(),
+                    [](auto& a) { return a.second > 0; });
+    if (loading && silent_progress.size() <= 8) {
+      for (std::size_t i = 0; i < silent_progress.size(); ++i) {
+        out += fmt::format("{} rank {} had landed {} chunks when last heard",
+                           i == 0 ? ";" : ",", silent_progress[i].first,
+                           silent_progress[i].second);
+      }
+    }
+    out += ")";
   } else {
     out = impl.world.rank == 0 ? "every rank answers on the control plane"
                                : "rank 0 answers on the control plane";
@@ -933,6 +950,28 @@ std::string ControlPlane::stall_report() const {
                        rank_list(behind), most->second);
   }
   return out;
+}
+
+void ControlPlane::await_hangups(std::chrono::milliseconds most) {
+  Impl& impl = *_impl;
+  if (impl.world.rank != 0 || impl.world.world_size <= 1) return;
+  std::vector<int> open;
+  {
+    std::unique_lock lock(impl.mutex);
+    auto all_closed = [&] {
+      for (auto& connection : impl.connections) {
+        if (connection && !connection->closed) return false;
+      }
+      return true;
+    };
+    if (impl.changed.wait_for(lock, most, all_closed)) return;
+    for (auto& connection : impl.connections) {
+      if (connection && !connection->closed) open.push_back(connection->rank);
+    }
+  }
+  throw Error(Errc::timeout,
+              fmt::format("rank(s) {} did not end within {} of the verdict (timeout): {}",
+                          rank_list(open), milliseconds(most), stall_report()));
 }
 
 void ControlPlane::on_ending(std::function<void()> hook) {

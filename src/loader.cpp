@@ -383,11 +383,17 @@ class Pipeline {
       // before this stage first waited.
       if (_options.stop.stop_requested()) throw stopped();
       _watchdog_timer.expires_after(tick);
+      const auto due = Clock::now() + tick;
       boost::system::error_code ec;
       co_await _watchdog_timer.async_wait(asio::redirect_error(use_awaitable, ec));
       if (_finished) co_return;
       if (_options.stop.stop_requested()) throw stopped();
       if (ec) throw boost::system::system_error(ec);  // cancelled: another stage failed
+      // A wake-up far later than asked: this process was stopped (SIGSTOP, a debugger) or
+      // starved, and could make no progress meanwhile. That time is not a stall of the load
+      // (a rank stopped for `timeout` and resumed ended the job blaming the others); if the
+      // others stalled on it, they have said so.
+      if (const auto late = Clock::now() - due; late > suspended_after) _last_progress += late;
       if (Clock::now() - _last_progress >= _options.timeout) {
         // A broadcast is collective: where this rank waits on one, the rank holding it back
         // is another (stopped, stuck, or gone without its connection closing).
@@ -403,6 +409,9 @@ class Pipeline {
       }
     }
   }
+
+  // How late a watchdog wake-up must be to count as time this process did not run.
+  static constexpr std::chrono::milliseconds suspended_after{500};
 
   [[nodiscard]] static Error stopped() {
     return Error(Errc::interrupted, "the load was stopped (LoadOptions::stop was requested)");

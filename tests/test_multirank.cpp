@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <regex>
+#include <thread>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -860,6 +861,48 @@ TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a bro
   CHECK_THAT(r.out, Contains("weightcast: error: rank 0: no progress for 3000 ms") &&
                         Contains("rank(s) 1 sent nothing over the control plane for ") &&
                         Contains("chunks landed: rank 0 "));
+}
+
+TEST_CASE("multirank: a rank stopped after the verdict does not hold the job forever",
+          "[multirank]") {
+  // Ranks 0 and 2 exited, and mpirun (or launch) waited for the stopped rank 1 forever.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_process(mpirun_run(3, checkpoint, base_sets(29893, "3s")),
+                             {"WEIGHTCAST_TEST_STOP_AFTER_VERDICT_RANK=1"}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  CHECK(r.exit_status == 75);
+  const std::string all = r.out + r.err;
+  CHECK_THAT(all, Contains("3 ranks × ") && Contains("bit-exact"));  // the load itself was fine
+  // Rank 0 names the stopped rank, whether it waited in MPI_Finalize or for the hang-up.
+  CHECK_THAT(all, Contains("weightcast: error: rank 0: ") &&
+                      Contains("rank(s) 1 sent nothing over the control plane for "));
+}
+
+TEST_CASE("multirank: a rank stopped for longer than the timeout, then resumed, is named by "
+          "rank 0 and does not blame the others", "[multirank]") {
+  // Resumed, rank 1's own watchdog counted the time it was stopped as a stall and ended the
+  // job with "rank 1: no progress ... another rank stopped taking part".
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29895, "3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+  ::kill(victim, SIGCONT);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  CHECK_THAT(r.out, Contains("weightcast: error: rank 0: no progress for 3000 ms") &&
+                        Contains("rank(s) 1 sent nothing over the control plane for "));
+  CHECK_THAT(r.out, !Contains("weightcast: error: rank 1: no progress"));
 }
 
 TEST_CASE("multirank: when rank 0 stops mid-load the others name it and end with 75",

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <csignal>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -83,6 +84,21 @@ std::chrono::milliseconds root_grace(std::chrono::milliseconds timeout) {
   return std::min(timeout, std::chrono::milliseconds(5'000));
 }
 
+// Test hook (tests/test_multirank.cpp): the rank named here stops itself (SIGSTOP) once it
+// has the verdict, before MPI_Finalize: a rank stopped after the verdict must not hold the
+// launcher forever. Not a user feature.
+constexpr const char* stop_after_verdict_hook_env = "WEIGHTCAST_TEST_STOP_AFTER_VERDICT_RANK";
+
+void honour_stop_after_verdict_hook(int rank) {
+  const char* text = std::getenv(stop_after_verdict_hook_env);
+  if (text == nullptr) return;
+  int target = -1;
+  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), target);
+  if (ec != std::errc() || target != rank) return;
+  spdlog::info("test hook {}: stopping this rank after the verdict", stop_after_verdict_hook_env);
+  ::raise(SIGSTOP);
+}
+
 /// Ends the process (through the control plane's ABORT, status 75) if a blocking call that
 /// takes no timeout has not returned within @p timeout.
 class InitWatchdog {
@@ -91,7 +107,7 @@ class InitWatchdog {
                std::string what)
       : _thread([this, &control, rank, timeout, what = std::move(what)] {
           std::unique_lock lock(_mutex);
-          if (_done.wait_for(lock, timeout, [this] { return _finished; })) return;
+          if (wait_running(lock, timeout)) return;
           // Rank 0 meets the same stall and knows every rank's state: let it speak first.
           lock.unlock();
           control.defer_to_root(root_grace(timeout));
@@ -122,6 +138,22 @@ class InitWatchdog {
   InitWatchdog& operator=(const InitWatchdog&) = delete;
 
  private:
+  // Waits up to @p timeout of time this process ran, in steps of at most 1 s; a step that
+  // took far longer than asked (the process was stopped, then resumed) counts as its length
+  // only, lest a rank stopped for `timeout` blame the others once resumed (meanwhile, rank 0
+  // has named it, and its ABORT waits to be read). @return whether the call finished.
+  bool wait_running(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout) {
+    using Clock = std::chrono::steady_clock;
+    Clock::duration left = timeout;
+    while (left > Clock::duration::zero()) {
+      const Clock::duration step = std::min<Clock::duration>(left, std::chrono::seconds(1));
+      const auto begin = Clock::now();
+      if (_done.wait_for(lock, step, [this] { return _finished; })) return true;
+      left -= std::min<Clock::duration>(Clock::now() - begin, step);
+    }
+    return false;
+  }
+
   std::mutex _mutex;
   std::condition_variable _done;
   bool _finished = false;
@@ -384,6 +416,16 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     }
     if (!args.json && rank == 0) fmt::print("# {}\n", printable(verdict.message));
     std::fflush(stdout);
+    // The job has ended only once every process has: a rank stopped or hung from here on
+    // would hold mpirun, or launch, forever. MPI_Finalize waits for every rank (Open MPI's
+    // fence), so it is bounded like MPI_Init_thread; then rank 0 waits, as long again, for
+    // the others to hang up, and fails (mpirun then ends them) if one does not.
+    honour_stop_after_verdict_hook(rank);
+    if (mpi) {
+      InitWatchdog watchdog(*control, rank, config.timeout, "MPI_Finalize");
+      mpi.reset();
+    }
+    control->await_hangups(config.timeout);
     return 0;
   } catch (const RemoteAbort&) {
     if (mpi) mpi->abandon();

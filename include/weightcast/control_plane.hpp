@@ -187,6 +187,16 @@ class ControlPlane {
    */
   void on_ending(std::function<void()> hook);
 
+  /**
+   * @brief Rank 0, after the verdict (`finish`): waits until every other rank has hung up
+   *        (it exits after the verdict), at most @p most. A rank stopped or hung after the
+   *        verdict would hold the launcher, which waits for every process, forever; failing
+   *        here makes mpirun (or `launch`) end it. No-op elsewhere.
+   * @throws Error `timeout` (75) naming the ranks still connected and what `stall_report`
+   *         says of them.
+   */
+  void await_hangups(std::chrono::milliseconds most);
+
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;
 
