@@ -421,6 +421,9 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     // fence), so it is bounded like MPI_Init_thread; then rank 0 waits, as long again, for
     // the others to hang up, and fails (mpirun then ends them) if one does not.
     honour_stop_after_verdict_hook(rank);
+    // nccl: ncclCommFinalize waits for every rank (bounded, 10 s, then ncclCommAbort), so
+    // every rank shuts its transport down before rank 0 waits for the hang-ups below.
+    transport.reset();
     if (mpi) {
       InitWatchdog watchdog(*control, rank, config.timeout, "MPI_Finalize");
       mpi.reset();
