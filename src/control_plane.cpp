@@ -275,6 +275,21 @@ struct ControlPlane::Impl {
     return !c.closed && now - c.last_heard > silence_after;
   }
 
+  // Whether every connection is closed. Caller holds `mutex`.
+  [[nodiscard]] bool all_closed() const {
+    return std::none_of(connections.begin(), connections.end(),
+                        [](const auto& c) { return c && !c->closed; });
+  }
+
+  // Rank 0 ending the job: whether no rank is left to wait for. Each has hung up, sent the
+  // ABORT itself (told), or fell silent (a stopped process never hangs up). Caller holds
+  // `mutex`.
+  [[nodiscard]] bool none_to_wait_for(Clock::time_point now) const {
+    return std::none_of(connections.begin(), connections.end(), [&](const auto& c) {
+      return c && !c->closed && !c->told && !silent(*c, now);
+    });
+  }
+
   // ---- rendezvous ------------------------------------------------------------------------
 
   void accept_peers() {
@@ -729,21 +744,19 @@ struct ControlPlane::Impl {
   // A connection ended or misbehaved: unless that was expected, the job is over.
   void lost(Connection& c, const std::string& why) {
     bool expected = false;
-    bool all_closed = true;
+    bool none_open = false;
     {
       std::lock_guard lock(mutex);
       c.closed = true;
       // A peer that sent its own ABORT waits for rank 0 to hang up (linger).
       expected = finished || terminating ||
                  (world.rank != 0 && (verdict.has_value() || sent_abort));
-      for (auto& connection : connections) {
-        if (connection && !connection->closed) all_closed = false;
-      }
+      none_open = all_closed();
       changed.notify_all();
     }
     // Nothing left to beat for: the reader thread returns as soon as its other work is done
     // (join_finished_reader relies on it returning promptly once the peers hung up).
-    if (all_closed && heartbeat_timer) heartbeat_timer->cancel();
+    if (none_open && heartbeat_timer) heartbeat_timer->cancel();
     // Hang up but keep the descriptor: the main thread may be in send_all() on this
     // connection (share, gather, abort), and close() would write the socket's handle while
     // that thread reads it, and free the number for the next file or socket the process
@@ -816,13 +829,7 @@ struct ControlPlane::Impl {
   // process never hangs up; waiting for it would only hold the job for the grace).
   void maybe_exit() {
     std::lock_guard lock(mutex);
-    const auto now = Clock::now();
-    for (auto& connection : connections) {
-      if (connection && !connection->closed && !connection->told && !silent(*connection, now)) {
-        return;
-      }
-    }
-    ::_exit(termination.first);
+    if (none_to_wait_for(Clock::now())) ::_exit(termination.first);
   }
 
   void send_quietly(Connection& c, const std::string& frame) noexcept {
@@ -958,13 +965,7 @@ void ControlPlane::await_hangups(std::chrono::milliseconds most) {
   std::vector<int> open;
   {
     std::unique_lock lock(impl.mutex);
-    auto all_closed = [&] {
-      for (auto& connection : impl.connections) {
-        if (connection && !connection->closed) return false;
-      }
-      return true;
-    };
-    if (impl.changed.wait_for(lock, most, all_closed)) return;
+    if (impl.changed.wait_for(lock, most, [&] { return impl.all_closed(); })) return;
     for (auto& connection : impl.connections) {
       if (connection && !connection->closed) open.push_back(connection->rank);
     }
@@ -1063,17 +1064,7 @@ void ControlPlane::abort(const Error& error) noexcept {
   std::unique_lock lock(impl.mutex);
   // A silent rank (stopped) is not waited for; the wait wakes each heartbeat to see.
   const auto until = Clock::now() + std::min<Clock::duration>(impl.options.timeout, abort_grace);
-  auto all_hung_up = [&] {
-    const auto now = Clock::now();
-    for (auto& connection : impl.connections) {
-      if (connection && !connection->closed && !connection->told &&
-          !impl.silent(*connection, now)) {
-        return false;
-      }
-    }
-    return true;
-  };
-  while (!all_hung_up() && Clock::now() < until) {
+  while (!impl.none_to_wait_for(Clock::now()) && Clock::now() < until) {
     impl.changed.wait_for(lock, std::min<Clock::duration>(impl.heartbeat_interval,
                                                           until - Clock::now()));
   }
