@@ -141,41 +141,7 @@ namespace {
 World detect_place(const Config& config) {
   World world;
   if (const char* addr = env("MASTER_ADDR")) world.master_addr = addr;
-  if (config.world_rank >= 0 || config.world_size > 0) {
-    if (config.world_rank < 0 || config.world_size <= 0) {
-      throw Error(Errc::config, "world.rank and world.size: set both or neither (auto)");
-    }
-    world.rank = config.world_rank;
-    world.world_size = config.world_size;
-    world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
-    world.source = WorldSource::config;
-    check(world, "world.rank", "world.size");
-    // The config wins (DESIGN.md), but under a launcher that placed this process elsewhere
-    // every rank started from one config takes the same place: rank 0 twice ended in
-    // "Address already in use" with nothing to say why. Say it.
-    for (const EnvSource& source : env_sources) {
-      const char* rank = env(source.rank);
-      const char* size = env(source.size);
-      if (rank == nullptr || size == nullptr) continue;
-      int env_rank = 0;
-      int env_size = 0;
-      try {
-        env_rank = env_int(source.rank, rank);
-        env_size = env_int(source.size, size);
-      } catch (const Error&) {
-        continue;  // not a world to compare with
-      }
-      if (env_rank == world.rank && env_size == world.world_size) continue;
-      spdlog::warn("world.rank {} and world.size {} from the config, though {}={} {}={} ({} "
-                   "started this process): every rank given this config takes the same place; "
-                   "leave world.* auto under a launcher",
-                   world.rank, world.world_size, source.rank, env_rank, source.size, env_size,
-                   to_string(source.source));
-      break;
-    }
-    return world;
-  }
-  // The first family that set both variables, in the order above.
+  // @p source's world, when its rank and size variables are both set.
   const auto from_source = [&](const EnvSource& source) -> std::optional<World> {
     const char* rank = env(source.rank);
     const char* size = env(source.size);
@@ -189,6 +155,38 @@ World detect_place(const Config& config) {
     candidate.source = source.source;
     return candidate;
   };
+  if (config.world_rank >= 0 || config.world_size > 0) {
+    if (config.world_rank < 0 || config.world_size <= 0) {
+      throw Error(Errc::config, "world.rank and world.size: set both or neither (auto)");
+    }
+    world.rank = config.world_rank;
+    world.world_size = config.world_size;
+    world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
+    world.source = WorldSource::config;
+    check(world, "world.rank", "world.size");
+    // The config wins (DESIGN.md), but under a launcher that placed this process elsewhere
+    // every rank started from one config takes the same place: rank 0 twice ended in
+    // "Address already in use" with nothing to say why. Say it.
+    for (const EnvSource& source : env_sources) {
+      std::optional<World> placed;
+      try {
+        placed = from_source(source);
+      } catch (const Error&) {
+        continue;  // not a world to compare with
+      }
+      if (!placed || (placed->rank == world.rank && placed->world_size == world.world_size)) {
+        continue;
+      }
+      spdlog::warn("world.rank {} and world.size {} from the config, though {}={} {}={} ({} "
+                   "started this process): every rank given this config takes the same place; "
+                   "leave world.* auto under a launcher",
+                   world.rank, world.world_size, source.rank, placed->rank, source.size,
+                   placed->world_size, to_string(source.source));
+      break;
+    }
+    return world;
+  }
+  // The first family that set both variables, in the order above.
   for (const EnvSource& source : env_sources) {
     std::optional<World> first = from_source(source);
     if (!first) continue;
