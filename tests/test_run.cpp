@@ -21,6 +21,7 @@
 #include <memory>
 #include <thread>
 #include <tuple>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -345,6 +346,75 @@ TEST_CASE("run: a --report or --trace path that cannot be written fails before t
   r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", "--report", report.string()});
   CHECK(r.exit_status == 66);
   CHECK(read_file(report) == "old");
+}
+
+TEST_CASE("run: checking a missing --report or --trace creates no name in its directory",
+          "[run]") {
+  // The check made the file and removed it again; a rank ended between the two (another
+  // rank's ABORT _exits it) left an empty report behind. inotify sees every name created.
+  TempDir dir;
+  const int probe = ::open(dir.path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (probe < 0) {
+    WARN("skipped: the test directory's file system has no O_TMPFILE, so the check creates "
+         "and removes the file there");
+    return;
+  }
+  ::close(probe);
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(watch >= 0);
+  REQUIRE(::inotify_add_watch(watch, dir.path().c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
+  for (const std::string option : {"--report", "--trace"}) {
+    const auto r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", option,
+                            (dir / "out.json").string()});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 66);
+  }
+  alignas(inotify_event) char events[4096];
+  const ssize_t n = ::read(watch, events, sizeof events);
+  std::vector<std::string> created;
+  for (ssize_t at = 0; at < n;) {
+    const auto* event = reinterpret_cast<const inotify_event*>(events + at);
+    created.emplace_back(event->len > 0 ? event->name : "");
+    at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+  }
+  ::close(watch);
+  CHECK(created.empty());
+  CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("run: a --report or --trace through a dangling symlink writes its target and keeps "
+          "the link", "[run]") {
+  // The check created the target, then unlinked the path it was given: the link itself.
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  fs::create_directory(dir / "out");
+  for (const std::string option : {"--report", "--trace"}) {
+    INFO(option);
+    const auto link = dir / ("link" + option + ".json");
+    const auto target = dir / "out" / ("target" + option + ".json");
+    fs::create_symlink(fs::path("out") / target.filename(), link);  // relative, dangling
+    // A failed load leaves the link as it was and creates no target.
+    auto r = run_cli({"run", "--set", "checkpoint=/nonexistent/weights", option, link.string()});
+    CHECK(r.exit_status == 66);
+    CHECK(fs::is_symlink(link));
+    CHECK_FALSE(fs::exists(target));
+    // A load writes through the link.
+    r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), option,
+                 link.string()});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 0);
+    CHECK(fs::is_symlink(link));
+    REQUIRE(fs::exists(target));
+    CHECK(read_json(target).is_object());
+  }
+  // A link to a missing directory fails like the missing directory itself.
+  fs::create_symlink(dir / "no-such-dir" / "r.json", dir / "to-nowhere.json");
+  const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report",
+                          (dir / "to-nowhere.json").string()});
+  CHECK(r.exit_status == 74);
+  CHECK_THAT(r.err, Catch::Contains((dir / "to-nowhere.json").string() +
+                                    ": cannot create the report: No such file or directory"));
+  CHECK(fs::is_symlink(dir / "to-nowhere.json"));
 }
 
 TEST_CASE("run: --quiet prints the summary but not where the report went", "[run]") {

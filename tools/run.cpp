@@ -100,12 +100,53 @@ std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
 }  // namespace
 
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  // A dangling symbolic link is written through: the file to create is its target's (the
+  // probe once created the target and then unlinked the link itself).
+  fs::path target = path;
+  for (int hops = 0; hops < 40; ++hops) {  // Linux's MAXSYMLINKS
+    struct stat link {};
+    if (::lstat(target.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) break;
+    std::error_code ec;
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec) break;
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
   struct stat st {};
-  const bool existed = ::stat(path.c_str(), &st) == 0;
-  // No truncation: an existing file keeps its contents until the load has something to
-  // write. Refuses a FIFO (which would block) or a directory.
-  ::close(detail::open_output_file(path, what, false));
-  if (!existed) ::unlink(path.c_str());  // a failed load leaves no empty file behind
+  if (::stat(target.c_str(), &st) == 0 || errno != ENOENT) {
+    // No truncation: an existing file keeps its contents until the load has something to
+    // write. Refuses a FIFO (which would block) or a directory; any other stat error is
+    // open(2)'s to report.
+    ::close(detail::open_output_file(path, what, false));
+    return;
+  }
+  // A missing file is never created here: an unnamed file in its directory (O_TMPFILE) shows
+  // the directory takes a new file, and nothing is left behind when this process is ended
+  // mid-check (another rank's ABORT _exits it; a created-then-removed probe could stay).
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  const auto cannot_create = [&](int err) {
+    return system_error(Errc::io, err, fmt::format("{}: cannot create {}", path.string(), what));
+  };
+  if (const int err = errno; err != EOPNOTSUPP && err != EISDIR && err != EINVAL) {
+    throw cannot_create(err);
+  }
+  // A file system without O_TMPFILE (NFS): create and remove the file itself.
+  fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {  // made meanwhile: check it as an existing file
+      ::close(detail::open_output_file(path, what, false));
+      return;
+    }
+    throw cannot_create(err);
+  }
+  ::close(fd);
+  ::unlink(target.c_str());  // a failed load leaves no empty file behind
 }
 
 std::string report_path_for_rank(const std::string& path, int rank, int world_size) {
