@@ -1,11 +1,13 @@
 // Test helper: runs a command where io_uring is refused, as under Docker's default seccomp
 // profile (io_uring_setup fails with EPERM).
 //
-//   seccomp_deny_uring [--deny-o-direct] PROGRAM [ARG]...
+//   seccomp_deny_uring [--deny-o-direct] [--deny-o-tmpfile] PROGRAM [ARG]...
 //
 // --deny-o-direct also makes open/openat with O_DIRECT fail with EINVAL, which is what a
 // filesystem that refuses O_DIRECT answers (tmpfs before Linux 6.6, some FUSE and overlay
 // setups): it lets a test reach that path on any filesystem.
+// --deny-o-tmpfile makes open/openat with O_TMPFILE fail with EOPNOTSUPP, as on a file
+// system without unnamed files (NFS).
 #include <seccomp.h>
 
 #include <cerrno>
@@ -26,12 +28,19 @@ int deny(scmp_filter_ctx filter, int syscall, int err, unsigned arg_count,
 int main(int argc, char** argv) {
   int first = 1;
   bool deny_o_direct = false;
-  if (argc > 1 && std::strcmp(argv[1], "--deny-o-direct") == 0) {
-    deny_o_direct = true;
-    ++first;
+  bool deny_o_tmpfile = false;
+  for (; first < argc; ++first) {
+    if (std::strcmp(argv[first], "--deny-o-direct") == 0) {
+      deny_o_direct = true;
+    } else if (std::strcmp(argv[first], "--deny-o-tmpfile") == 0) {
+      deny_o_tmpfile = true;
+    } else {
+      break;
+    }
   }
   if (first >= argc) {
-    std::fprintf(stderr, "usage: %s [--deny-o-direct] PROGRAM [ARG]...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--deny-o-direct] [--deny-o-tmpfile] PROGRAM [ARG]...\n",
+                 argv[0]);
     return 64;
   }
   scmp_filter_ctx filter = seccomp_init(SCMP_ACT_ALLOW);
@@ -45,6 +54,12 @@ int main(int argc, char** argv) {
     const scmp_arg_cmp openat_flags = SCMP_A2(SCMP_CMP_MASKED_EQ, O_DIRECT, O_DIRECT);
     rc = deny(filter, SCMP_SYS(open), EINVAL, 1, &open_flags);
     if (rc == 0) rc = deny(filter, SCMP_SYS(openat), EINVAL, 1, &openat_flags);
+  }
+  if (rc == 0 && deny_o_tmpfile) {
+    const scmp_arg_cmp open_flags = SCMP_A1(SCMP_CMP_MASKED_EQ, O_TMPFILE, O_TMPFILE);
+    const scmp_arg_cmp openat_flags = SCMP_A2(SCMP_CMP_MASKED_EQ, O_TMPFILE, O_TMPFILE);
+    rc = deny(filter, SCMP_SYS(open), EOPNOTSUPP, 1, &open_flags);
+    if (rc == 0) rc = deny(filter, SCMP_SYS(openat), EOPNOTSUPP, 1, &openat_flags);
   }
   // An unprivileged process may install a filter only with no_new_privs set.
   if (rc == 0) rc = seccomp_attr_set(filter, SCMP_FLTATR_CTL_NNP, 1);

@@ -77,8 +77,8 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
 /// Checks, before a load, that @p path can be written: an existing file is opened for
 /// writing (not truncated); for a missing one (or the missing target of a symbolic link) an
 /// unnamed file is made in its directory (O_TMPFILE), so no name is ever created, even when
-/// the process is ended mid-check. Where the file system has no O_TMPFILE (NFS) the file is
-/// created and removed again. So a `--report` or `--trace` path in a missing directory, a
+/// the process is ended mid-check; where the file system has no O_TMPFILE (NFS), the
+/// directory's write and search permission is checked instead (faccessat). So a `--report` or `--trace` path in a missing directory, a
 /// read-only place or a directory fails at once rather than after the whole load.
 /// @param what names the file in the message ("the report", "the trace file").
 /// @throws Error `io` (74): "PATH: cannot create WHAT: <strerror>".

@@ -124,7 +124,7 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
   // the directory takes a new file, and nothing is left behind when this process is ended
   // mid-check (another rank's ABORT _exits it; a created-then-removed probe could stay).
   const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
   if (fd >= 0) {
     ::close(fd);
     return;
@@ -135,18 +135,14 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
   if (const int err = errno; err != EOPNOTSUPP && err != EISDIR && err != EINVAL) {
     throw cannot_create(err);
   }
-  // A file system without O_TMPFILE (NFS): create and remove the file itself.
-  fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK, 0666);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EEXIST) {  // made meanwhile: check it as an existing file
-      ::close(detail::open_output_file(path, what, false));
-      return;
-    }
-    throw cannot_create(err);
+  // A file system without O_TMPFILE (NFS): ask whether this
+  // process may add a name there, which creates none.
+  struct stat dir_st {};
+  if (::stat(dir.c_str(), &dir_st) != 0) throw cannot_create(errno);
+  if (!S_ISDIR(dir_st.st_mode)) throw cannot_create(ENOTDIR);
+  if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    throw cannot_create(errno);
   }
-  ::close(fd);
-  ::unlink(target.c_str());  // a failed load leaves no empty file behind
 }
 
 std::string report_path_for_rank(const std::string& path, int rank, int world_size) {
