@@ -495,6 +495,64 @@ TEST_CASE("run: --report and --trace naming the same file are refused before the
   CHECK_THAT(across.err, Catch::Contains("rank 0's report and rank 1's trace are the same file"));
 }
 
+TEST_CASE("run and launch: --report and --trace that reach one file not yet created are "
+          "refused", "[run]") {
+  // Compared only where the file existed, or spelled alike: "./x" and "x", or two dangling
+  // links to one target, loaded and the report silently replaced the trace.
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  TempDir dir;
+  fs::create_directory(dir / "sub");
+  fs::create_symlink("target.json", dir / "a.json");  // dangling, both to one target
+  fs::create_symlink("target.json", dir / "b.json");
+  fs::create_symlink("a.json", dir / "chain.json");   // a link to a link
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"./x.json", "x.json"},
+      {"sub/../x.json", "x.json"},
+      {"a.json", "b.json"},
+      {"target.json", "a.json"},
+      {"chain.json", "b.json"},
+  };
+  for (const auto& [report, trace] : pairs) {
+    INFO("--report " << report << " --trace " << trace);
+    // Relative paths, as typed: run from the directory.
+    const auto r = run_process({"/bin/sh", "-c",
+                                "cd \"$1\" && exec \"$0\" run --set checkpoint=\"$2\" "
+                                "--report \"$3\" --trace \"$4\"",
+                                cli_path().string(), dir.path().string(), file.string(), report,
+                                trace});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains("same file"));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
+  CHECK_FALSE(fs::exists(dir / "x.json"));
+  CHECK_FALSE(fs::exists(dir / "target.json"));
+  // Across ranks: rank 1's report is a link to the file that is rank 0's trace (and rank
+  // 1's is m.rank1.json). launch checks every rank; a rank under another launcher checks
+  // its own paths against every other rank's.
+  fs::create_symlink("m.json", dir / "lnk_r1.json");
+  const std::vector<std::string> sets = {"--set", "checkpoint=" + file.string(), "--report",
+                                         (dir / "lnk_r{rank}.json").string(), "--trace",
+                                         (dir / "m.json").string()};
+  const auto with_sets = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), sets.begin(), sets.end());
+    return argv;
+  };
+  const auto launched = run_cli(with_sets({"launch", "-n", "2", "--spawner", "local"}));
+  INFO(launched.out << launched.err);
+  CHECK(launched.exit_status == 78);
+  CHECK_THAT(launched.err, Catch::Contains("rank 0's trace and rank 1's report are the same "
+                                           "file"));
+  CHECK_THAT(launched.out + launched.err, !Catch::Contains("local ranks"));
+  const auto rank1 = run_cli(with_sets({"run"}), {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1",
+                                                  "MASTER_ADDR=127.0.0.1",
+                                                  "MASTER_PORT=29500"});
+  INFO(rank1.out << rank1.err);
+  CHECK(rank1.exit_status == 78);
+  CHECK_THAT(rank1.err, Catch::Contains("rank 1's report and rank 0's trace are the same file"));
+  CHECK_FALSE(fs::exists(dir / "m.json"));
+}
+
 TEST_CASE("run: an empty checkpoint's summary names no reader rather than an empty one",
           "[run][corpus]") {
   const auto file = corpus_dir() / "malformed" / "ok_empty_checkpoint.safetensors";

@@ -78,8 +78,9 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
 /// writing (not truncated); for a missing one (or the missing target of a symbolic link) an
 /// unnamed file is made in its directory (O_TMPFILE), so no name is ever created, even when
 /// the process is ended mid-check; where the file system has no O_TMPFILE (NFS), the
-/// directory's write and search permission is checked instead (faccessat). So a `--report` or `--trace` path in a missing directory, a
-/// read-only place or a directory fails at once rather than after the whole load.
+/// directory's write and search permission is checked instead (faccessat). So a `--report`
+/// or `--trace` path in a missing directory, a read-only place or a directory fails at once
+/// rather than after the whole load.
 /// @param what names the file in the message ("the report", "the trace file").
 /// @throws Error `io` (74): "PATH: cannot create WHAT: <strerror>".
 void check_output_file(const std::filesystem::path& path, std::string_view what);
@@ -102,9 +103,10 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int world_size);
 
-/// @return whether @p a and @p b name one file: the same normalised absolute path, the same
-///         inode (symlinks, hard links), or the same path once the existing part of each is
-///         resolved (a file not created yet).
+/// @return whether @p a and @p b name one file: the same inode (hard links, symlinks), or
+///         the same file once each is made absolute and followed through its symbolic links,
+///         a dangling last one included (a file not created yet: "./x" and "x", two links to
+///         one missing target).
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
 /// Rank 0, once the checkpoint is open: refuses a `--report` or trace that is one of the

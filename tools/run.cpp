@@ -97,14 +97,14 @@ std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
   return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-}  // namespace
 
-void check_output_file(const std::filesystem::path& path, std::string_view what) {
+// @p path with its last component's symbolic links followed, as open(2) follows them, even
+// to a target that does not exist yet (a dangling link is written through); at most 40
+// hops, Linux's MAXSYMLINKS (past that open(2) says ELOOP).
+std::filesystem::path follow_links(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
-  // A dangling symbolic link is written through: the file to create is its target's (the
-  // probe once created the target and then unlinked the link itself).
   fs::path target = path;
-  for (int hops = 0; hops < 40; ++hops) {  // Linux's MAXSYMLINKS
+  for (int hops = 0; hops < 40; ++hops) {
     struct stat link {};
     if (::lstat(target.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) break;
     std::error_code ec;
@@ -112,6 +112,30 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
     if (ec) break;
     target = next.is_absolute() ? next : target.parent_path() / next;
   }
+  return target;
+}
+
+// The file a write to @p path would reach, as one absolute path: every symbolic link
+// followed, a dangling last one included, and "." and ".." read as the kernel reads them
+// (through the links before them). Two paths that reach one file, existing or not yet,
+// give the same result; hard links to an existing file are for fs::equivalent.
+std::filesystem::path output_target(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path absolute = fs::absolute(path, ec);
+  if (ec) absolute = path;
+  const fs::path target = follow_links(absolute);
+  fs::path resolved = fs::weakly_canonical(fs::absolute(target, ec), ec);
+  return ec ? target.lexically_normal() : resolved;
+}
+
+}  // namespace
+
+void check_output_file(const std::filesystem::path& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  // A dangling symbolic link is written through: the file to create is its target's (the
+  // probe once created the target and then unlinked the link itself).
+  const fs::path target = follow_links(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0 || errno != ENOENT) {
     // No truncation: an existing file keeps its contents until the load has something to
@@ -153,15 +177,12 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
 
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   namespace fs = std::filesystem;
-  // Symlinks, hard links, "dir/../x": the same inode when both exist, else the same path
-  // once the existing part of each is resolved (the kernel's reading of "link/..", not the
-  // text's).
+  // Hard links: the same inode when both exist. Else the file each path would reach:
+  // "./x" and "x", symlinks (dangling ones too: both links would create one target), and
+  // "dir/../x" read as the kernel reads "link/..", not as the text reads.
   std::error_code ec;
   if (fs::equivalent(a, b, ec) && !ec) return true;
-  std::error_code ec_a, ec_b;
-  const fs::path ca = fs::weakly_canonical(a, ec_a);
-  const fs::path cb = fs::weakly_canonical(b, ec_b);
-  return !ec_a && !ec_b && ca == cb;
+  return output_target(a) == output_target(b);
 }
 
 namespace {
@@ -240,15 +261,21 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
   }
   // Against every other rank's (the same options on every rank, as under mpirun or torchrun;
   // ranks on other nodes only collide where they share a file system, which no rank knows).
-  std::vector<std::string> keys;
-  for (const Output& output : mine) keys.push_back(output_key(output.path));
+  // This rank's own paths are also followed through their links (a link of this rank's to
+  // another rank's path); another rank that reaches this rank's path through a link of its
+  // own finds the collision in its turn.
+  std::vector<std::pair<std::string, std::size_t>> keys;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    keys.emplace_back(output_key(mine[i].path), i);
+    keys.emplace_back(output_target(mine[i].path).string(), i);
+  }
   for (int other = 0; other < world_size; ++other) {
     if (other == rank) continue;
     for (const Output& theirs : outputs_of(report_path, trace_path, other, world_size)) {
       if (is_device(theirs.path)) continue;
       const std::string key = output_key(theirs.path);
-      for (std::size_t i = 0; i < mine.size(); ++i) {
-        if (keys[i] == key) collision(mine[i], theirs);
+      for (const auto& [mine_key, i] : keys) {
+        if (mine_key == key) collision(mine[i], theirs);
       }
     }
   }
@@ -262,7 +289,8 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
     for (const Output& output : outputs) {
       check_output_name(output.option, output.path, rank);
       if (is_device(output.path)) continue;
-      auto [it, inserted] = seen.try_emplace(output_key(output.path), output);
+      // One process checks every rank here: each path is followed through its links.
+      auto [it, inserted] = seen.try_emplace(output_target(output.path).string(), output);
       if (!inserted) collision(it->second, output);
     }
     // A rank's own pair, resolved on the file system (a symlink between them).
