@@ -7,7 +7,6 @@
 // allocate it in large extents.
 #include "weightcast/synth.hpp"
 
-#include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
 #include "weightcast/error.hpp"
 
@@ -335,22 +334,41 @@ std::string shard_header(const std::vector<const TensorSpec*>& tensors, Dtype dt
 
 bool is_synth_output_name(const std::string& name);
 
-// Whether @p path (a .safetensors file or an index) was written by synth: its metadata says so.
-bool written_by_synth(const std::filesystem::path& path) {
-  try {
-    if (path.filename().string().ends_with(".index.json")) {
-      std::ifstream in(path, std::ios::binary);
-      const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      return index.is_object() && index.contains("metadata") &&
-             index["metadata"].is_object() &&
-             index["metadata"].value(synth_marker_key, std::string()) == synth_marker_value;
+// Why @p path (a .safetensors file or an index) is not synth's own, or "" when its metadata
+// says synth wrote it. Only the header is read: a shard of synth's whose data was cut short
+// or changed is still synth's to replace.
+std::string not_written_by_synth(const std::filesystem::path& path) {
+  constexpr const char* no_marker = "its metadata has no \"generator\": \"weightcast synth\"";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fmt::format("it cannot be read: {}", std::strerror(errno));
+  nlohmann::json metadata;
+  if (path.filename().string().ends_with(".index.json")) {
+    const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!index.is_object()) return "it is not a JSON object";
+    if (index.contains("metadata")) metadata = index["metadata"];
+  } else {
+    // The safetensors header: an 8-byte little-endian length, then that many bytes of JSON
+    // (the format's limit on the length: 100,000,000).
+    std::array<unsigned char, 8> length_bytes{};
+    if (!in.read(reinterpret_cast<char*>(length_bytes.data()), 8)) {
+      return "it is shorter than a safetensors header";
     }
-    const Catalogue catalogue = open_checkpoint(path);
-    const auto it = catalogue.metadata.find(synth_marker_key);
-    return it != catalogue.metadata.end() && it->second == synth_marker_value;
-  } catch (const std::exception&) {
-    return false;
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
+    if (length > 100'000'000) return "its header length is not a safetensors one";
+    std::string text(length, '\0');
+    if (!in.read(text.data(), static_cast<std::streamsize>(length))) {
+      return "its header is cut short";
+    }
+    const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!header.is_object()) return "its header is not a JSON object";
+    if (header.contains("__metadata__")) metadata = header["__metadata__"];
   }
+  if (!metadata.is_object() || !metadata.contains(synth_marker_key) ||
+      metadata[synth_marker_key] != synth_marker_value) {
+    return no_marker;
+  }
+  return {};
 }
 
 // Before anything is written: synth replaces an earlier synthetic checkpoint in @p out_dir,
@@ -368,13 +386,12 @@ void check_out_dir(const std::filesystem::path& out_dir) {
                               "directory",
                               out_dir.string(), name));
     }
-    if (!written_by_synth(entry.path())) {
+    if (const std::string why = not_written_by_synth(entry.path()); !why.empty()) {
       throw Error(Errc::usage,
                   fmt::format("synth: {} already holds {}, which weightcast synth did not "
-                              "write (its metadata has no \"generator\": \"weightcast "
-                              "synth\"); synth replaces only its own files: write to an "
+                              "write ({}); synth replaces only its own files: write to an "
                               "empty directory",
-                              out_dir.string(), name));
+                              out_dir.string(), name, why));
     }
   }
 }

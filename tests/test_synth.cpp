@@ -323,6 +323,33 @@ TEST_CASE("synth: a directory holding someone else's checkpoint is refused, noth
   }
 }
 
+TEST_CASE("synth: its own shard, cut short or damaged after the header, is replaced",
+          "[synth]") {
+  // synth opened each file as a checkpoint to find its marker: a truncated shard of its own
+  // failed that and was refused as "its metadata has no generator", which was false.
+  test::TempDir dir;
+  const auto first = write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 0});
+  REQUIRE(first.shards > 1);
+  const auto last = first.paths.at(first.shards - 1);
+  fs::resize_file(last, 4096);
+  const auto again = write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 0});
+  CHECK(open_checkpoint(dir.path()).tensors.size() == again.tensors);
+  // A file whose header is gone is not known to be synth's: refused, saying why.
+  fs::resize_file(last, 100);
+  auto e = expect_error(
+      [&] { write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 0}); });
+  CHECK(e.code() == Errc::usage);
+  CHECK_THAT(e.what(), Contains(last.filename().string()) &&
+                           Contains("its header is cut short") && !Contains("no \"generator\""));
+  // Someone else's file still says what it lacks.
+  test::TempDir other;
+  fs::copy_file(test::corpus_dir() / "malformed" / "ok_basic.safetensors",
+                other / "model.safetensors");
+  e = expect_error(
+      [&] { write_synthetic_checkpoint(other.path(), {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+  CHECK_THAT(e.what(), Contains("its metadata has no \"generator\": \"weightcast synth\""));
+}
+
 TEST_CASE("synth: errors", "[synth]") {
   test::TempDir dir;
   auto e = expect_error(
