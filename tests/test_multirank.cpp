@@ -728,6 +728,10 @@ TEST_CASE("multirank: a rank's --report path that cannot be written ends the job
                              ": cannot create the report: No such file or directory"));
   CHECK_THAT(r.out, !Contains("GB/s"));  // no rank loaded
   CHECK_FALSE(fs::exists(dir / "0" / "r.json"));
+  // Rank 0 exits first, having passed rank 1's ABORT on: launch's line does not make it the
+  // cause ("rank 0 exited with status 74").
+  CHECK_THAT(r.err, Contains("exited first, with status 74 (the ranks' messages above say "
+                             "which failed and why); ended the other ranks"));
 }
 
 TEST_CASE("multirank: a rank that failed says why once; mpirun's SIGTERM adds no line",
@@ -779,6 +783,38 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   INFO(r.out);
   CHECK(r.exit_status == 143);
   CHECK_THAT(r.out, EndsWith("weightcast launch: interrupted by SIGTERM: ranks ended\n"));
+}
+
+TEST_CASE("multirank: a rank's SIGTERM while another rank's ABORT ends it still leaves its "
+          "trace", "[multirank][signal]") {
+  // A launcher sends SIGTERM to every rank: one that had already taken rank 0's ABORT was
+  // ending (stopping its load to write the trace) and the signal cut that short, so it left
+  // no trace. Rank 1's SIGTERM is sent once rank 0 has printed, so after rank 0's ABORT.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const std::string trace = (dir / "t{rank}.json").string();
+  // 500 ms after each chunk: a load stopping waits for that sleep to end.
+  BackgroundJob job(cat(mpirun_run(3, checkpoint, base_sets(29821)), {"--trace", trace}),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=500"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t rank0 = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=0");
+  const pid_t rank1 = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  REQUIRE(::kill(rank0, SIGTERM) == 0);
+  REQUIRE(job.wait_for_output("rank 0: interrupted by SIGTERM during the load", 30));
+  ::kill(rank1, SIGTERM);  // it may have ended already
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 143);
+  CHECK_THAT(r.out, !Contains("rank 1: interrupted"));  // no second message
+  for (const char* rank : {"0", "1", "2"}) {
+    const fs::path rank_trace = dir / ("t" + std::string(rank) + ".json");
+    INFO(rank_trace);
+    REQUIRE(fs::exists(rank_trace));
+    CHECK(read_json(rank_trace)["traceEvents"].size() > 1);
+  }
 }
 
 TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 143 naming it",

@@ -118,10 +118,16 @@ void InterruptHandler::watch() {
   ::pthread_sigmask(SIG_UNBLOCK, &_signals, nullptr);
   if (_control != nullptr && _control->ending()) {
     // Another rank's ABORT (or this rank's own failure) is already ending the process, and
-    // mpirun ends a failed job's ranks with SIGTERM: no second message, end as before.
-    lock.unlock();
-    ::raise(sig);
-    ::_exit(128 + sig);
+    // a launcher ends a failed job's ranks with SIGTERM: no second message, and no exit
+    // before that ending's own, which first stops the load to write its trace (ending it
+    // here lost the trace of every rank the launcher's SIGTERM reached first). Bounded: past
+    // ending_grace the signal takes its default action; a second one does at once.
+    if (!_changed.wait_for(lock, ending_grace, [this] { return _closing; })) {
+      lock.unlock();
+      ::raise(sig);
+      ::_exit(128 + sig);
+    }
+    return;
   }
   if (_in_load) {
     _signal_in_load = sig;

@@ -32,14 +32,19 @@ namespace weightcast::cli {
  *   `weightcast: error: [rank R: ]interrupted by SIGTERM`, status 128 + signal.
  *
  * From then on SIGINT and SIGTERM take their default action, so a second one ends the process
- * at once; so does the first while the control plane is already ending the process (an ABORT
- * from another rank, or mpirun tearing a failed job down). A signal ignored when the process
- * started (`nohup`, a shell's background job) stays ignored.
+ * at once. A first one while the control plane is already ending the process (an ABORT from
+ * another rank, or a launcher tearing a failed job down) prints nothing and lets that ending
+ * finish (its load stopped, its trace written, the job's status), for at most
+ * `ending_grace`. A signal ignored when the process started (`nohup`, a shell's background
+ * job) stays ignored.
  */
 class InterruptHandler {
  public:
   /// How long a load may take to stop before the waiting thread ends the process itself.
   static constexpr std::chrono::seconds stop_grace{2};
+  /// How long a signal waits for an ending already under way (the control plane's: at most
+  /// a second for the trace, then the exit) before it takes its default action.
+  static constexpr std::chrono::seconds ending_grace{3};
 
   /// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread started after
   /// it: construct it before any other thread starts. Starts the waiting thread.

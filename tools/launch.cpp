@@ -425,6 +425,13 @@ int launch(const LaunchArgs& args) {
         code = exit_status(Errc::unavailable);
       }
     }
+    // The local ranks: the first to exit need not be the one that failed (rank 0 ends as
+    // soon as it has passed on another rank's ABORT); the ranks' messages name that one.
+    if (!mpirun && WIFEXITED(status)) {
+      how = fmt::format("exited first, with status {} (the ranks' messages above say which "
+                        "failed and why)",
+                        code);
+    }
     std::fflush(stdout);
     fmt::print(stderr, "weightcast launch: {} {}{}\n", label, how,
                mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");

@@ -155,10 +155,12 @@ int main(int argc, char** argv) {
       ->take_all()
       ->allow_extra_args(false);
   launch->add_option("--report", launch_args.report_path,
-                     "per-rank JSON report; {rank} in PATH becomes the rank")
+                     "JSON report; {rank} in PATH gives one per rank (else rank 0 alone "
+                     "writes it)")
       ->check(non_empty_path("report"));
   launch->add_option("--trace", launch_args.trace_path,
-                     "per-rank pipeline trace; rank R > 0 writes PATH.rankR, or {rank} in PATH")
+                     "per-rank pipeline trace; {rank} in PATH becomes the rank, else rank "
+                     "R > 0 inserts .rankR before the extension (t.json: t.rank1.json)")
       ->check(non_empty_path("trace"));
   launch->add_flag("-q,--quiet", launch_args.quiet,
                    "every rank prints only errors and its summary (and launch only errors)");
