@@ -55,17 +55,23 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags) n
 
 int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate) {
   struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
   // A directory is left to open(2), whose EISDIR says it plainly.
-  if (::stat(path.c_str(), &st) == 0 && !writable_type(st.st_mode) && !S_ISDIR(st.st_mode)) {
+  if (existed && !writable_type(st.st_mode) && !S_ISDIR(st.st_mode)) {
     refuse_output(path, what, st.st_mode);
   }
+  // An existing file is not created: an immutable one, say, "cannot be opened for writing".
+  const std::string cannot =
+      existed && !S_ISDIR(st.st_mode)
+          ? fmt::format("{}: cannot open {} for writing", path.string(), what)
+          : fmt::format("{}: cannot create {}", path.string(), what);
   // O_TRUNC only once the type is known good: it is ignored on a FIFO or a device anyway.
   const int fd = ::open(path.c_str(),
                         O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (truncate ? O_TRUNC : 0),
                         0666);
   if (fd < 0) {
     // ENXIO: a FIFO with no reader, made after the stat above.
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create {}", path.string(), what));
+    throw system_error(Errc::io, errno, cannot);
   }
   struct stat opened {};
   if (::fstat(fd, &opened) != 0) {
@@ -77,9 +83,7 @@ int open_output_file(const std::filesystem::path& path, std::string_view what, b
     ::close(fd);
     refuse_output(path, what, opened.st_mode);
   }
-  if (clear_nonblocking(fd) < 0) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot create {}", path.string(), what));
-  }
+  if (clear_nonblocking(fd) < 0) throw system_error(Errc::io, errno, cannot);
   return fd;
 }
 

@@ -327,6 +327,16 @@ TEST_CASE("run: a --report or --trace path that cannot be written fails before t
     CHECK_THAT(r.err, Catch::Contains(": cannot create " + what + ": Is a directory"));
     CHECK_THAT(r.out, !Catch::Contains("GB/s"));
   }
+  // An existing file that cannot be written is not "created" (a read-only sysfs attribute:
+  // refused even to root).
+  if (fs::exists("/sys/kernel/uevent_seqnum")) {
+    const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--report",
+                            "/sys/kernel/uevent_seqnum"});
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains("/sys/kernel/uevent_seqnum: cannot open the report for "
+                                      "writing: "));
+    CHECK_THAT(r.out, !Catch::Contains("GB/s"));
+  }
   // A write that fails after the load (/dev/full: ENOSPC) says why too.
   if (fs::exists("/dev/full")) {
     const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(),

@@ -50,7 +50,8 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 
  * @param what what the file is, for messages: "the report", "the trace file".
  * @param truncate true to empty an existing regular file (O_TRUNC).
  * @return the descriptor; the caller closes it.
- * @throws Error `Errc::io` when the file cannot be opened ("PATH: cannot create WHAT: ...")
+ * @throws Error `Errc::io` when the file cannot be opened ("PATH: cannot create WHAT: ..."
+ *         for a missing one, "PATH: cannot open WHAT for writing: ..." for an existing one)
  *         or is of a refused type ("PATH: is a FIFO, not a regular file: ...").
  */
 int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate);
