@@ -82,7 +82,9 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
 /// or `--trace` path in a missing directory, a read-only place or a directory fails at once
 /// rather than after the whole load.
 /// @param what names the file in the message ("the report", "the trace file").
-/// @throws Error `io` (74): "PATH: cannot create WHAT: <strerror>".
+/// @throws Error `io` (74): "PATH: cannot create WHAT: <strerror>" (a missing file), "PATH:
+///         cannot open WHAT for writing: <strerror>" (an existing one), or "PATH: is a FIFO,
+///         not a regular file: ..." (open_output_file).
 void check_output_file(const std::filesystem::path& path, std::string_view what);
 
 /// @return the `--report` path @p path of @p rank in a world of @p world_size ranks, "{rank}"

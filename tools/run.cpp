@@ -97,7 +97,6 @@ std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
   return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-
 // @p path with its last component's symbolic links followed, as open(2) follows them, even
 // to a target that does not exist yet (a dangling link is written through); at most 40
 // hops, Linux's MAXSYMLINKS (past that open(2) says ELOOP).
@@ -159,8 +158,8 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
   if (const int err = errno; err != EOPNOTSUPP && err != EISDIR && err != EINVAL) {
     throw cannot_create(err);
   }
-  // A file system without O_TMPFILE (NFS): ask whether this
-  // process may add a name there, which creates none.
+  // A file system without O_TMPFILE (NFS): ask whether this process may add a name there,
+  // which creates none.
   struct stat dir_st {};
   if (::stat(dir.c_str(), &dir_st) != 0) throw cannot_create(errno);
   if (!S_ISDIR(dir_st.st_mode)) throw cannot_create(ENOTDIR);
