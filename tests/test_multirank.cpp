@@ -794,9 +794,11 @@ TEST_CASE("multirank: a rank's SIGTERM while another rank's ABORT ends it still 
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const std::string trace = (dir / "t{rank}.json").string();
-  // 500 ms after each chunk: a load stopping waits for that sleep to end.
+  // 200 ms after each chunk: a load stopping waits for that sleep to end. Short, because
+  // mpirun SIGKILLs a rank 1 s after its SIGTERM (odls_base_sigkill_timeout), and the
+  // trace must be written before.
   BackgroundJob job(cat(mpirun_run(3, checkpoint, base_sets(29821)), {"--trace", trace}),
-                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=500"});
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
   REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
   const pid_t rank0 = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=0");
   const pid_t rank1 = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
