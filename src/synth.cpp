@@ -9,6 +9,7 @@
 
 #include "weightcast/config.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/safetensors.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -347,15 +348,16 @@ std::string not_written_by_synth(const std::filesystem::path& path) {
     if (!index.is_object()) return "it is not a JSON object";
     if (index.contains("metadata")) metadata = index["metadata"];
   } else {
-    // The safetensors header: an 8-byte little-endian length, then that many bytes of JSON
-    // (the format's limit on the length: 100,000,000).
+    // The safetensors header: an 8-byte little-endian length, then that many bytes of JSON.
+    // Not read_safetensors_header: it validates the data section too, which is what a
+    // damaged shard of synth's fails.
     std::array<unsigned char, 8> length_bytes{};
     if (!in.read(reinterpret_cast<char*>(length_bytes.data()), 8)) {
       return "it is shorter than a safetensors header";
     }
     std::uint64_t length = 0;
     for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
-    if (length > 100'000'000) return "its header length is not a safetensors one";
+    if (length > max_header_bytes) return "its header length is not a safetensors one";
     std::string text(length, '\0');
     if (!in.read(text.data(), static_cast<std::streamsize>(length))) {
       return "its header is cut short";
