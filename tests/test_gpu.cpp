@@ -308,7 +308,7 @@ TEST_CASE("cuda: device digests copied back equal the host digests", "[gpu][dige
   }
 }
 
-TEST_CASE("cuda: staging slots are pinned; refused pinning falls back", "[gpu][pinned]") {
+TEST_CASE("cuda: staging slots are pinned, refused pinning falls back", "[gpu][pinned]") {
   WEIGHTCAST_REQUIRE_GPU();
   TempDir dir;
   const auto path = write_checkpoint(dir.path(), mixed_sizes(), 9);

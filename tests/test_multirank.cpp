@@ -734,7 +734,7 @@ TEST_CASE("multirank: a rank's --report path that cannot be written ends the job
                              "which failed and why); ended the other ranks"));
 }
 
-TEST_CASE("multirank: a rank that failed says why once; mpirun's SIGTERM adds no line",
+TEST_CASE("multirank: a rank that failed says why once, mpirun's SIGTERM adds no line",
           "[multirank]") {
   // Ranks 1 and 2 both fail; the first exit makes mpirun SIGTERM the other while it lingers
   // after its message, which then also printed "rank 2: interrupted by SIGTERM from mpirun".

@@ -110,7 +110,7 @@ Catalogue huge_catalogue(int shards, int tensors_per_shard, std::uint64_t tensor
 
 }  // namespace
 
-TEST_CASE("plan_size counts what make_plan builds; min_chunk_bytes is the smallest that fits",
+TEST_CASE("plan_size counts what make_plan builds, min_chunk_bytes is the smallest that fits",
           "[plan]") {
   std::mt19937_64 rng(42);
   for (int round = 0; round < 300; ++round) {

@@ -138,7 +138,7 @@ TEST_CASE("progress: a terminal bar redraws in place at most 10 times a second",
   CHECK(out.text().back() == '\n');
 }
 
-TEST_CASE("progress: run --json prints one JSON object on stdout; --quiet only the summary",
+TEST_CASE("progress: run --json prints one JSON object on stdout, --quiet only the summary",
           "[progress][run]") {
   const auto file =
       corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";

@@ -448,7 +448,7 @@ TEST_CASE("config: reader and destination", "[reader][config]") {
 
 // ---- io_uring refused: the pread fallback, for real --------------------------------------
 
-TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact; uring exits 69",
+TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact, uring exits 69",
           "[seccomp][reader][corpus]") {
   const std::string helper = seccomp_helper();
   if (helper.empty()) return;
@@ -474,7 +474,7 @@ TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact; u
   CHECK_THAT(strict.err, Catch::Contains("io_uring unavailable") && Catch::Contains("reader"));
 }
 
-TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice; on exits 74",
+TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice, on exits 74",
           "[seccomp][direct_io][corpus]") {
   const std::string helper = seccomp_helper();
   if (helper.empty()) return;

@@ -577,7 +577,7 @@ TEST_CASE("valid: unicode and odd tensor names", "[safetensors][valid]") {
   CHECK(header.tensors[2].name == "quote\"and\\slash");
 }
 
-TEST_CASE("valid: JSON order differing from offset order; result sorted by offset",
+TEST_CASE("valid: JSON order differing from offset order, result sorted by offset",
           "[safetensors][valid]") {
   auto json = object({entry("c", "U8", "[4]", "[8,12]"), entry("a", "U8", "[8]", "[0,8]"),
                       entry("b", "U8", "[0]", "[8,8]")});

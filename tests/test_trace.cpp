@@ -108,7 +108,7 @@ TEST_CASE("trace: a multi-chunk load gives one slice per chunk per stage, and re
   CHECK(trace["otherData"]["dropped_events"] == 0);
 }
 
-TEST_CASE("trace: memory is bounded; events past the bound are counted", "[trace]") {
+TEST_CASE("trace: memory is bounded, events past the bound are counted", "[trace]") {
   TraceRecorder recorder(3, 5);
   const auto t = std::chrono::steady_clock::now();
   for (std::uint64_t c = 0; c < 8; ++c) recorder.record(StageEvent{Stage::read, c, 0, 10, t, t});

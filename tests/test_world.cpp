@@ -104,7 +104,7 @@ TEST_CASE("world: the job id comes from the family that gave the world", "[world
   CHECK(detect_world(with({"world.rank=1", "world.size=2"})).job_id.empty());
 }
 
-TEST_CASE("world: families that disagree: mpirun's world wins over an inherited Slurm one; "
+TEST_CASE("world: families that disagree: mpirun's world wins over an inherited Slurm one, "
           "left-over RANK/WORLD_SIZE under mpirun are refused", "[world]") {
   ScopedEnv clean(test::no_launcher_env());
   // mpirun -np 4 inside an sbatch script: every rank inherits the batch step's SLURM_PROCID=0.
