@@ -42,6 +42,7 @@ constexpr std::uint64_t max_index_bytes = 1ull << 30;
 }
 
 std::string read_whole_file(const fs::path& path, const std::string& name) {
+  detail::expect_path_without_nul(path, "the index");
   int fd = detail::open_input_nonblocking(path);
   if (fd < 0) {
     int err = errno;
@@ -109,6 +110,10 @@ bool ends_with(std::string_view text, std::string_view suffix) { return text.end
 }  // namespace
 
 namespace detail {
+
+std::string read_index_text(const fs::path& index_path, const std::string& name) {
+  return read_whole_file(index_path, name.empty() ? index_path.string() : name);
+}
 
 std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string& name_arg) {
   const std::string name = name_arg.empty() ? index_path.string() : name_arg;
@@ -379,6 +384,7 @@ Catalogue open_directory(const fs::path& dir) {
 Catalogue open_checkpoint(const fs::path& path) {
   // Else the message would read ": no such file or directory".
   if (path.empty()) throw Error(Errc::missing_input, "checkpoint path is empty");
+  detail::expect_path_without_nul(path, "the checkpoint");
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (!fs::exists(status)) {

@@ -560,6 +560,15 @@ void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
     throw Error(Errc::config,
                 fmt::format("{}expects a single value, got {}", where, node_kind(value)));
   }
+  // No key takes a NUL byte, and a path would silently end there (`checkpoint: "a\0b"` would
+  // load `a`). The job token, a secret, is not quoted.
+  if (const auto nul = text.find('\0'); nul != std::string::npos) {
+    const std::string quoted =
+        spec.name == "rendezvous.token" ? std::string("the value") : fmt::format("'{}'", text);
+    throw Error(Errc::config, fmt::format("{}{} holds a NUL byte at byte {}: no setting can hold "
+                                          "one, and a path would end there",
+                                          where, quoted, nul));
+  }
   try {
     spec.parse(config, text);
   } catch (const Error& e) {

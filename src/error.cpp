@@ -28,6 +28,13 @@ Error system_error(Errc code, int err, std::string_view what) {
 }
 
 namespace detail {
+std::string escape_nul(std::string text) {
+  for (auto at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 4)) {
+    text.replace(at, 1, "\\x00");
+  }
+  return text;
+}
+
 void throw_error(Errc code, std::string message) { throw Error(code, std::move(message)); }
 }  // namespace detail
 

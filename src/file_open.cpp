@@ -47,13 +47,27 @@ std::string_view file_type_name(mode_t mode) noexcept {
   return "a special file";
 }
 
+void expect_path_without_nul(const std::filesystem::path& path, std::string_view what) {
+  const std::string& text = path.native();
+  const auto nul = text.find('\0');
+  if (nul == std::string::npos) return;
+  throw Error(Errc::usage, fmt::format("{} path '{}' holds a NUL byte at byte {}: a path ends at "
+                                       "its first NUL, so it would name '{}'",
+                                       what, text, nul, text.substr(0, nul)));
+}
+
 int open_input_nonblocking(const std::filesystem::path& path, int extra_flags) noexcept {
+  if (path.native().find('\0') != std::string::npos) {
+    errno = EINVAL;
+    return -1;
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
   if (fd < 0) return -1;
   return clear_nonblocking(fd);
 }
 
 int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate) {
+  expect_path_without_nul(path, what);
   struct stat st {};
   const bool existed = ::stat(path.c_str(), &st) == 0;
   // A directory is left to open(2), whose EISDIR says it plainly.

@@ -578,7 +578,9 @@ constexpr std::string_view lfs_prefix = "version https://git-lfs";
 
 }  // namespace
 
-SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std::string_view name) {
+SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& path,
+                                                   std::string_view name) {
+  detail::expect_path_without_nul(path, "the safetensors file");
   std::string file = name.empty() ? path.string() : std::string(name);
   FileDescriptor fd(detail::open_input_nonblocking(path));
   if (fd.get() < 0) {
@@ -628,9 +630,15 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std
                            "(truncated file?){}",
                            header_bytes, header_bytes, file_bytes, text_hint(first_bytes)));
   }
-  std::string json_text(header_bytes, '\0');
-  read_exact(fd.get(), json_text.data(), json_text.size(), 8, file);
-  return parse_safetensors_header(json_text, file_bytes - 8 - header_bytes, file);
+  SafetensorsHeaderText text{std::string(header_bytes, '\0'), file_bytes};
+  read_exact(fd.get(), text.json.data(), text.json.size(), 8, file);
+  return text;
+}
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std::string_view name) {
+  const SafetensorsHeaderText text = read_safetensors_header_text(path, name);
+  return parse_safetensors_header(text.json, text.data_bytes(),
+                                  name.empty() ? path.string() : std::string(name));
 }
 
 }  // namespace weightcast

@@ -5,6 +5,8 @@
 // independently; each file's data section is cut into 16 MiB blocks that a few threads fill
 // and `pwrite` at their final offsets; and the file is sized up front so the filesystem can
 // allocate it in large extents.
+#include "weightcast/detail/file_open.hpp"
+#include "weightcast/detail/index.hpp"
 #include "weightcast/synth.hpp"
 
 #include "weightcast/config.hpp"
@@ -22,7 +24,6 @@
 #include <cmath>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -236,6 +237,16 @@ constexpr std::uint64_t block_bytes = 16ull << 20;
 
 /// Writes one shard: 8-byte header length, padded JSON header, then the tensors' bytes.
 /// @return the file size.
+// Creates synth's temporary file @p path afresh. Whatever holds the name (a file left by an
+// earlier process of the same pid, a FIFO, a symlink) is removed first and never opened:
+// open(2) of a FIFO would block, and a symlink would send the write elsewhere.
+int create_temp(const std::filesystem::path& path) {
+  ::unlink(path.c_str());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: create", path.string()));
+  return fd;
+}
+
 std::uint64_t write_shard(const std::filesystem::path& path, const std::string& header,
                           const std::vector<const TensorSpec*>& tensors, std::uint64_t seed) {
   std::uint64_t data_bytes = 0;
@@ -243,8 +254,7 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
   std::uint64_t data_start = 8 + header.size();
   std::uint64_t file_bytes = data_start + data_bytes;
 
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw system_error(Errc::io, errno, fmt::format("{}: create", path.string()));
+  Fd fd(create_temp(path));
   // Reserve the whole file so a full disk fails here, before gigabytes are generated; where
   // the filesystem cannot preallocate, a plain size is enough.
   if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(file_bytes)); rc != 0) {
@@ -336,35 +346,27 @@ std::string shard_header(const std::vector<const TensorSpec*>& tensors, Dtype dt
 bool is_synth_output_name(const std::string& name);
 
 // Why @p path (a .safetensors file or an index) is not synth's own, or "" when its metadata
-// says synth wrote it. Only the header is read: a shard of synth's whose data was cut short
-// or changed is still synth's to replace.
+// says synth wrote it. Only the header is read (read_safetensors_header_text): a shard of
+// synth's whose data was cut short or changed is still synth's to replace. A file that
+// cannot be read as one (a FIFO, a header cut short) says why in the reader's own words.
 std::string not_written_by_synth(const std::filesystem::path& path) {
   constexpr const char* no_marker = "its metadata has no \"generator\": \"weightcast synth\"";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fmt::format("it cannot be read: {}", std::strerror(errno));
+  const std::string name = path.filename().string();
   nlohmann::json metadata;
-  if (path.filename().string().ends_with(".index.json")) {
-    const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!index.is_object()) return "it is not a JSON object";
-    if (index.contains("metadata")) metadata = index["metadata"];
-  } else {
-    // The safetensors header: an 8-byte little-endian length, then that many bytes of JSON.
-    // Not read_safetensors_header: it validates the data section too, which is what a
-    // damaged shard of synth's fails.
-    std::array<unsigned char, 8> length_bytes{};
-    if (!in.read(reinterpret_cast<char*>(length_bytes.data()), 8)) {
-      return "it is shorter than a safetensors header";
+  try {
+    if (name.ends_with(".index.json")) {
+      const auto index = nlohmann::json::parse(detail::read_index_text(path, name), nullptr,
+                                               /*allow_exceptions=*/false);
+      if (!index.is_object()) return "it is not a JSON object";
+      if (index.contains("metadata")) metadata = index["metadata"];
+    } else {
+      const auto header = nlohmann::json::parse(read_safetensors_header_text(path, name).json,
+                                                nullptr, /*allow_exceptions=*/false);
+      if (!header.is_object()) return "its header is not a JSON object";
+      if (header.contains("__metadata__")) metadata = header["__metadata__"];
     }
-    std::uint64_t length = 0;
-    for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
-    if (length > max_header_bytes) return "its header length is not a safetensors one";
-    std::string text(length, '\0');
-    if (!in.read(text.data(), static_cast<std::streamsize>(length))) {
-      return "its header is cut short";
-    }
-    const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!header.is_object()) return "its header is not a JSON object";
-    if (header.contains("__metadata__")) metadata = header["__metadata__"];
+  } catch (const Error& e) {
+    return e.what();
   }
   if (!metadata.is_object() || !metadata.contains(synth_marker_key) ||
       metadata[synth_marker_key] != synth_marker_value) {
@@ -470,6 +472,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   if (options.params == 0) throw Error(Errc::usage, "synth: params must be more than 0");
   if (options.shard_bytes == 0) throw Error(Errc::usage, "synth: shard size must be more than 0");
   if (out_dir.empty()) throw Error(Errc::usage, "synth: the output directory path is empty");
+  detail::expect_path_without_nul(out_dir, "synth: the output directory");
 
   SynthSummary summary;
   summary.shape = choose_llama_shape(options.params);
@@ -531,8 +534,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
     std::string text = index.dump(2) + "\n";
     auto temp = out_dir / (index_name + temp_suffix);
     temps.add(temp);
-    Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) throw system_error(Errc::io, errno, fmt::format("{}: create", temp.string()));
+    Fd fd(create_temp(temp));
     pwrite_all(fd.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), 0, temp);
     if (fd.close() != 0) throw system_error(Errc::io, errno, fmt::format("{}: close", temp.string()));
     summary.file_bytes += text.size();

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -340,7 +341,8 @@ TEST_CASE("synth: its own shard, cut short or damaged after the header, is repla
       [&] { write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 0}); });
   CHECK(e.code() == Errc::usage);
   CHECK_THAT(e.what(), Contains(last.filename().string()) &&
-                           Contains("its header is cut short") && !Contains("no \"generator\""));
+                           Contains("runs past the end of the file") &&
+                           !Contains("no \"generator\""));
   // Someone else's file still says what it lacks.
   test::TempDir other;
   fs::copy_file(test::corpus_dir() / "malformed" / "ok_basic.safetensors",
@@ -348,6 +350,24 @@ TEST_CASE("synth: its own shard, cut short or damaged after the header, is repla
   e = expect_error(
       [&] { write_synthetic_checkpoint(other.path(), {1'000'000, Dtype::BF16, 1 << 20, 0}); });
   CHECK_THAT(e.what(), Contains("its metadata has no \"generator\": \"weightcast synth\""));
+}
+
+TEST_CASE("synth: a FIFO named as one of its outputs is refused at once, not waited on",
+          "[synth]") {
+  // Its marker check opened the file with std::ifstream, which blocks on a FIFO with no
+  // writer: synth hung before writing anything.
+  for (const std::string name : {"model.safetensors", "model-00001-of-00002.safetensors",
+                                 "model.safetensors.index.json"}) {
+    INFO(name);
+    test::TempDir dir;
+    REQUIRE(::mkfifo((dir / name).c_str(), 0600) == 0);
+    auto e = expect_error(
+        [&] { write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+    CHECK(e.code() == Errc::usage);
+    CHECK_THAT(e.what(), Contains(name + ", which weightcast synth did not write (" + name +
+                                  ": is a FIFO"));
+    CHECK(dir_listing(dir.path()) == std::set<std::string>{name});
+  }
 }
 
 TEST_CASE("synth: errors", "[synth]") {

@@ -67,7 +67,8 @@ struct Catalogue {
  * @throws Error `missing_input` (66) when @p path is empty or does not exist or a directory
  *         holds no usable checkpoint; `invalid_checkpoint` (65) when a shard or the index breaks a
  *         rule, naming the file and, where there is one, the tensor and the numbers
- *         involved (a Git LFS pointer file gets its own message); `io` (74) when a read fails.
+ *         involved (a Git LFS pointer file gets its own message); `io` (74) when a read fails;
+ *         `usage` (64) when @p path holds a NUL byte (the kernel would open the path up to it).
  */
 Catalogue open_checkpoint(const std::filesystem::path& path);
 

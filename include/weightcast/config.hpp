@@ -92,7 +92,8 @@ struct Config {
  * @param yaml_path YAML mapping of config keys; empty for defaults only.
  * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
  * @throws Error `config` (78) for an unknown key or a bad value, naming the key, the value
- *         and the file and line (or `--set`); `missing_input` (66) if @p yaml_path does not
+ *         and the file and line (or `--set`), and for a value that holds a NUL byte (YAML's
+ *         `"\0"`: a path would end there); `missing_input` (66) if @p yaml_path does not
  *         exist.
  */
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);

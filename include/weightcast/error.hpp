@@ -39,6 +39,11 @@ constexpr int exit_status(Errc code) noexcept { return static_cast<int>(code); }
 /// @return a short lowercase name for @p code, e.g. "invalid checkpoint".
 std::string_view to_string(Errc code) noexcept;
 
+namespace detail {
+/// @return @p text with each NUL byte replaced by the four characters `\x00`.
+[[nodiscard]] std::string escape_nul(std::string text);
+}  // namespace detail
+
 /**
  * @brief The exception every weightcast API throws.
  *
@@ -48,8 +53,11 @@ std::string_view to_string(Errc code) noexcept;
 class Error : public std::runtime_error {
  public:
   /// @param code the class of failure (decides the exit status).
-  /// @param message the full one-line message.
-  Error(Errc code, std::string message) : std::runtime_error(std::move(message)), _code(code) {}
+  /// @param message the full one-line message. A NUL byte in it (from a config value, a
+  ///        tensor name, a path given to the API) is kept as the text `\x00`, since `what()`
+  ///        is a C string that would otherwise end there.
+  Error(Errc code, std::string message)
+      : std::runtime_error(detail::escape_nul(std::move(message))), _code(code) {}
 
   /// @return the class of failure.
   [[nodiscard]] Errc code() const noexcept { return _code; }

@@ -55,8 +55,36 @@ struct SafetensorsHeader {
 SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t data_bytes,
                                            std::string_view file);
 
+/// A safetensors file's header bytes, read but not parsed (read_safetensors_header_text()).
+struct SafetensorsHeaderText {
+  std::string json;              ///< The N header bytes, exactly as in the file.
+  std::uint64_t file_bytes = 0;  ///< Size of the whole file, bytes.
+  /// Bytes after the header (file size − 8 − N): the data section as the file holds it.
+  [[nodiscard]] std::uint64_t data_bytes() const noexcept { return file_bytes - 8 - json.size(); }
+};
+
 /**
- * @brief Reads and validates the header of the safetensors file at @p path (checks 1–15).
+ * @brief Reads the header bytes of the safetensors file at @p path (checks 1–3), without
+ *        parsing them or looking at the data section.
+ *
+ * For a reader that wants the header of a file whose data may be damaged or cut short
+ * (`weightcast synth` reading its own marker in `__metadata__`); a loader uses
+ * read_safetensors_header(). Opens without blocking and refuses what is not a regular file
+ * (a FIFO would block the read forever). A Git LFS pointer file (text starting
+ * "version https://git-lfs") is reported as such: the real file was never fetched.
+ *
+ * @param path the shard file.
+ * @param name the name used in messages (defaults to the path as given).
+ * @throws Error `missing_input` if the file does not exist or is not a regular file,
+ *         `invalid_checkpoint` for checks 1–3 and an LFS pointer, `io` if a read fails,
+ *         `usage` if @p path holds a NUL byte.
+ */
+SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& path,
+                                                   std::string_view name = {});
+
+/**
+ * @brief Reads and validates the header of the safetensors file at @p path (checks 1–15):
+ *        read_safetensors_header_text(), then parse_safetensors_header().
  *
  * Reads only the first 8 + N bytes. A Git LFS pointer file (text starting
  * "version https://git-lfs") is reported as such: the real file was never fetched.
@@ -64,7 +92,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t 
  * @param path the shard file.
  * @param name the name used in messages (defaults to the path as given).
  * @throws Error `missing_input` if the file does not exist, `invalid_checkpoint` for any
- *         format fault, `io` if a read fails.
+ *         format fault, `io` if a read fails, `usage` if @p path holds a NUL byte.
  */
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path,
                                           std::string_view name = {});

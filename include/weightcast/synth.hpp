@@ -97,7 +97,7 @@ struct SynthSummary {
  * The same seed and shape give the same tensor bytes whatever `shard_bytes` is. Data are
  * written with large positional writes from a few threads (≈ page-cache speed).
  *
- * @throws Error `usage` (64) for an empty @p out_dir, a zero `params` or `shard_bytes`, a
+ * @throws Error `usage` (64) for an empty @p out_dir or one holding a NUL byte, a zero `params` or `shard_bytes`, a
  *         sub-byte dtype whose tensors would not be whole bytes, or an @p out_dir holding a
  *         checkpoint file synth did not write; `io` (74) naming the file when a write fails.
  */

@@ -71,7 +71,8 @@ class TraceRecorder {
 
   /**
    * @brief Writes `to_json()` to @p path (replacing the file), streaming event by event.
-   * @throws Error `io` (74) naming @p path when it cannot be created or written.
+   * @throws Error `io` (74) naming @p path when it cannot be created or written; `usage` (64)
+   *         when @p path holds a NUL byte (nothing is created).
    */
   void write(const std::filesystem::path& path) const;
 

@@ -10,12 +10,27 @@
  */
 #pragma once
 
+#include "weightcast/error.hpp"
+
 #include <sys/types.h>
 
 #include <filesystem>
 #include <string_view>
 
 namespace weightcast::detail {
+
+/**
+ * @brief Refuses a path that holds a NUL byte.
+ *
+ * The kernel reads a path up to its first NUL (open(2), stat(2)), so `model.safetensors\0x`
+ * would quietly name `model.safetensors`. A path given through the API is checked here;
+ * one from a config is refused before, when the config is read (config.hpp).
+ * @param path the path to check.
+ * @param what what the path is, for messages: "the checkpoint", "the report".
+ * @throws Error `Errc::usage`: "WHAT path 'P\x00Q' holds a NUL byte at byte N: a path ends
+ *         at its first NUL, so it would name 'P'".
+ */
+void expect_path_without_nul(const std::filesystem::path& path, std::string_view what);
 
 /**
  * @brief The file type of @p mode (`st_mode`) in words for a message: "a regular file",
@@ -32,7 +47,8 @@ std::string_view file_type_name(mode_t mode) noexcept;
  * refuses what is not a regular file (see file_type_name()).
  * @param path the file to open.
  * @param extra_flags further open flags, e.g. O_DIRECT.
- * @return the descriptor (the caller closes it), or -1 with errno set as open(2) left it.
+ * @return the descriptor (the caller closes it), or -1 with errno set as open(2) left it,
+ *         or to EINVAL for a path that holds a NUL byte (opened, it would name another file).
  */
 int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 0) noexcept;
 
@@ -50,7 +66,8 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 
  * @param what what the file is, for messages: "the report", "the trace file".
  * @param truncate true to empty an existing regular file (O_TRUNC).
  * @return the descriptor; the caller closes it.
- * @throws Error `Errc::io` when the file cannot be opened ("PATH: cannot create WHAT: ..."
+ * @throws Error `Errc::usage` when @p path holds a NUL byte (expect_path_without_nul());
+ *         `Errc::io` when the file cannot be opened ("PATH: cannot create WHAT: ..."
  *         for a missing one, "PATH: cannot open WHAT for writing: ..." for an existing one)
  *         or is of a refused type ("PATH: is a FIFO, not a regular file: ...").
  */

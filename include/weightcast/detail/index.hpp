@@ -23,6 +23,19 @@ struct IndexEntry {
 };
 
 /**
+ * @brief Reads an index file's bytes, unparsed (read_index() reads it so).
+ *
+ * Opens without blocking and refuses what is not a regular file (a FIFO would block the
+ * read forever) or is over 1 GiB (a real index is a few MB).
+ * @param index_path the `.json` file.
+ * @param name the index name used in messages (defaults to the path as given).
+ * @throws Error `missing_input` if the file does not exist or is not a regular file,
+ *         `invalid_checkpoint` if it is over 1 GiB, `io` if a read fails, `usage` if
+ *         @p index_path holds a NUL byte.
+ */
+std::string read_index_text(const std::filesystem::path& index_path, const std::string& name = {});
+
+/**
  * @brief Reads and checks an index: JSON object, `weight_map` an object of strings, no
  *        repeated tensor name, every shard path relative and inside the index's directory
  *        once symlinks are resolved.
