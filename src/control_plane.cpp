@@ -780,7 +780,7 @@ struct ControlPlane::Impl {
       // exit: the first non-zero exit makes mpirun tear the job down and drop output it has
       // not forwarded yet, and every rank's message should reach the user.
       std::fflush(stdout);
-      std::fprintf(stderr, "weightcast: error: %s\n", message.c_str());
+      std::fprintf(stderr, "weightcast: error: %s\n", printable(message).c_str());
       std::fflush(stderr);
       for (auto& connection : connections) {
         if (connection) ::shutdown(connection->socket.native_handle(), SHUT_RDWR);
@@ -807,7 +807,7 @@ struct ControlPlane::Impl {
       send_quietly(*connection, frame);
     }
     std::fflush(stdout);
-    std::fprintf(stderr, "weightcast: error: %s\n", message.c_str());
+    std::fprintf(stderr, "weightcast: error: %s\n", printable(message).c_str());
     std::fflush(stderr);
     run_ending_hook();
     grace_timer.emplace(io, std::min<Clock::duration>(options.timeout, abort_grace));

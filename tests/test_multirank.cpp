@@ -752,6 +752,27 @@ TEST_CASE("multirank: a rank that failed says why once, mpirun's SIGTERM adds no
   CHECK_THAT(all, !Contains("interrupted by SIGTERM"));
 }
 
+TEST_CASE("multirank: another rank's failure is printed escaped on every rank",
+          "[multirank]") {
+  // Rank 0 escaped its own line, but the ranks it told printed the ABORT's text raw: a newline
+  // in a path forged a line of its own, and an escape sequence reached the terminal.
+  REQUIRE_MPI();
+  TempDir dir;
+  const fs::path odd = dir / "nl\nweightcast: loaded OK \x1b[31mred";
+  fs::create_directories(odd);
+  fs::copy_file(corpus_dir() / "malformed" / "bad_hole.safetensors", odd / "bad_hole.safetensors");
+  const auto r = run_process(mpirun_run(2, odd / "bad_hole.safetensors", base_sets(29897, "20s")),
+                             {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 65);
+  const std::string all = r.out + r.err;
+  CHECK(all.find('\x1b') == std::string::npos);
+  CHECK(all.find("\nweightcast: loaded OK") == std::string::npos);
+  // Both ranks' lines, each escaped: rank 0's own, and rank 1's "rank 0: ..." relay.
+  CHECK_THAT(all, Contains("nl\\x0aweightcast: loaded OK \\x1b[31mred/bad_hole.safetensors"));
+  CHECK_THAT(all, Contains("weightcast: error: rank 0: "));
+}
+
 TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 + signal",
           "[multirank]") {
   // The shell's convention (130 for Ctrl-C, 143 for a scheduler's SIGTERM), and a last line

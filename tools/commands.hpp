@@ -2,15 +2,32 @@
 // weightcast::Error for failures (main() prints it and exits with its sysexits status).
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace weightcast::cli {
+
+/// Writes @p text to stderr as is. Never throws: with stderr closed or full (`2>&-`,
+/// `2>/dev/full`) the message is lost but the exit status it goes with still stands, where
+/// `fmt::print(stderr, ...)` threw from the error handler and the process died of SIGABRT.
+void print_stderr(std::string_view text) noexcept;
+
+/// `fmt::format(format, args...)` written with print_stderr(); never throws.
+template <typename... Args>
+void eprint(fmt::format_string<Args...> format, Args&&... args) noexcept {
+  try {
+    print_stderr(fmt::format(format, std::forward<Args>(args)...));
+  } catch (...) {  // std::bad_alloc: nothing sensible is left to print
+  }
+}
 
 struct RunArgs {
   std::string config_path;             ///< YAML config; empty for built-in defaults.

@@ -1,5 +1,7 @@
 #include "interrupt.hpp"
 
+#include "commands.hpp"
+
 #include "weightcast/control_plane.hpp"
 #include "weightcast/log.hpp"
 
@@ -157,7 +159,7 @@ void InterruptHandler::end_process(int sig, const char* when) {
   if (_rank >= 0) error = Error(error.code(), fmt::format("rank {}: {}", _rank, error.what()));
   if (_control != nullptr) _control->abort(error);
   std::fflush(stdout);
-  fmt::print(stderr, "weightcast: error: {}\n", error.what());
+  eprint("weightcast: error: {}\n", printable(error.what()));
   std::fflush(stderr);
   // As run_ranks does after its message: mpirun drops output it has not forwarded when it
   // tears the job down on the first non-zero exit.

@@ -404,7 +404,7 @@ int launch(const LaunchArgs& args) {
   if (g_signal != 0 && !failed_before_signal) {
     const int sig = g_signal;
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast launch: interrupted by {}: ranks ended\n",
+    eprint("weightcast launch: interrupted by {}: ranks ended\n",
                sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : ::strsignal(sig));
     return 128 + sig;
   }
@@ -433,7 +433,7 @@ int launch(const LaunchArgs& args) {
                         code);
     }
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast launch: {} {}{}\n", label, how,
+    eprint("weightcast launch: {} {}{}\n", label, how,
                mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");
     return code;
   }

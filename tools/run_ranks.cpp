@@ -68,7 +68,7 @@ class Reported : public Error {
 void report_failure(const Error& e, InterruptHandler& interrupts) {
   interrupts.failing(exit_status(e.code()));
   std::fflush(stdout);
-  fmt::print(stderr, "weightcast: error: {}\n", printable(e.what()));
+  eprint("weightcast: error: {}\n", printable(e.what()));
   std::fflush(stderr);
 }
 
@@ -119,7 +119,7 @@ class InitWatchdog {
                                         rank, what, timeout.count(), control.stall_report()));
           control.abort(error);
           std::fflush(stdout);
-          fmt::print(stderr, "weightcast: error: {}\n", printable(error.what()));
+          eprint("weightcast: error: {}\n", printable(error.what()));
           std::fflush(stderr);
           control.linger(linger_most(timeout));
           std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -21,10 +21,18 @@
 #include <system_error>
 #include <unistd.h>
 
+namespace weightcast::cli {
+void print_stderr(std::string_view text) noexcept {
+  // stderr is unbuffered: one fwrite, its failure ignored (the status says what happened).
+  (void)std::fwrite(text.data(), 1, text.size(), stderr);
+}
+}  // namespace weightcast::cli
+
 namespace {
 
 using weightcast::Errc;
 using weightcast::exit_status;
+using weightcast::cli::eprint;
 
 // stdout is buffered: a write that fails (a full disk, a closed descriptor) shows as the
 // stream's error flag, or as fmt's std::system_error where fmt::print flushes a large text.
@@ -34,7 +42,7 @@ int report_stdout_failure(int err) {
   // A flush whose result was ignored took the reason with it; a descriptor that still fails
   // (/dev/full, one not open for writing) gives it again for a write of zero bytes.
   if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
-  fmt::print(stderr, "weightcast: error: cannot write to stdout{}{}\n", err != 0 ? ": " : "",
+  eprint("weightcast: error: cannot write to stdout{}{}\n", err != 0 ? ": " : "",
              err != 0 ? std::strerror(err) : "");
   return exit_status(Errc::io);
 }
@@ -46,16 +54,16 @@ int run_command(const std::function<int()>& command) {
     return command();
   } catch (const weightcast::Error& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: error: {}\n", weightcast::printable(e.what()));
+    eprint("weightcast: error: {}\n", weightcast::printable(e.what()));
     return exit_status(e.code());
   } catch (const std::system_error& e) {
     if (stdout_failed()) return report_stdout_failure(e.code().value());
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: internal error: {}\n", weightcast::printable(e.what()));
+    eprint("weightcast: internal error: {}\n", weightcast::printable(e.what()));
     return exit_status(Errc::internal);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "weightcast: internal error: {}\n", weightcast::printable(e.what()));
+    eprint("weightcast: internal error: {}\n", weightcast::printable(e.what()));
     return exit_status(Errc::internal);
   }
 }
@@ -219,7 +227,7 @@ int main(int argc, char** argv) {
     // line would be ignored without a word: refuse it instead.
     for (int i = 1; i < argc; ++i) {
       if (std::string_view(argv[i]) == "--version") continue;
-      fmt::print(stderr,
+      eprint(
                  "weightcast: error: --version takes no other arguments, got '{}'; see "
                  "'weightcast --help'\n",
                  printable(argv[i]));
@@ -247,7 +255,7 @@ int main(int argc, char** argv) {
                                              first)
                                : fmt::format("'{}' is not a subcommand: {}", first, subcommands);
     }
-    fmt::print(stderr, "weightcast: error: {}{}; see '{} --help'\n",
+    eprint("weightcast: error: {}{}; see '{} --help'\n",
                chosen.empty() ? "" : chosen.front()->get_name() + ": ", printable(what),
                command);
     return exit_status(Errc::usage);
