@@ -92,6 +92,32 @@ TEST_CASE("cli: --help of every subcommand and --version exit 0 on stdout", "[cl
   }
 }
 
+TEST_CASE("cli: an error with stderr closed or full still exits with its own status",
+          "[cli][stdout]") {
+  // Printing the error threw from main's handler (fmt::print meets EBADF or ENOSPC), and the
+  // process died of SIGABRT, 134, whatever had failed.
+  if (!std::filesystem::exists("/dev/full")) return;
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, int>> commands{
+      {{"inspect", (dir / "absent").string()}, 66},
+      {{"inspect", (corpus_dir() / "malformed" / "bad_hole.safetensors").string()}, 65},
+      {{"run", "--set", "bogus=1"}, 78},
+      {{"run", "--bogus"}, 64},
+      {{"synth", (dir / "s").string(), "--params", "abc"}, 64},
+      {{"launch", "-n", "1", "--set", "checkpoint=" + (dir / "absent").string()}, 66},
+  };
+  for (const auto& [args, status] : commands) {
+    for (const std::string redirect : {"2> /dev/full", "2>&-"}) {
+      std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect,
+                                    cli_path().string()};
+      argv.insert(argv.end(), args.begin(), args.end());
+      const auto r = run_process(argv, {}, 60);
+      INFO(args.front() << " " << args.back() << " " << redirect << "\nstdout:\n" << r.out);
+      CHECK(r.exit_status == status);
+    }
+  }
+}
+
 TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for every command",
           "[cli][stdout]") {
   // The JSON summary to a full disk was lost with exit 0; inspect's larger output became
