@@ -752,6 +752,44 @@ TEST_CASE("multirank: a rank that failed says why once, mpirun's SIGTERM adds no
   CHECK_THAT(all, !Contains("interrupted by SIGTERM"));
 }
 
+TEST_CASE("multirank: another rank's report or trace reaching a shard, or one file with "
+          "a rank's through a hard link, is refused (78) before the load",
+          "[multirank]") {
+  // Only rank 0's own outputs were checked against the checkpoint's files: rank 1's trace
+  // through a symlink replaced a shard with its JSON, and the job exited 0 "bit-exact". Two
+  // ranks' reports hard-linked to one file kept only one of them, exit 0.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  fs::path shard;
+  for (const auto& e : fs::directory_iterator(checkpoint)) {
+    if (e.path().extension() == ".safetensors") shard = e.path();
+  }
+  REQUIRE(!shard.empty());
+  const auto before = fs::file_size(shard);
+  fs::create_directory(dir / "t");
+  fs::create_symlink(shard, dir / "t" / "t.rank1.json");
+  auto r = run_process(cat(mpirun_run(2, checkpoint, base_sets(29901, "20s")),
+                           {"--trace", (dir / "t" / "t.json").string()}),
+                       {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Contains("--trace " + (dir / "t" / "t.rank1.json").string() +
+                             " (rank 1's trace) is shard " + shard.filename().string()));
+  CHECK(fs::file_size(shard) == before);
+  CHECK(!fs::exists(dir / "t" / "t.json"));
+
+  for (int rank : {0, 1, 2}) fs::create_directories(dir / "r" / std::to_string(rank));
+  write_file(dir / "r" / "0" / "r.json", "{}");
+  fs::create_hard_link(dir / "r" / "0" / "r.json", dir / "r" / "2" / "r.json");
+  r = run_process(cat(mpirun_run(3, checkpoint, base_sets(29903, "20s")),
+                      {"--report", (dir / "r" / "{rank}" / "r.json").string()}),
+                  {}, job_timeout_s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 78);
+  CHECK_THAT(r.err, Contains("rank 0's report and rank 2's report are the same file"));
+}
+
 TEST_CASE("multirank: another rank's failure is printed escaped on every rank",
           "[multirank]") {
   // Rank 0 escaped its own line, but the ranks it told printed the ABORT's text raw: a newline

@@ -206,6 +206,34 @@ TEST_CASE("run: a --report or --trace that is one of the checkpoint's files is r
   }
 }
 
+TEST_CASE("run: a --report or --trace that is the config file is refused (78), the config "
+          "untouched",
+          "[run]") {
+  // The config is read like the checkpoint: `run cfg.yaml --report cfg.yaml` replaced it with
+  // the report, exit 0.
+  test::TempDir dir;
+  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto config = dir / "cfg.yaml";
+  const std::string text = "checkpoint: " + file.string() + "\ndevice: host\n";
+  write_file(config, text);
+  fs::create_directory(dir / "sub");
+  fs::create_symlink(config, dir / "sub" / "link.json");
+  fs::create_hard_link(config, dir / "hard.json");
+  for (const auto& [option, output] : std::vector<std::pair<std::string, fs::path>>{
+           {"--report", config},
+           {"--trace", dir / "." / "cfg.yaml"},
+           {"--report", dir / "sub" / "link.json"},
+           {"--trace", dir / "hard.json"}}) {
+    INFO(option << " " << output);
+    const auto r = run_cli({"run", config.string(), "--quiet", option, output.string()});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 78);
+    CHECK_THAT(r.err, Catch::Contains(option + " " + output.string() + " is the config file " +
+                                      config.string() + ": writing it would destroy the config"));
+    CHECK(file_bytes(config) == text);
+  }
+}
+
 TEST_CASE("run: --report and --trace naming one file through a symlink are refused", "[run]") {
   test::TempDir dir;
   const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";

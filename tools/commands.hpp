@@ -110,8 +110,9 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
 std::string report_path_for_rank(const std::string& path, int rank, int world_size);
 
 /// Refuses a `--report` (@p report_path) and trace (@p trace_path: `--trace` or the config's
-/// `trace`) that name the same file for @p rank of @p world_size, which would silently leave
-/// only one of them. Either path may be empty (none).
+/// `trace`) that name the same file for @p rank of @p world_size, or one file with another
+/// rank's, which would silently leave only one of them. Rank 0 also compares every rank's
+/// existing outputs by inode (hard links). Either path may be empty (none).
 /// @throws Error `config` (78) naming both paths.
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int rank, int world_size);
@@ -128,9 +129,14 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
 ///         one missing target).
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
-/// Rank 0, once the checkpoint is open: refuses a `--report` or trace that is one of the
-/// checkpoint's files (a shard, the file or index given, an index in the directory given).
-/// @throws Error `config` (78) naming the option, the path and the file it would overwrite.
+/// Refuses a `--report` or trace that is one of the files this run reads, compared by device
+/// and inode (symlinks and hard links included). Rank 0, once the checkpoint is open (in
+/// @p catalogue), checks every rank's outputs against the checkpoint's files (every shard,
+/// the file or index given, an index in the directory given) and its config file; another
+/// rank (@p catalogue empty; it never touches the checkpoint) checks its own against its
+/// config file.
+/// @throws Error `config` (78) naming the option, the path, the rank (world size > 1) and
+///         the file it would overwrite.
 void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
                                     const Catalogue& catalogue, int rank, int world_size);
 

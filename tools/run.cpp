@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -212,6 +213,13 @@ bool is_device(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
 }
 
+// The device and inode of the file @p path reaches (every link followed), if it exists.
+std::optional<std::pair<dev_t, ino_t>> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::pair{st.st_dev, st.st_ino};
+}
+
 struct Output {
   std::string what;    // "rank 3's report"
   std::string path;
@@ -239,6 +247,24 @@ std::vector<Output> outputs_of(const std::string& report_path, const std::string
                           "give --report and --trace paths that differ for every rank "
                           "(\"{{rank}}\" in a path becomes the rank)",
                           a.what, b.what, b.path));
+}
+
+// Every rank's outputs that exist now, compared by device and inode: two ranks' paths that
+// are one file through hard links, or through links of each's own.
+void check_distinct_files(const std::string& report_path, const std::string& trace_path,
+                          int world_size) {
+  std::map<std::pair<dev_t, ino_t>, Output> seen;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::vector<Output> outputs = outputs_of(report_path, trace_path, rank, world_size);
+    for (const Output& output : outputs) {
+      if (is_device(output.path)) continue;
+      const auto id = file_id(output.path);
+      if (!id) continue;
+      auto [it, inserted] = seen.try_emplace(*id, output);
+      if (!inserted && it->second.path != output.path) collision(it->second, output);
+      // The same path twice is a rank's own pair: the lexical checks name it.
+    }
+  }
 }
 
 }  // namespace
@@ -278,10 +304,14 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
       }
     }
   }
+  // Files that exist already may be one file under two names (hard links, or links on both
+  // sides): rank 0 compares every rank's by inode, one stat(2) per output.
+  if (rank == 0) check_distinct_files(report_path, trace_path, world_size);
 }
 
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int world_size) {
+  check_distinct_files(report_path, trace_path, world_size);
   std::unordered_map<std::string, Output> seen;
   for (int rank = 0; rank < world_size; ++rank) {
     const std::vector<Output> outputs = outputs_of(report_path, trace_path, rank, world_size);
@@ -303,37 +333,56 @@ void check_distinct_outputs(const std::string& report_path, const std::string& t
 void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
                                     const Catalogue& catalogue, int rank, int world_size) {
   namespace fs = std::filesystem;
-  // The checkpoint's files: every shard, the path given (a file or an index), and any index
-  // in the directory given.
-  std::vector<std::pair<fs::path, std::string>> inputs;
+  // The files this run reads, by identity (device and inode: a symlink, a hard link or a
+  // directory link on the way to one all reach it): every shard, the path given (a file or
+  // an index), any index in the directory given, and the config file. An output that is
+  // none of them as it exists now cannot become one: they all exist.
+  struct Input {
+    std::string what;         // "shard X of the checkpoint /c"
+    std::string destroyed;    // "the checkpoint"
+  };
+  std::map<std::pair<dev_t, ino_t>, Input> inputs;
+  const auto add = [&](const fs::path& path, Input input) {
+    if (const auto id = file_id(path)) inputs.try_emplace(*id, std::move(input));
+  };
+  // Ranks other than 0 never touch the checkpoint's path: rank 0 checks their outputs.
   for (const ShardInfo& shard : catalogue.shards) {
-    inputs.emplace_back(shard.path, "shard " + shard.name + " of the checkpoint");
+    add(shard.path, {fmt::format("shard {} of the checkpoint {}", shard.name, config.checkpoint),
+                     "the checkpoint"});
   }
   std::error_code ec;
   const fs::path given = config.checkpoint;
-  if (fs::is_directory(given, ec)) {
+  if (rank != 0) {
+  } else if (fs::is_directory(given, ec)) {
     for (fs::directory_iterator it(given, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.ends_with(".safetensors.index.json")) {
-        inputs.emplace_back(it->path(), "index " + name + " of the checkpoint");
+        add(it->path(), {fmt::format("index {} of the checkpoint {}", name, config.checkpoint),
+                         "the checkpoint"});
       }
     }
   } else {
-    inputs.emplace_back(given, "the checkpoint");  // an index, or the file itself
+    add(given, {fmt::format("the checkpoint {}", config.checkpoint), "the checkpoint"});
   }
-  const std::pair<std::string, std::string> outputs[] = {
-      {"--report", report_path_for_rank(args.report_path, rank, world_size)},
-      {"--trace (or the config's trace)",
-       config.trace.empty() ? std::string()
-                            : trace_path_for_rank(config.trace, rank, world_size).string()}};
-  for (const auto& [option, path] : outputs) {
-    if (path.empty()) continue;
-    for (const auto& [input, what] : inputs) {
-      if (!same_file(path, input)) continue;
+  if (!args.config_path.empty()) {
+    add(args.config_path, {fmt::format("the config file {}", args.config_path), "the config"});
+  }
+  // Rank 0 checks every rank's paths, as they are named with the options it was given (the
+  // same on every rank under mpirun, torchrun or launch): only rank 0 knows the checkpoint's
+  // files. Another rank checks its own, against the config file it reads.
+  const int first = rank == 0 ? 0 : rank;
+  const int last = rank == 0 ? world_size : rank + 1;
+  for (int r = first; r < last; ++r) {
+    for (const Output& output : outputs_of(args.report_path, config.trace, r, world_size)) {
+      const auto id = file_id(output.path);
+      if (!id) continue;
+      const auto it = inputs.find(*id);
+      if (it == inputs.end()) continue;
       throw Error(Errc::config,
-                  fmt::format("{} {} is {} {}: writing it would destroy the checkpoint; "
-                              "give another path",
-                              option, path, what, config.checkpoint));
+                  fmt::format("{} {}{} is {}: writing it would destroy {}; give another path",
+                              output.option, output.path,
+                              world_size > 1 ? fmt::format(" ({})", output.what) : "",
+                              it->second.what, it->second.destroyed));
     }
   }
 }

@@ -292,6 +292,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
       honour_pause_hook();
       control->share(encode_catalogue(catalogue));
     } else {
+      check_outputs_spare_checkpoint(args, config, Catalogue{}, rank, world.world_size);
       catalogue = decode_catalogue(control->share({}), "catalogue from rank 0");
     }
     const std::string settings = shared_settings(config, device->name() == "host", kind);
