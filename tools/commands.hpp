@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -205,8 +206,12 @@ struct SynthArgs {
   std::string params = "1B";         ///< Target parameter count: "125M", "1B", "7B"…
   std::string dtype = "BF16";
   std::string shard_size = "2GiB";   ///< Shard when the checkpoint is larger than this.
-  std::uint64_t seed = 0;
+  std::string seed = "0";           ///< Decimal, 0 to 2^64 - 1 (parse_seed).
 };
 int synth(const SynthArgs& args);
+
+/// @return @p text as a synth seed: decimal digits only, 0 to 2^64 - 1; nullopt otherwise
+///         (CLI11 read "-1" and any larger number as 2^64 - 1, silently).
+std::optional<std::uint64_t> parse_seed(std::string_view text);
 
 }  // namespace weightcast::cli

@@ -8,7 +8,9 @@
 
 #include <fmt/core.h>
 
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace weightcast::cli {
@@ -37,12 +39,22 @@ std::uint64_t parse_shard_size_arg(const std::string& text) {
 
 }  // namespace
 
+std::optional<std::uint64_t> parse_seed(std::string_view text) {
+  std::uint64_t seed = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, ec] = std::from_chars(text.data(), end, seed);
+  if (text.empty() || ec != std::errc() || at != end) return std::nullopt;
+  return seed;
+}
+
 int synth(const SynthArgs& args) {
   SynthOptions options;
   options.params = parse_param_count(args.params);
   options.dtype = parse_dtype_arg(args.dtype);
   options.shard_bytes = parse_shard_size_arg(args.shard_size);
-  options.seed = args.seed;
+  const auto seed = parse_seed(args.seed);
+  if (!seed) throw Error(Errc::usage, fmt::format("--seed {}: not a whole number", args.seed));
+  options.seed = *seed;
   if (options.shard_bytes == 0) throw Error(Errc::usage, "--shard-size must be more than 0");
 
   auto shape = choose_llama_shape(options.params);

@@ -218,7 +218,14 @@ int main(int argc, char** argv) {
                     "largest shard; larger checkpoints are sharded with an index")
       ->capture_default_str();
   synth->add_option("--seed", synth_args.seed, "seed of the pseudo-random tensor bytes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return cli::parse_seed(text) ? std::string()
+                                         : fmt::format("'{}' is not a whole number from 0 to {}",
+                                                       text, UINT64_MAX);
+          },
+          ""));
 
   try {
     app.parse(argc, argv);
