@@ -630,15 +630,20 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
                            "(truncated file?){}",
                            header_bytes, header_bytes, file_bytes, text_hint(first_bytes)));
   }
-  SafetensorsHeaderText text{std::string(header_bytes, '\0'), file_bytes};
+  SafetensorsHeaderText text{std::string(header_bytes, '\0'), file_bytes,
+                             static_cast<std::uint64_t>(st.st_dev),
+                             static_cast<std::uint64_t>(st.st_ino)};
   read_exact(fd.get(), text.json.data(), text.json.size(), 8, file);
   return text;
 }
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std::string_view name) {
   const SafetensorsHeaderText text = read_safetensors_header_text(path, name);
-  return parse_safetensors_header(text.json, text.data_bytes(),
-                                  name.empty() ? path.string() : std::string(name));
+  SafetensorsHeader header = parse_safetensors_header(
+      text.json, text.data_bytes(), name.empty() ? path.string() : std::string(name));
+  header.device = text.device;
+  header.inode = text.inode;
+  return header;
 }
 
 }  // namespace weightcast

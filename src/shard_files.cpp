@@ -98,6 +98,13 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
       int fd = open_file(shard, 0);
       if (fd < 0) {
         int err = errno;
+        if (err == EMFILE || err == ENFILE) {
+          throw system_error(Errc::io, err,
+                             fmt::format("{}: cannot open shard {} of {} (rank 0 keeps every "
+                                         "shard open during the load: raise the open-file "
+                                         "limit, ulimit -n, above the shard count)",
+                                         shard.name, _fds.size() + 1, catalogue.shards.size()));
+        }
         throw system_error(err == ENOENT ? Errc::missing_input : Errc::io, err,
                            fmt::format("{}: cannot open shard", shard.path.string()));
       }
@@ -112,6 +119,14 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
         throw Error(Errc::missing_input, fmt::format("{}: is {}, expected a .safetensors file",
                                                      shard.path.string(),
                                                      file_type_name(st.st_mode)));
+      }
+      // Another file put in its place since its header was read: bytes from a file the
+      // catalogue never validated (a symlink relinked outside the checkpoint directory).
+      if (shard.inode != 0 && (static_cast<std::uint64_t>(st.st_dev) != shard.device ||
+                               static_cast<std::uint64_t>(st.st_ino) != shard.inode)) {
+        throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} is "
+                                          "now another file (replaced, or a link changed)",
+                                          shard.name, shard.path.string()));
       }
       _opened.push_back(Identity{static_cast<std::uint64_t>(st.st_size), st.st_mtim});
       if (static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {

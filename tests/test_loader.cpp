@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <fcntl.h>
@@ -388,6 +389,42 @@ TEST_CASE("a shard whose size changed before the load is refused with 74", "[loa
   const Error e = test::expect_host_load_error(catalogue);
   CHECK(e.code() == Errc::io);
   CHECK_THAT(e.what(), Catch::Contains("changed since its header was read"));
+}
+
+TEST_CASE("a shard replaced by another file of its size before the load is refused with 74",
+          "[loader]") {
+  // The catalogue read the shard inside the checkpoint directory; replaced by a symlink to a
+  // file outside it (or renamed over) before rank 0 opened it for the load, the other file's
+  // bytes loaded with exit 0.
+  TempDir dir;
+  std::filesystem::create_directory(dir / "ckpt");
+  const auto original = write_random_checkpoint(dir.path(), 5, 4);
+  std::filesystem::copy_file(original, dir / "ckpt" / "model.safetensors");
+  Catalogue catalogue = open_checkpoint(dir / "ckpt");
+  // Same size and header, other bytes, outside the directory.
+  std::string bytes;
+  {
+    std::ifstream in(original, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes.back() = static_cast<char>(bytes.back() ^ 0x5a);
+  test::write_file(dir / "outside.safetensors", bytes);
+  for (const bool rename : {false, true}) {
+    INFO((rename ? "renamed over" : "relinked"));
+    const auto swapped = dir / "ckpt" / "model.safetensors";
+    if (rename) {
+      std::filesystem::copy_file(dir / "outside.safetensors", dir / "ckpt" / "tmp");
+      std::filesystem::rename(dir / "ckpt" / "tmp", swapped);
+    } else {
+      std::filesystem::remove(swapped);
+      std::filesystem::create_symlink(dir / "outside.safetensors", swapped);
+    }
+    const Error e = test::expect_host_load_error(catalogue);
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Catch::Contains("model.safetensors: shard changed since its header "
+                                         "was read") &&
+                             Catch::Contains("is now another file"));
+  }
 }
 
 TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loader]") {

@@ -29,6 +29,11 @@ struct ShardInfo {
   std::string name;            ///< Name for messages: the file name as the index spells it.
   std::uint64_t file_bytes = 0;   ///< Size of the file when the catalogue was read, bytes.
   std::uint64_t data_offset = 0;  ///< File offset of the data section: 8 + header length.
+  /// The file whose header was read (`st_dev`, `st_ino`), so that rank 0 reads that file
+  /// and no other one put in its place (a rename, a symlink relinked elsewhere) before it
+  /// opens the shard for the load; 0, 0: unknown (a catalogue from the wire), not checked.
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;  ///< See `device`.
 };
 
 /// One tensor of a checkpoint: where its bytes are and what they mean.

@@ -42,6 +42,10 @@ struct SafetensorsHeader {
   /// Tensors sorted by data offset; `file_offset` is absolute (8 + N + begin), `shard` is 0.
   std::vector<TensorInfo> tensors;
   std::map<std::string, std::string> metadata;  ///< `__metadata__`, empty when absent/null.
+  /// The file read (`st_dev`, `st_ino` of the open descriptor); 0, 0 for a header parsed
+  /// from memory (parse_safetensors_header).
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;  ///< See `device`.
 };
 
 /**
@@ -59,6 +63,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t 
 struct SafetensorsHeaderText {
   std::string json;              ///< The N header bytes, exactly as in the file.
   std::uint64_t file_bytes = 0;  ///< Size of the whole file, bytes.
+  std::uint64_t device = 0;      ///< `st_dev` of the file read.
+  std::uint64_t inode = 0;       ///< `st_ino` of the file read.
   /// Bytes after the header (file size − 8 − N): the data section as the file holds it.
   [[nodiscard]] std::uint64_t data_bytes() const noexcept { return file_bytes - 8 - json.size(); }
 };
