@@ -46,10 +46,10 @@ std::string read_whole_file(const fs::path& path, const std::string& name) {
   int fd = detail::open_input_nonblocking(path);
   if (fd < 0) {
     int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      throw Error(Errc::missing_input, fmt::format("{}: no such file", name));
-    }
-    throw system_error(Errc::io, err, fmt::format("{}: cannot open", name));
+    if (err == ENOENT) throw Error(Errc::missing_input, fmt::format("{}: no such file", name));
+    // "a/b" where a is a file, a symlink loop: no file to read, and the reason says which.
+    throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
+                       fmt::format("{}: cannot open", name));
   }
   struct Closer {
     int fd;
@@ -388,6 +388,13 @@ Catalogue open_checkpoint(const fs::path& path) {
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (!fs::exists(status)) {
+    // The real reason where there is one other than absence: "Not a directory" for a/b where
+    // a is a file, a symlink loop, "Permission denied" for a directory that cannot be searched.
+    const int err = ec.value();
+    if (err != 0 && err != ENOENT) {
+      throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
+                         fmt::format("{}: cannot open the checkpoint", path.string()));
+    }
     throw Error(Errc::missing_input, fmt::format("{}: no such file or directory", path.string()));
   }
   if (fs::is_directory(status)) return open_directory(path);

@@ -646,6 +646,11 @@ std::string read_file(const std::string& path) {
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(status)) {
+    const int err = ec.value();
+    if (err != 0 && err != ENOENT) {
+      throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
+                         fmt::format("{}: cannot open config file", path));
+    }
     throw Error(Errc::missing_input, fmt::format("{}: config file not found", path));
   }
   if (std::filesystem::is_directory(status)) {

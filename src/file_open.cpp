@@ -62,6 +62,15 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags) n
     return -1;
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
+  if (fd < 0 && errno == ENXIO) {
+    // A socket (or a device node with no device): open(2) refuses it with ENXIO, "No such
+    // device or address", which would read as a missing file. O_PATH opens any file without
+    // access, so the caller's fstat(2) names its type like a FIFO's.
+    const int path_fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+    if (path_fd >= 0) return path_fd;
+    errno = ENXIO;
+    return -1;
+  }
   if (fd < 0) return -1;
   return clear_nonblocking(fd);
 }

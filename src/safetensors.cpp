@@ -585,10 +585,9 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   FileDescriptor fd(detail::open_input_nonblocking(path));
   if (fd.get() < 0) {
     int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      throw Error(Errc::missing_input, fmt::format("{}: no such file", file));
-    }
-    throw system_error(Errc::io, err, fmt::format("{}: cannot open", file));
+    if (err == ENOENT) throw Error(Errc::missing_input, fmt::format("{}: no such file", file));
+    throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
+                       fmt::format("{}: cannot open", file));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {

@@ -13,7 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <map>
 #include <set>
 #include <string>
@@ -119,6 +123,32 @@ TEST_CASE("open_checkpoint: a missing path is missing_input (66)", "[checkpoint]
   auto e = open_failure(dir / "nope", Errc::missing_input);
   CHECK(exit_status(e.code()) == 66);
   CHECK_THAT(e.what(), Contains((dir / "nope").string()));
+}
+
+TEST_CASE("open_checkpoint: a path that leads to no file says why, a socket says what it is",
+          "[checkpoint]") {
+  // All were "no such file or directory" (or, for a socket, 74 "No such device or address").
+  test::TempDir dir;
+  write_shard(dir / "model.safetensors", {{"a", 3}});
+  fs::create_symlink(dir / "loop2", dir / "loop1");
+  fs::create_symlink(dir / "loop1", dir / "loop2");
+  CHECK_THAT(open_failure(dir / "model.safetensors" / "x", Errc::missing_input).what(),
+             Contains("x: cannot open the checkpoint: Not a directory"));
+  CHECK_THAT(open_failure(dir / "loop1", Errc::missing_input).what(),
+             Contains("loop1: cannot open the checkpoint: Too many levels of symbolic links"));
+  for (const std::string name : {"s.safetensors", "s.safetensors.index.json"}) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string path = (dir / name).string();
+    REQUIRE(path.size() < sizeof(address.sun_path));
+    std::copy(path.begin(), path.end(), address.sun_path);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    CHECK_THAT(open_failure(dir / name, Errc::missing_input).what(),
+               Contains(name + ": is a socket, expected a"));
+    ::close(fd);
+  }
 }
 
 TEST_CASE("open_checkpoint: an empty path is missing_input saying so", "[checkpoint]") {

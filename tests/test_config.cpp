@@ -10,7 +10,11 @@
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -366,6 +370,27 @@ TEST_CASE("config: a checkpoint or an oversized file as the config is refused un
     // 1 MiB itself is fine.
     CHECK_NOTHROW(load_config(write_yaml(dir, std::string(1 << 20, '#'), "max.yaml"), {}));
   }
+}
+
+TEST_CASE("config: a config path that leads to no file says why, a socket what it is",
+          "[config]") {
+  test::TempDir dir;
+  test::write_file(dir / "afile", "x");
+  auto e = expect_error([&] { load_config((dir / "afile" / "x.yaml").string(), {}); });
+  CHECK(e.code() == Errc::missing_input);
+  CHECK_THAT(e.what(), Contains("x.yaml: cannot open config file: Not a directory"));
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string path = (dir / "s.yaml").string();
+  REQUIRE(path.size() < sizeof(address.sun_path));
+  std::copy(path.begin(), path.end(), address.sun_path);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  e = expect_error([&] { load_config(path, {}); });
+  ::close(fd);
+  CHECK(e.code() == Errc::config);  // was 74, "No such device or address"
+  CHECK(std::string(e.what()) == path + ": is a socket, not a YAML config file");
 }
 
 TEST_CASE("config: --set syntax", "[config]") {

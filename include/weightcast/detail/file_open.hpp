@@ -14,6 +14,8 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
+
 #include <filesystem>
 #include <string_view>
 
@@ -32,6 +34,13 @@ namespace weightcast::detail {
  */
 void expect_path_without_nul(const std::filesystem::path& path, std::string_view what);
 
+/// @return whether @p err, from open(2) or stat(2) of a path, says the path leads to no
+///         file (ENOENT, ENOTDIR: "a/b" where a is a file, ELOOP: a symlink loop,
+///         ENAMETOOLONG): missing input, where other errors (EACCES, EIO) are I/O.
+constexpr bool unreachable_path(int err) noexcept {
+  return err == ENOENT || err == ENOTDIR || err == ELOOP || err == ENAMETOOLONG;
+}
+
 /**
  * @brief The file type of @p mode (`st_mode`) in words for a message: "a regular file",
  *        "a directory", "a FIFO", "a socket", "a character device", "a block device",
@@ -44,7 +53,9 @@ std::string_view file_type_name(mode_t mode) noexcept;
  *        FIFO with no writer opens at once instead of waiting for one.
  *
  * O_NONBLOCK is cleared again before returning. The caller fstat(2)s the descriptor and
- * refuses what is not a regular file (see file_type_name()).
+ * refuses what is not a regular file (see file_type_name()). A socket, which open(2)
+ * refuses with ENXIO, is opened with O_PATH so that the caller's fstat(2) can say so (reads
+ * of that descriptor fail with EBADF).
  * @param path the file to open.
  * @param extra_flags further open flags, e.g. O_DIRECT.
  * @return the descriptor (the caller closes it), or -1 with errno set as open(2) left it,
