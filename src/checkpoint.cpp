@@ -265,6 +265,12 @@ Catalogue open_index(const fs::path& index_path) {
         std::error_code ec;
         it->second = fs::is_regular_file(entry.shard_path, ec);
       }
+      // The index naming itself would be read as a shard, and fail as "not safetensors".
+      if (std::error_code ec; fresh && it->second && fs::equivalent(entry.shard_path, index_path, ec)) {
+        fail(index_name, fmt::format("weight_map entry {}: shard {} is this index file, not a "
+                                     ".safetensors shard",
+                                     quote(entry.tensor), quote(entry.shard)));
+      }
       if (!it->second) {
         std::error_code ec;
         const bool exists = fs::exists(entry.shard_path, ec);

@@ -151,6 +151,18 @@ TEST_CASE("open_checkpoint: a path that leads to no file says why, a socket says
   }
 }
 
+TEST_CASE("index: an entry naming the index itself says so", "[checkpoint]") {
+  // It was read as a shard: "header length 7017841271895827067 ... does not look like a
+  // safetensors file", which reads as if the index itself were broken.
+  test::TempDir dir;
+  write_shard(dir / "a.safetensors", {{"a", 3}});
+  write_index(dir / "model.safetensors.index.json",
+              {{"a", "a.safetensors"}, {"w", "model.safetensors.index.json"}});
+  auto e = open_failure(dir / "model.safetensors.index.json", Errc::invalid_checkpoint);
+  CHECK_THAT(e.what(), Contains("weight_map entry 'w': shard 'model.safetensors.index.json' is "
+                                "this index file, not a .safetensors shard"));
+}
+
 TEST_CASE("open_checkpoint: an empty path is missing_input saying so", "[checkpoint]") {
   // Not ": no such file or directory".
   auto e = open_failure("", Errc::missing_input);

@@ -98,6 +98,28 @@ TEST_CASE("cli: --help of every subcommand and --version exit 0 on stdout", "[cl
   }
 }
 
+TEST_CASE("cli: a pipe closed early is a failed write to stdout, 74 with the reason",
+          "[cli][stdout]") {
+  // `inspect big | head -c1` died of SIGPIPE (141) with no word.
+  TempDir dir;
+  std::string header = "{";
+  for (int i = 0; i < 4000; ++i) {  // some 300 KiB of table, well over a pipe's 64 KiB
+    header += fmt::format(R"({}"tensor.{:05}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})",
+                          i == 0 ? "" : ",", i, i, i + 1);
+  }
+  header += "}";
+  const auto many = dir / "many.safetensors";
+  write_file(many, make_safetensors(header, zeros(4000)));
+  const auto r = run_process({"/bin/bash", "-c",
+                              "\"$0\" inspect \"$1\" | head -c1 >/dev/null; "
+                              "exit ${PIPESTATUS[0]}",
+                              cli_path().string(), many.string()},
+                             {}, 60);
+  INFO(r.err);
+  CHECK(r.exit_status == 74);
+  CHECK_THAT(r.err, Catch::Contains("weightcast: error: cannot write to stdout: Broken pipe"));
+}
+
 TEST_CASE("cli: an error with stderr closed or full still exits with its own status",
           "[cli][stdout]") {
   // Printing the error threw from main's handler (fmt::print meets EBADF or ENOSPC), and the

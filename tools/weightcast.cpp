@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -105,6 +106,19 @@ CLI::Validator non_empty_path(const std::string& noun) {
       "");
 }
 
+// `weightcast inspect big | head -c1`: SIGPIPE killed the process silently (141), where a
+// failed write to stdout is 74 with its reason. A handler that does nothing turns the signal
+// into EPIPE for the write; unlike SIG_IGN it is not inherited across exec (mpirun, the
+// ranks launch starts keep the default). A SIGPIPE the process was started ignoring stays so.
+void catch_broken_pipe() noexcept {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler == SIG_IGN) return;
+  struct sigaction action {};
+  action.sa_handler = [](int) {};
+  ::sigemptyset(&action.sa_mask);
+  ::sigaction(SIGPIPE, &action, nullptr);
+}
+
 // Rank 0 keeps every shard open for the whole load (twice where it reads with O_DIRECT), so a
 // checkpoint of a few hundred shards passes the common soft limit of 1024 descriptors. Raise
 // the soft limit to the hard one, as Go's runtime does for every program; the hard limit is
@@ -122,6 +136,7 @@ int main(int argc, char** argv) {
   hold_closed_standard_descriptors();
   using namespace weightcast;
   raise_open_file_limit();
+  catch_broken_pipe();
   CLI::App app{"weightcast: stream a safetensors checkpoint from rank 0 to every rank"};
   app.require_subcommand(1);
   // --version also says what GPU support is compiled in and what this machine offers.
