@@ -7,8 +7,13 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+#include <system_error>
+#include <utility>
 
 namespace weightcast::detail {
 namespace {
@@ -32,6 +37,30 @@ bool writable_type(mode_t mode) noexcept { return S_ISREG(mode) || S_ISCHR(mode)
   throw Error(Errc::io, fmt::format("{}: is {}, not a regular file: writing {} there would "
                                     "block or fail; give a file path (or /dev/null)",
                                     path.string(), file_type_name(mode), what));
+}
+
+// Whether a symbolic link on the way from @p path to its file is one of procfs's
+// (/dev/stdout is /proc/self/fd/1): those name an open file, not a place in a directory, and
+// what they name is written in place (renamed over, `--report /dev/stdout > out` would send
+// the report to a new out.txt and the rest of stdout to the old, now unnamed, one).
+bool through_procfs_link(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path hop = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat link {};
+    if (::lstat(hop.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) return false;
+    const int fd = ::open(hop.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct statfs fs_info {};
+    const bool procfs = ::fstatfs(fd, &fs_info) == 0 && fs_info.f_type == PROC_SUPER_MAGIC;
+    ::close(fd);
+    if (procfs) return true;
+    std::error_code ec;
+    const fs::path next = fs::read_symlink(hop, ec);
+    if (ec) return false;
+    hop = next.is_absolute() ? next : hop.parent_path() / next;
+  }
+  return false;
 }
 
 }  // namespace
@@ -108,6 +137,128 @@ int open_output_file(const std::filesystem::path& path, std::string_view what, b
   }
   if (clear_nonblocking(fd) < 0) throw system_error(Errc::io, errno, cannot);
   return fd;
+}
+
+std::filesystem::path follow_links(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat link {};
+    if (::lstat(target.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) break;
+    std::error_code ec;
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec) break;
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  return target;
+}
+
+OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
+    : _path(path), _what(what) {
+  expect_path_without_nul(path, what);
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (!existed && errno != ENOENT) {  // ENOTDIR, EACCES, ELOOP: open(2) says it as before
+    _fd = open_output_file(path, what, true);
+    return;
+  }
+  if (existed) {
+    // Opened as before, untruncated: a type refused (a FIFO) or a file this process may not
+    // write fails here, with the same message. A device is then written in place.
+    _fd = open_output_file(path, what, false);
+    if (::fstat(_fd, &st) != 0) fail(errno, "");
+    if (!S_ISREG(st.st_mode)) return;
+  }
+  _target = follow_links(path);
+  if (existed) {
+    // Reached through a link of procfs's (/dev/stdout), or something else than symbolic
+    // links: there is no name of its own to rename over, so the file is written in place.
+    struct stat target {};
+    if (through_procfs_link(path) || ::stat(_target.c_str(), &target) != 0 ||
+        target.st_dev != st.st_dev || target.st_ino != st.st_ino) {
+      if (::ftruncate(_fd, 0) != 0) fail(errno, "");
+      _target.clear();
+      return;
+    }
+  }
+  _temp = _target;
+  _temp += fmt::format(".partial-{}", ::getpid());
+  // Whatever holds the name (a temporary left by an earlier process of this pid, a FIFO, a
+  // symbolic link) is removed and never opened: the write would block or go elsewhere.
+  ::unlink(_temp.c_str());
+  const int temp = ::open(_temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          existed ? 0600 : 0666);  // a new file: 0666 less the umask
+  if (temp < 0) {
+    const int err = errno;
+    _temp.clear();
+    if (err == EACCES || err == EPERM || err == ENAMETOOLONG) {
+      // The directory takes no new name (a writable file in a read-only directory): write
+      // in place, as before.
+      if (existed) {
+        if (::ftruncate(_fd, 0) != 0) fail(errno, "");
+      } else {
+        _fd = open_output_file(path, what, true);
+      }
+      _target.clear();
+      return;
+    }
+    if (existed) {
+      fail(err, fmt::format("cannot create {}.partial-{} to write", _target.filename().string(),
+                            ::getpid()));
+    }
+    throw system_error(Errc::io, err, fmt::format("{}: cannot create {}", path.string(), what));
+  }
+  if (existed) {
+    // The previous file's permission bits, owner and group (the last two only where this
+    // process may set them: root, or a group it belongs to).
+    if (::fchown(temp, st.st_uid, st.st_gid) != 0 &&
+        ::fchown(temp, static_cast<uid_t>(-1), st.st_gid) != 0) {
+      // Neither may be set: the file becomes this process's, as any file it creates.
+    }
+    // After fchown, which clears set-user-ID and set-group-ID. It cannot fail on a file this
+    // process created; if it did, the file would keep 0600.
+    if (::fchmod(temp, st.st_mode & 07777) != 0) {
+    }
+    ::close(_fd);
+  }
+  _fd = temp;
+}
+
+OutputFile::~OutputFile() {
+  if (_fd >= 0) ::close(_fd);
+  if (!_temp.empty()) ::unlink(_temp.c_str());
+}
+
+void OutputFile::fail(int err, std::string_view how) {
+  if (_fd >= 0) ::close(_fd);
+  _fd = -1;
+  if (!_temp.empty()) ::unlink(_temp.c_str());
+  _temp.clear();
+  throw system_error(Errc::io, err,
+                     fmt::format("{}: {} {}", _path.string(),
+                                 how.empty() ? std::string_view("cannot write") : how, _what));
+}
+
+void OutputFile::write(std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t wrote = ::write(_fd, data.data(), data.size());
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) fail(wrote < 0 ? errno : ENOSPC, "");
+    data.remove_prefix(static_cast<std::size_t>(wrote));
+  }
+}
+
+void OutputFile::commit() {
+  // Each step checked: a file system that is full, or over quota, may say so only at fsync
+  // or close (NFS, and delayed allocation elsewhere).
+  if (!_temp.empty() && ::fsync(_fd) != 0) fail(errno, "");
+  const int fd = std::exchange(_fd, -1);
+  if (::close(fd) != 0) fail(errno, "");
+  if (_temp.empty()) return;
+  if (::rename(_temp.c_str(), _target.c_str()) != 0) {
+    fail(errno, fmt::format("cannot rename {} over", _temp.filename().string()));
+  }
+  _temp.clear();
 }
 
 }  // namespace weightcast::detail

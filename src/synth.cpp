@@ -21,7 +21,9 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <memory>
@@ -235,6 +237,14 @@ class TempFiles {
 
 constexpr std::uint64_t block_bytes = 16ull << 20;
 
+/// Throws `interrupted` once @p stop is requested: checked between blocks and between files.
+void throw_if_stopped(const std::stop_token& stop) {
+  if (stop.stop_requested()) {
+    throw Error(Errc::interrupted,
+                "synth: the write was stopped (SynthOptions::stop was requested)");
+  }
+}
+
 /// Writes one shard: 8-byte header length, padded JSON header, then the tensors' bytes.
 /// @return the file size.
 // Creates synth's temporary file @p path afresh. Whatever holds the name (a file left by an
@@ -248,7 +258,9 @@ int create_temp(const std::filesystem::path& path) {
 }
 
 std::uint64_t write_shard(const std::filesystem::path& path, const std::string& header,
-                          const std::vector<const TensorSpec*>& tensors, std::uint64_t seed) {
+                          const std::vector<const TensorSpec*>& tensors,
+                          const SynthOptions& options) {
+  const std::uint64_t seed = options.seed;
   std::uint64_t data_bytes = 0;
   for (const auto* t : tensors) data_bytes += t->bytes;
   std::uint64_t data_start = 8 + header.size();
@@ -289,6 +301,7 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
       for (;;) {
         std::uint64_t b = next_block.fetch_add(1);
         if (b >= blocks || failed.load()) return;
+        throw_if_stopped(options.stop);
         std::uint64_t begin = b * block_bytes;
         std::uint64_t end = std::min(begin + block_bytes, data_bytes);
         // Blocks are claimed in increasing order, so the first overlapping tensor only moves
@@ -307,6 +320,7 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
                       hi - lo);
         }
         pwrite_all(fd.get(), buffer.get(), end - begin, data_start + begin, path);
+        if (options.on_block) options.on_block(end - begin);
       }
     } catch (...) {
       std::lock_guard lock(error_mutex);
@@ -344,6 +358,33 @@ std::string shard_header(const std::vector<const TensorSpec*>& tensors, Dtype dt
 }
 
 bool is_synth_output_name(const std::string& name);
+
+// Removes the temporary files (NAME.partial-PID, NAME one of synth's output names) that a
+// synth no longer running left in @p out_dir: one killed (SIGKILL, a machine that went down)
+// or, before, one ended by a signal, each left gigabytes that no later run removed. Those of
+// a live process (another synth writing there now) are left alone, as are this process's
+// own (create_temp replaces them) and those whose pid cannot be read as one. A pid of
+// another PID namespace cannot be told from a dead one.
+void remove_stale_partials(const std::filesystem::path& out_dir) {
+  constexpr std::string_view marker = ".partial-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.rfind(marker);
+    if (at == std::string::npos || !is_synth_output_name(name.substr(0, at))) continue;
+    const std::string_view digits = std::string_view(name).substr(at + marker.size());
+    pid_t pid = 0;
+    const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (parsed != std::errc() || end != digits.data() + digits.size() || pid <= 0 ||
+        pid == ::getpid()) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // running (EPERM: another user's)
+    std::error_code type_ec;
+    if (!entry.is_regular_file(type_ec)) continue;  // synth writes regular files only
+    std::filesystem::remove(entry.path(), type_ec);
+  }
+}
 
 // Why @p path (a .safetensors file or an index) is not synth's own, or "" when its metadata
 // says synth wrote it. Only the header is read (read_safetensors_header_text): a shard of
@@ -498,7 +539,10 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   summary.shards = shards.size();
 
   std::error_code ec;
-  if (std::filesystem::is_directory(out_dir, ec)) check_out_dir(out_dir);
+  if (std::filesystem::is_directory(out_dir, ec)) {
+    check_out_dir(out_dir);
+    remove_stale_partials(out_dir);
+  }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {
     throw Error(Errc::io, fmt::format("{}: cannot create directory: {}", out_dir.string(),
@@ -517,10 +561,11 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
 
   TempFiles temps;
   for (std::size_t i = 0; i < shards.size(); ++i) {
+    throw_if_stopped(options.stop);
     auto temp = out_dir / (names[i] + temp_suffix);
     temps.add(temp);
     summary.file_bytes +=
-        write_shard(temp, shard_header(shards[i], options.dtype), shards[i], options.seed);
+        write_shard(temp, shard_header(shards[i], options.dtype), shards[i], options);
   }
 
   std::string index_name = "model.safetensors.index.json";
@@ -540,6 +585,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
     summary.file_bytes += text.size();
   }
 
+  throw_if_stopped(options.stop);  // the last chance: from here the write completes
   // Commit: drop an old index first (so it never names a mix of old and new shards), move
   // the shards into place, the index last, then remove what remains of an older checkpoint.
   std::filesystem::remove(out_dir / index_name, ec);

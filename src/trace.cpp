@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <fcntl.h>
 #include <ext/stdio_filebuf.h>
 #include <ostream>
 #include <sstream>
@@ -103,20 +104,26 @@ std::string TraceRecorder::to_json() const {
 }
 
 void TraceRecorder::write(const std::filesystem::path& path) const {
-  // Opened without blocking (a FIFO is refused, not waited on), then streamed through a
-  // filebuf that owns the descriptor.
-  const int fd = detail::open_output_file(path, "the trace file", true);
-  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
-  std::ostream out(&file);
-  write_to(out);
-  out.flush();
-  const bool written = static_cast<bool>(out);
-  errno = 0;
-  if (file.close() == nullptr || !written) {
-    const std::string what = fmt::format("{}: cannot write the trace file", path.string());
-    if (errno != 0) throw system_error(Errc::io, errno, what);
-    throw Error(Errc::io, what);
+  // Opened without blocking (a FIFO is refused, not waited on), written whole or not at all
+  // (a full file system leaves the previous trace as it was), and streamed through a filebuf
+  // that owns a duplicate of the descriptor.
+  detail::OutputFile output(path, "the trace file");
+  const std::string what = fmt::format("{}: cannot write the trace file", path.string());
+  const int fd = ::fcntl(output.fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) throw system_error(Errc::io, errno, what);
+  {
+    __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
+    std::ostream out(&file);
+    write_to(out);
+    out.flush();
+    const bool written = static_cast<bool>(out);
+    errno = 0;
+    if (file.close() == nullptr || !written) {
+      if (errno != 0) throw system_error(Errc::io, errno, what);
+      throw Error(Errc::io, what);
+    }
   }
+  output.commit();
 }
 
 std::string with_rank(std::string_view pattern, int rank) {

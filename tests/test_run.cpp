@@ -478,6 +478,88 @@ TEST_CASE("run: a --report or --trace through a dangling symlink writes its targ
   CHECK(fs::is_symlink(dir / "to-nowhere.json"));
 }
 
+TEST_CASE("run: a --report or --trace that cannot be written whole leaves the previous file as "
+          "it was", "[run]") {
+  // The file was truncated, then written until the file system was full: a good report
+  // became a cut-short, invalid JSON (or 0 bytes). RLIMIT_FSIZE (`ulimit -f`, SIGXFSZ
+  // ignored) fails the write with EFBIG where a full file system fails it with ENOSPC.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  for (const std::string option : {"--report", "--trace"}) {
+    const std::string what = option == "--report" ? "the report" : "the trace file";
+    INFO(option);
+    const auto out = dir / ("out" + option + ".json");
+    const std::vector<std::string> args = {"run", "--quiet", "--set",
+                                           "checkpoint=" + checkpoint.string(), "--set",
+                                           "chunk_size=1MiB", option};
+    auto with_out = [&](const fs::path& path) {
+      auto all = args;
+      all.push_back(path.string());
+      return all;
+    };
+    auto r = run_cli(with_out(out));
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    const std::string good = read_file(out);
+    REQUIRE(good.size() > 4096);  // past the limit below, whichever unit `ulimit -f` counts
+    fs::permissions(out, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+
+    std::vector<std::string> limited = {"/bin/bash", "-c",
+                                        "trap '' XFSZ; ulimit -f 4 && exec \"$@\"", "bash",
+                                        cli_path().string()};
+    for (const auto& arg : with_out(out)) limited.push_back(arg);
+    r = run_process(limited);
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Catch::Contains(out.string() + ": cannot write " + what +
+                                      ": File too large"));
+    CHECK(read_file(out) == good);  // byte for byte
+    CHECK(fs::status(out).permissions() ==
+          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
+    // No temporary file is left beside it.
+    for (const auto& entry : fs::directory_iterator(dir.path())) {
+      CHECK_THAT(entry.path().filename().string(), !Catch::Contains(".partial-"));
+    }
+
+    // Written through a symbolic link: the link stays, its target is replaced and keeps its
+    // mode; a new file gets 0666 less the umask.
+    const auto link = dir / ("link" + option + ".json");
+    fs::create_symlink(out.filename(), link);
+    r = run_cli(with_out(link));
+    REQUIRE(r.exit_status == 0);
+    CHECK(fs::is_symlink(link));
+    CHECK(read_json(out).is_object());
+    CHECK(fs::status(out).permissions() ==
+          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
+    const auto fresh = dir / ("fresh" + option + ".json");
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    r = run_cli(with_out(fresh));
+    REQUIRE(r.exit_status == 0);
+    CHECK(static_cast<mode_t>(fs::status(fresh).permissions()) == (0666 & ~mask));
+
+    // /dev/stdout redirected to a file names the open file, not a place in a directory: it
+    // is written in place, never renamed over (stdout would go on to an unnamed file).
+    const auto redirected = dir / ("stdout" + option + ".txt");
+    { std::ofstream(redirected) << "x"; }
+    const auto inode = [](const fs::path& path) {
+      struct stat st {};
+      REQUIRE(::stat(path.c_str(), &st) == 0);
+      return st.st_ino;
+    };
+    const auto before = inode(redirected);
+    std::vector<std::string> to_stdout = {"/bin/bash", "-c", "exec \"$@\" > \"$0\"",
+                                          redirected.string(), cli_path().string()};
+    for (const auto& arg : with_out("/dev/stdout")) to_stdout.push_back(arg);
+    r = run_process(to_stdout);
+    CHECK(r.exit_status == 0);
+    CHECK(inode(redirected) == before);
+  }
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    CHECK_THAT(entry.path().filename().string(), !Catch::Contains(".partial-"));
+  }
+}
+
 TEST_CASE("run: --quiet prints the summary but not where the report went", "[run]") {
   // README: --quiet prints only errors and the summary; "# report written to" is a notice,
   // like the trace's "written to" (a log line that --quiet silences).

@@ -5,17 +5,22 @@
 #include "weightcast/synth.hpp"
 
 #include "utils/expect_error.hpp"
+#include "utils/job.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
+#include <string>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <tuple>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -436,4 +441,63 @@ TEST_CASE("synth: the CLI writes a checkpoint and refuses bad arguments", "[synt
   CHECK(bad_size.exit_status == 64);
   CHECK_THAT(bad_size.err, Contains("ambiguous"));
   CHECK(!fs::exists(dir / "d"));
+}
+
+TEST_CASE("synth: SIGTERM or SIGINT removes its temporary files and exits 128 + signal",
+          "[synth][signal]") {
+  // Ended by the signal's default action, synth left a NAME.partial-PID of every shard it
+  // had begun: gigabytes for a large checkpoint, which no later run removed.
+  using Catch::Matchers::EndsWith;
+  test::TempDir dir;
+  // An earlier checkpoint in the directory stays whole: nothing is renamed into place.
+  write_synthetic_checkpoint(dir.path(), {10'000'000, Dtype::BF16, 4ull << 20, 1});
+  const auto before = dir_listing(dir.path());
+  const std::string first_shard = read_all(dir / "model-00001-of-00005.safetensors");
+  for (const auto& [sig, name, status] :
+       {std::tuple{SIGTERM, "SIGTERM", 143}, std::tuple{SIGINT, "SIGINT", 130}}) {
+    INFO(name);
+    // 200 ms after each 4 MiB block: unstopped, the write would take a second more.
+    test::BackgroundJob job({test::cli_path().string(), "synth", dir.path().string(),
+                             "--params", "10M", "--shard-size", "4MiB", "--seed", "2"},
+                            {"WEIGHTCAST_TEST_SYNTH_BLOCK_DELAY_MS=200"});
+    REQUIRE(job.wait_for_output("the first block was written", 60));
+    REQUIRE(::kill(job.pid(), sig) == 0);
+    const auto r = job.wait(60);
+    INFO(r.out);
+    CHECK(r.term_signal == 0);  // it ended itself, not by the signal's default action
+    CHECK(r.exit_status == status);
+    CHECK_THAT(r.out, EndsWith("weightcast: error: interrupted by " + std::string(name) +
+                               " while writing the checkpoint\n"));
+    CHECK(dir_listing(dir.path()) == before);  // no .partial-PID left
+    CHECK(read_all(dir / "model-00001-of-00005.safetensors") == first_shard);
+  }
+}
+
+TEST_CASE("synth: temporary files of a synth that no longer runs are removed and a live one's "
+          "are kept", "[synth]") {
+  // A synth killed (SIGKILL, a machine that went down) leaves its NAME.partial-PID files; a
+  // later synth into the same directory kept them, gigabytes each.
+  test::TempDir dir;
+  // A pid that no process holds: a child that has ended and been reaped.
+  const pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  test::BackgroundJob live({"sleep", "60"});
+  const std::string dead_suffix = ".partial-" + std::to_string(dead);
+  const std::string live_suffix = ".partial-" + std::to_string(live.pid());
+  for (const std::string name : {"model.safetensors", "model-00001-of-00003.safetensors",
+                                 "model.safetensors.index.json"}) {
+    std::ofstream(dir / (name + dead_suffix)) << "stale";
+    std::ofstream(dir / (name + live_suffix)) << "being written";
+  }
+  // Not synth's names, or not a pid: not synth's to remove.
+  std::ofstream(dir / ("notes.txt" + dead_suffix)) << "mine";
+  std::ofstream(dir / "model.safetensors.partial-x") << "mine";
+  write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1ull << 30, 0});
+  CHECK(dir_listing(dir.path()) ==
+        std::set<std::string>{"model.safetensors", "model.safetensors" + live_suffix,
+                              "model-00001-of-00003.safetensors" + live_suffix,
+                              "model.safetensors.index.json" + live_suffix,
+                              "notes.txt" + dead_suffix, "model.safetensors.partial-x"});
 }

@@ -148,6 +148,8 @@ void check_output_paths(const RunArgs& args, const Config& config, int rank, int
 /// Writes this rank's `--report` JSON to @p path: rank, world size, bytes, seconds, peak RSS
 /// (@p peak_rss, bytes) and, per tensor, dtype, shape and the XXH3-64 @p digests (in the
 /// catalogue's order; empty @p digests, as with `verify: none`, leaves out every "xxh3").
+/// A regular file is replaced whole or not at all (detail::OutputFile): a write that fails,
+/// on a full file system say, leaves the previous report as it was.
 /// @throws Error `io` (74) naming @p path and the reason when it cannot be created or written.
 void write_report(const std::string& path, const LoadResult& result,
                   const std::vector<std::uint64_t>& digests, int rank, int world_size,

@@ -82,9 +82,11 @@ void InterruptHandler::attach(ControlPlane* control) {
   _control = control;
 }
 
-InterruptHandler::LoadScope::LoadScope(InterruptHandler& handler) : _handler(&handler) {
+InterruptHandler::LoadScope::LoadScope(InterruptHandler& handler, const char* during)
+    : _handler(&handler) {
   std::lock_guard lock(_handler->_mutex);
   _handler->_in_load = true;
+  _handler->_during = during;
   _handler->_load_started = true;
 }
 
@@ -136,7 +138,7 @@ void InterruptHandler::watch() {
     spdlog::debug("{}: stopping the load", interrupted_error(sig).what());
     _stop.request_stop();
     if (!_changed.wait_for(lock, stop_grace, [this] { return !_in_load || _closing; })) {
-      end_process(sig, fmt::format(" during the load, which did not stop within {} s",
+      end_process(sig, fmt::format("{}, which did not stop within {} s", _during,
                                    stop_grace.count())
                            .c_str());
     }

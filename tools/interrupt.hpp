@@ -1,5 +1,6 @@
 // `weightcast run` on SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`): the load stops, the
-// trace is written, every rank ends with one message and status 128 + signal.
+// trace is written, every rank ends with one message and status 128 + signal. `weightcast
+// synth` likewise: the write stops and its temporary files are removed.
 #pragma once
 
 #include "weightcast/error.hpp"
@@ -18,10 +19,10 @@ class ControlPlane;
 namespace weightcast::cli {
 
 /**
- * @brief SIGINT and SIGTERM for `weightcast run`, taken by a thread of its own rather than a
- *        signal handler: the signals are blocked in every thread and the waiting thread
- *        receives them with `sigwaitinfo`, so what it does next (lock, print, send an ABORT)
- *        need not be async-signal-safe.
+ * @brief SIGINT and SIGTERM for `weightcast run` and `weightcast synth`, taken by a thread
+ *        of its own rather than a signal handler: the signals are blocked in every thread and
+ *        the waiting thread receives them with `sigwaitinfo`, so what it does next (lock,
+ *        print, send an ABORT) need not be async-signal-safe.
  *
  * On the first signal:
  * - during the load (a `LoadScope` lives), it requests a stop on `stop_token()`: the load ends
@@ -77,10 +78,13 @@ class InterruptHandler {
   [[nodiscard]] std::stop_token stop_token() const noexcept { return _stop.get_token(); }
 
   /// While one lives, an interrupt stops the load (`stop_token()`) instead of ending the
-  /// process; the caller then reports it.
+  /// process; the caller then reports it. `synth` puts its write in one the same way.
   class LoadScope {
    public:
-    explicit LoadScope(InterruptHandler& handler);
+    /// @p during names the work in the message of a process ended because it did not stop
+    /// within `stop_grace` ("interrupted by SIGTERM" + @p during + ", which did not stop
+    /// ..."); a string literal, as it outlives the scope.
+    explicit LoadScope(InterruptHandler& handler, const char* during = " during the load");
     ~LoadScope() { end(); }
     LoadScope(const LoadScope&) = delete;
     LoadScope& operator=(const LoadScope&) = delete;
@@ -105,6 +109,7 @@ class InterruptHandler {
   int _signal = 0;          // the first signal taken, 0 before
   int _signal_in_load = 0;  // the same, when it came during a LoadScope
   bool _in_load = false;
+  const char* _during = "";     // the LoadScope's, for the message when it does not stop
   bool _load_started = false;   // a LoadScope was made
   bool _load_finished = false;  // load_finished() was called
   bool _closing = false;

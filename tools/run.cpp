@@ -98,23 +98,6 @@ std::string dump_json(const nlohmann::ordered_json& value, int indent = -1) {
   return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-// @p path with its last component's symbolic links followed, as open(2) follows them, even
-// to a target that does not exist yet (a dangling link is written through); at most 40
-// hops, Linux's MAXSYMLINKS (past that open(2) says ELOOP).
-std::filesystem::path follow_links(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  fs::path target = path;
-  for (int hops = 0; hops < 40; ++hops) {
-    struct stat link {};
-    if (::lstat(target.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) break;
-    std::error_code ec;
-    const fs::path next = fs::read_symlink(target, ec);
-    if (ec) break;
-    target = next.is_absolute() ? next : target.parent_path() / next;
-  }
-  return target;
-}
-
 // The file a write to @p path would reach, as one absolute path: every symbolic link
 // followed, a dangling last one included, and "." and ".." read as the kernel reads them
 // (through the links before them). Two paths that reach one file, existing or not yet,
@@ -124,7 +107,7 @@ std::filesystem::path output_target(const std::filesystem::path& path) {
   std::error_code ec;
   fs::path absolute = fs::absolute(path, ec);
   if (ec) absolute = path;
-  const fs::path target = follow_links(absolute);
+  const fs::path target = detail::follow_links(absolute);
   fs::path resolved = fs::weakly_canonical(fs::absolute(target, ec), ec);
   return ec ? target.lexically_normal() : resolved;
 }
@@ -135,7 +118,7 @@ void check_output_file(const std::filesystem::path& path, std::string_view what)
   namespace fs = std::filesystem;
   // A dangling symbolic link is written through: the file to create is its target's (the
   // probe once created the target and then unlinked the link itself).
-  const fs::path target = follow_links(path);
+  const fs::path target = detail::follow_links(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0 || errno != ENOENT) {
     // No truncation: an existing file keeps its contents until the load has something to
@@ -423,22 +406,10 @@ void write_report(const std::string& path, const LoadResult& result,
     tensors.emplace_back(tensor.name, std::move(entry));
   }
   const std::string text = dump_json(report, 1) + "\n";
-  const int fd = detail::open_output_file(path, "the report", true);
-  std::size_t done = 0;
-  int err = 0;
-  while (done < text.size()) {
-    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      err = wrote < 0 ? errno : ENOSPC;
-      break;
-    }
-    done += static_cast<std::size_t>(wrote);
-  }
-  if (::close(fd) != 0 && err == 0) err = errno;  // NFS reports ENOSPC/EDQUOT at close
-  if (err != 0) {
-    throw system_error(Errc::io, err, fmt::format("{}: cannot write the report", path));
-  }
+  // Written whole or not at all: a full file system leaves the previous report as it was.
+  detail::OutputFile file(path, "the report");
+  file.write(text);
+  file.commit();
 }
 
 namespace {

@@ -6,12 +6,18 @@
 #include "weightcast/error.hpp"
 #include "weightcast/synth.hpp"
 
+#include "interrupt.hpp"
+
 #include <fmt/core.h>
 
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 
 namespace weightcast::cli {
 
@@ -37,6 +43,24 @@ std::uint64_t parse_shard_size_arg(const std::string& text) {
   }
 }
 
+// Test hook (tests/test_synth.cpp): synth sleeps this many milliseconds after each block it
+// writes, so that a test can interrupt a write in progress. Not a user feature; ignored when
+// unset or not a number.
+constexpr const char* block_delay_hook_env = "WEIGHTCAST_TEST_SYNTH_BLOCK_DELAY_MS";
+
+void honour_block_delay_hook(SynthOptions& options) {
+  const long ms = test_hook_ms(block_delay_hook_env);
+  if (ms == 0) return;
+  options.on_block = [ms, first = std::make_shared<std::atomic<bool>>(true)](std::uint64_t) {
+    if (first->exchange(false)) {
+      fmt::print(stderr, "test hook {}: the first block was written; sleeping {} ms after "
+                         "each block\n", block_delay_hook_env, ms);
+      std::fflush(stderr);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  };
+}
+
 }  // namespace
 
 std::optional<std::uint64_t> parse_seed(std::string_view text) {
@@ -48,6 +72,9 @@ std::optional<std::uint64_t> parse_seed(std::string_view text) {
 }
 
 int synth(const SynthArgs& args) {
+  // First, before any thread starts: the writing threads inherit SIGINT and SIGTERM blocked,
+  // and a signal stops the write (its temporary files removed) rather than leave them.
+  InterruptHandler interrupts;
   SynthOptions options;
   options.params = parse_param_count(args.params);
   options.dtype = parse_dtype_arg(args.dtype);
@@ -63,8 +90,24 @@ int synth(const SynthArgs& args) {
              shape.vocab, dtype_name(options.dtype));
   flush_stdout();  // before the checkpoint is written, not after
 
+  honour_block_delay_hook(options);
   auto start = std::chrono::steady_clock::now();
-  SynthSummary summary = write_synthetic_checkpoint(args.out_dir, options);
+  constexpr const char* during = " while writing the checkpoint";
+  InterruptHandler::LoadScope scope(interrupts, during);
+  options.stop = interrupts.stop_token();
+  SynthSummary summary;
+  try {
+    summary = write_synthetic_checkpoint(args.out_dir, options);
+  } catch (const Error& e) {
+    // The stop's own error says less than the signal that asked for it; a failure of its
+    // own that beat the stop is the cause.
+    const int sig = scope.end();
+    if (sig != 0 && e.code() == Errc::interrupted) throw interrupted_error(sig, during);
+    throw;
+  }
+  // A signal that came as the files were renamed into place: the checkpoint is whole, but
+  // the process was asked to end, and says so with 128 + signal, as `run` does.
+  if (const int sig = scope.end(); sig != 0) throw interrupted_error(sig, during);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   fmt::print("synth: wrote {}\n", summary.checkpoint.string());

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <stop_token>
 #include <string_view>
 #include <vector>
 
@@ -68,6 +70,14 @@ struct SynthOptions {
   std::uint64_t shard_bytes = 2ull << 30;  ///< Largest shard's tensor bytes (> 0); a tensor
                                            ///< larger than this gets a shard of its own.
   std::uint64_t seed = 0;                ///< Seed of the tensor bytes.
+  /// A stop requested here (SIGINT, SIGTERM) ends the write within one block (16 MiB) per
+  /// writing thread: every temporary file is removed, nothing is renamed into place, and
+  /// `Error` `interrupted` (130) is thrown. Once the files are being renamed into place the
+  /// write completes.
+  std::stop_token stop = {};
+  /// Called after each block (at most 16 MiB) of a shard's tensor bytes is written, with
+  /// its size in bytes; from the writing threads, several at once.
+  std::function<void(std::uint64_t)> on_block = {};
 };
 
 /// What was written.
@@ -94,12 +104,17 @@ struct SynthSummary {
  * `*.safetensors` or `*.safetensors.index.json` in @p out_dir (a real model uses the same
  * names) is refused before anything is written; other files are left alone.
  *
+ * Temporary files are named `NAME.partial-PID`. Those of synth's own names left in @p out_dir
+ * by a process that no longer runs (one killed, or a machine that went down) are removed
+ * before the write; those of a process still running are left alone.
+ *
  * The same seed and shape give the same tensor bytes whatever `shard_bytes` is. Data are
  * written with large positional writes from a few threads (≈ page-cache speed).
  *
  * @throws Error `usage` (64) for an empty @p out_dir or one holding a NUL byte, a zero `params` or `shard_bytes`, a
  *         sub-byte dtype whose tensors would not be whole bytes, or an @p out_dir holding a
- *         checkpoint file synth did not write; `io` (74) naming the file when a write fails.
+ *         checkpoint file synth did not write; `io` (74) naming the file when a write fails;
+ *         `interrupted` (130) when `options.stop` is requested before the commit.
  */
 SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                                         const SynthOptions& options);

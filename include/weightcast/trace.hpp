@@ -71,6 +71,10 @@ class TraceRecorder {
 
   /**
    * @brief Writes `to_json()` to @p path (replacing the file), streaming event by event.
+   *
+   * A regular file is replaced whole or not at all (detail::OutputFile: a temporary file
+   * beside it, renamed over it once written and fsynced): a write that fails, on a full file
+   * system say, leaves the previous file as it was. A symbolic link is written through.
    * @throws Error `io` (74) naming @p path when it cannot be created or written; `usage` (64)
    *         when @p path holds a NUL byte (nothing is created).
    */

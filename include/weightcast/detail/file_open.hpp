@@ -17,6 +17,7 @@
 #include <cerrno>
 
 #include <filesystem>
+#include <string>
 #include <string_view>
 
 namespace weightcast::detail {
@@ -83,5 +84,79 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 
  *         or is of a refused type ("PATH: is a FIFO, not a regular file: ...").
  */
 int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate);
+
+/**
+ * @brief @p path with its last component's symbolic links followed, as open(2) follows
+ *        them, even to a target that does not exist yet (a dangling link is written
+ *        through); at most 40 hops, Linux's MAXSYMLINKS (past that open(2) says ELOOP).
+ *
+ * A relative link is read from its own directory. Links in the directories before the last
+ * component are left to the kernel.
+ */
+std::filesystem::path follow_links(const std::filesystem::path& path);
+
+/**
+ * @brief An output file (the report, the trace) that replaces the previous one whole or not
+ *        at all.
+ *
+ * For a regular file, or a path that names none yet, the bytes go to a temporary file
+ * `NAME.partial-PID` beside the target, which commit() fsyncs and renames over the target
+ * once every byte is written: a write that fails (a full file system, a quota, RLIMIT_FSIZE)
+ * leaves the previous file as it was, byte for byte, and removes the temporary. The target
+ * is the file a write to the path reaches: a symbolic link, a dangling one too, is written
+ * through and stays a link (follow_links()). An existing file keeps its permission bits (and
+ * its owner and group where this process may set them); a new one gets 0666 less the umask.
+ *
+ * Written in place, as open_output_file() with truncation does: a character device
+ * (/dev/null, a terminal), which cannot be renamed over; a regular file that the path
+ * reaches through a procfs link (/dev/stdout redirected to a file, /proc/self/fd/N), which
+ * names an open file rather than a place in a directory; and a path whose
+ * directory takes no new name for this process (EACCES, EPERM, or a name too long to add
+ * ".partial-PID" to), where a writable existing file is still written as it always was.
+ */
+class OutputFile {
+ public:
+  /**
+   * @brief Opens @p path for writing, checked as open_output_file() checks it (an existing
+   *        file is opened for writing first, untruncated), and creates the temporary file.
+   * @param path the file to write.
+   * @param what what the file is, for messages: "the report", "the trace file".
+   * @throws Error as open_output_file(); `Errc::io` "PATH: cannot create WHAT: ..." when
+   *         the temporary file for a missing @p path cannot be created, "PATH: cannot create
+   *         TEMP to write WHAT: ..." for an existing one.
+   */
+  OutputFile(const std::filesystem::path& path, std::string_view what);
+  /// Closes the descriptor; removes the temporary file unless commit() succeeded.
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  /// @return the descriptor to write to (owned by this object).
+  [[nodiscard]] int fd() const noexcept { return _fd; }
+
+  /**
+   * @brief Writes all of @p data at the descriptor's offset.
+   * @throws Error `Errc::io` "PATH: cannot write WHAT: ..." (a write that wrote nothing
+   *         reads as ENOSPC); the previous file stays as it was.
+   */
+  void write(std::string_view data);
+
+  /**
+   * @brief Makes the written bytes the file: fsync(2) and close(2) of the temporary file,
+   *        each checked, then rename(2) over the target (written in place: close(2) alone).
+   * @throws Error `Errc::io` "PATH: cannot write WHAT: ..." when any step fails; the
+   *         temporary file is removed and the previous file stays as it was.
+   */
+  void commit();
+
+ private:
+  [[noreturn]] void fail(int err, std::string_view how);
+
+  std::filesystem::path _path;    // as given, for messages
+  std::string _what;
+  std::filesystem::path _target;  // the file the temporary replaces
+  std::filesystem::path _temp;    // empty when written in place
+  int _fd = -1;
+};
 
 }  // namespace weightcast::detail
