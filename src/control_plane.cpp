@@ -103,6 +103,15 @@ constexpr std::chrono::milliseconds accept_backoff{100};
 // print it, short enough that a stopped peer does not hold the job.
 constexpr std::chrono::milliseconds abort_grace{10'000};
 
+// How far past what was asked a wait ran, when it ran past it: time this process did not run
+// (stopped by SIGSTOP or a debugger, or starved), which does not count against a deadline.
+// Every wait here waits in steps of at most a second and moves its deadline on by this (the
+// rule of the loader's watchdog): a rank stopped for `timeout` and resumed would otherwise
+// find its deadline passed before it looked at what arrived meanwhile, and blame the others.
+Clock::duration overrun(Clock::duration took, Clock::duration asked) {
+  return std::max(took - asked, Clock::duration::zero());
+}
+
 std::string milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
 
 // "host:port", or "[v6:address]:port" for an IPv6 address (RFC 3986's form).
@@ -129,7 +138,8 @@ std::string listen_hint(const boost::system::error_code& ec) {
   }
 }
 
-// Sends a whole frame before @p deadline; the socket may be non-blocking (Asio's reactor).
+// Sends a whole frame before @p deadline (moved on by the time this process did not run:
+// overrun); the socket may be non-blocking (Asio's reactor).
 void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int peer_rank) {
   while (!bytes.empty()) {
     const ssize_t sent = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -148,7 +158,10 @@ void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int pe
                                 peer_rank));
       }
       pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+      const std::chrono::milliseconds step(std::min<long long>(left.count(), 1000));
+      const auto begin = Clock::now();
+      ::poll(&p, 1, static_cast<int>(step.count()));
+      deadline += overrun(Clock::now() - begin, step);
       continue;
     }
     throw system_error(Errc::unavailable, errno,
@@ -156,7 +169,8 @@ void send_all(int fd, std::string_view bytes, Clock::time_point deadline, int pe
   }
 }
 
-// Reads rank 0's answer to a hello before @p deadline (later the reader thread reads).
+// Reads rank 0's answer to a hello before @p deadline, moved on like send_all's (later the
+// reader thread reads).
 // @return nothing when the connection closed (@p timed_out false) or the deadline passed
 //         (@p timed_out true).
 // @throws Error `unavailable` when the header is not one a joining peer accepts (checked
@@ -182,7 +196,10 @@ std::optional<std::pair<Frame, std::string>> recv_reply(int fd, Clock::time_poin
         return false;
       }
       pollfd p{fd, POLLIN, 0};
-      ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+      const std::chrono::milliseconds step(std::min<long long>(left.count(), 1000));
+      const auto begin = Clock::now();
+      ::poll(&p, 1, static_cast<int>(step.count()));
+      deadline += overrun(Clock::now() - begin, step);
     }
     return true;
   };
@@ -260,6 +277,10 @@ struct ControlPlane::Impl {
   std::atomic<std::uint64_t> my_progress{0};
   std::chrono::milliseconds heartbeat_interval;
   Clock::duration silence_after;
+  // A heartbeat later than this past its interval, or a wait of the main thread that long
+  // past what it asked: this process did not run meanwhile (stopped, or starved).
+  Clock::duration suspended_after;
+  Clock::time_point last_tick;  // the reader's last heartbeat; guarded by `mutex`
   std::optional<asio::steady_timer> heartbeat_timer;
   std::function<void()> ending_hook;  // on_ending's; guarded by `mutex`
 
@@ -268,11 +289,40 @@ struct ControlPlane::Impl {
         options(o),
         heartbeat_interval(std::clamp<std::chrono::milliseconds>(
             o.timeout / 10, std::chrono::milliseconds(10), std::chrono::milliseconds(1000))),
-        silence_after(4 * heartbeat_interval) {}
+        silence_after(4 * heartbeat_interval),
+        suspended_after(std::min<Clock::duration>(heartbeat_interval,
+                                                  std::chrono::milliseconds(500))) {}
 
-  // Whether @p c is open but has sent nothing for `silence_after`. Caller holds `mutex`.
+  // Whether @p c is open but has sent nothing for `silence_after` of the time this process
+  // ran. A peer's silence is known only while the reader runs: a process stopped, then
+  // resumed, finds its peers' frames waiting in the sockets, and until the reader's next
+  // heartbeat (which discounts the time it did not run, and by then the reader has read
+  // what waited) it calls no peer silent. Caller holds `mutex`.
   [[nodiscard]] bool silent(const Connection& c, Clock::time_point now) const {
-    return !c.closed && now - c.last_heard > silence_after;
+    const bool reader_current = now - last_tick <= heartbeat_interval + suspended_after;
+    return !c.closed && reader_current && now - c.last_heard > silence_after;
+  }
+
+  // Waits on `changed` until @p done() holds, at most @p most of the time this process ran
+  // (the rule of the loader's watchdog): in steps of at most a heartbeat interval, each
+  // counting at most as long as it asked for. A wait that runs out on a step that ended far
+  // later than asked (this process was stopped, then resumed) takes one step more: the
+  // reader thread resumed with this one, and what arrived meanwhile (the catalogue, an ABORT,
+  // heartbeats) is waiting in the sockets for it; the time stopped is no peer's stall. Caller
+  // holds `mutex` through @p lock. @return whether @p done() holds.
+  template <class Done>
+  bool wait_running(std::unique_lock<std::mutex>& lock, Clock::duration most, Done done) {
+    Clock::duration left = most;
+    while (!done()) {
+      if (left <= Clock::duration::zero()) return false;
+      const Clock::duration step = std::min<Clock::duration>(left, heartbeat_interval);
+      const auto begin = Clock::now();
+      changed.wait_for(lock, step);
+      const Clock::duration took = Clock::now() - begin;
+      left -= std::min(took, step);
+      if (left <= Clock::duration::zero() && took > step + suspended_after) left = step;
+    }
+    return true;
   }
 
   // Whether every connection is closed. Caller holds `mutex`.
@@ -310,7 +360,7 @@ struct ControlPlane::Impl {
     spdlog::debug("rendezvous: listening on {} for {} peer(s)",
                   host_port(options.address, options.port), world.world_size - 1);
     connections.resize(world.world_size);
-    const auto deadline = Clock::now() + options.timeout;
+    auto deadline = Clock::now() + options.timeout;  // moved on by overrun
     const auto greeting_wait = std::min(options.timeout, greeting_timeout);
     int joined = 0;
     int refused = 0;
@@ -486,7 +536,12 @@ struct ControlPlane::Impl {
     };
     accept_next();
     while (joined < world.world_size - 1 && Clock::now() < deadline) {
-      rendezvous_io.run_one_until(deadline);
+      // In steps of a second: a rank 0 stopped meanwhile takes, once resumed, the hellos
+      // waiting in its sockets rather than blaming the ranks that sent them.
+      const auto begin = Clock::now();
+      const auto until = std::min<Clock::time_point>(deadline, begin + std::chrono::seconds(1));
+      rendezvous_io.run_one_until(until);
+      deadline += overrun(Clock::now() - begin, until - begin);
     }
     acceptor.close();
     for (const GreetingPtr& g : std::deque<GreetingPtr>(pending)) close_greeting(*g);
@@ -521,11 +576,14 @@ struct ControlPlane::Impl {
 
   void connect_to_root() {
     const tcp::endpoint endpoint = resolve(options);
-    const auto deadline = Clock::now() + options.timeout;
+    auto deadline = Clock::now() + options.timeout;  // moved on by overrun
     auto backoff = std::chrono::milliseconds(50);
     std::string last_error = "no attempt";
     auto pause = [&] {
-      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
+      const auto step = std::min<Clock::duration>(backoff, deadline - Clock::now());
+      const auto begin = Clock::now();
+      std::this_thread::sleep_for(step);
+      deadline += overrun(Clock::now() - begin, step);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     };
     const std::string hello_payload =
@@ -541,7 +599,16 @@ struct ControlPlane::Impl {
       tcp::socket socket(connect_io);
       boost::system::error_code result = asio::error::would_block;
       socket.async_connect(endpoint, [&](boost::system::error_code ec) { result = ec; });
-      connect_io.run_until(std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+      // Up to 5 s for the connect, in steps of a second (overrun).
+      auto connect_until = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      while (result == asio::error::would_block && Clock::now() < connect_until) {
+        const auto begin = Clock::now();
+        const auto until = std::min(connect_until, begin + std::chrono::seconds(1));
+        connect_io.run_until(until);
+        const auto stopped = overrun(Clock::now() - begin, until - begin);
+        deadline += stopped;
+        connect_until += stopped;
+      }
       if (result == asio::error::would_block) {
         last_error = "connect timed out";
         continue;
@@ -613,6 +680,7 @@ struct ControlPlane::Impl {
   void start_reader() {
     reports.resize(world.world_size);
     const auto now = Clock::now();
+    last_tick = now;
     for (auto& connection : connections) {
       if (!connection) continue;
       connection->last_heard = now;
@@ -629,6 +697,18 @@ struct ControlPlane::Impl {
   // Sends this rank's PROGRESS on every open connection, then again after the interval; stops
   // once every connection is closed, so that the reader thread returns.
   void heartbeat() {
+    {
+      // A heartbeat far later than its interval: this process was stopped (or starved), and
+      // heard nothing meanwhile; that time is no peer's silence.
+      std::lock_guard lock(mutex);
+      const auto now = Clock::now();
+      if (const auto late = now - last_tick - heartbeat_interval; late > suspended_after) {
+        for (auto& connection : connections) {
+          if (connection) connection->last_heard = std::min(connection->last_heard + late, now);
+        }
+      }
+      last_tick = now;
+    }
     const std::string frame =
         frame_bytes(Frame::progress, detail::encode_progress(my_progress.load()));
     bool open = false;
@@ -852,7 +932,7 @@ struct ControlPlane::Impl {
       // process with the peer's message and status, that is the job's cause, not this send.
       {
         std::unique_lock lock(mutex);
-        changed.wait_for(lock, std::chrono::seconds(1), [&] { return c.closed || ending; });
+        wait_running(lock, std::chrono::seconds(1), [&] { return c.closed || ending.load(); });
       }
       if (ending && !sent_abort_locked()) {
         std::this_thread::sleep_for(abort_grace + std::chrono::seconds(1));  // it _exits
@@ -965,7 +1045,7 @@ void ControlPlane::await_hangups(std::chrono::milliseconds most) {
   std::vector<int> open;
   {
     std::unique_lock lock(impl.mutex);
-    if (impl.changed.wait_for(lock, most, [&] { return impl.all_closed(); })) return;
+    if (impl.wait_running(lock, most, [&] { return impl.all_closed(); })) return;
     for (auto& connection : impl.connections) {
       if (connection && !connection->closed) open.push_back(connection->rank);
     }
@@ -986,21 +1066,17 @@ void ControlPlane::linger(std::chrono::milliseconds most) noexcept {
   std::unique_lock lock(impl.mutex);
   if (!impl.sent_abort) return;
   const Connection& root = *impl.connections[0];
-  impl.changed.wait_for(lock, most, [&] { return root.closed; });
+  impl.wait_running(lock, most, [&] { return root.closed; });
 }
 
 void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
   Impl& impl = *_impl;
   if (impl.world.rank == 0 || impl.connections.empty() || !impl.connections[0]) return;
-  const auto until = Clock::now() + most;
   std::unique_lock lock(impl.mutex);
   const Connection& root = *impl.connections[0];
   // An ABORT or a lost connection ends this process on the reader thread; a silent rank 0
   // will send neither.
-  while (!root.closed && !impl.silent(root, Clock::now()) && Clock::now() < until) {
-    impl.changed.wait_for(lock, std::min<Clock::duration>(impl.heartbeat_interval,
-                                                          until - Clock::now()));
-  }
+  impl.wait_running(lock, most, [&] { return root.closed || impl.silent(root, Clock::now()); });
 }
 
 void ControlPlane::join_finished_reader() noexcept {
@@ -1030,7 +1106,7 @@ std::string ControlPlane::share(std::string bytes) {
     return bytes;
   }
   std::unique_lock lock(impl.mutex);
-  if (!impl.changed.wait_for(lock, impl.options.timeout, [&] { return !impl.shared.empty(); })) {
+  if (!impl.wait_running(lock, impl.options.timeout, [&] { return !impl.shared.empty(); })) {
     throw Error(Errc::timeout, fmt::format("control plane: nothing from rank 0 within {} "
                                            "(rank 0 stalled?)",
                                            milliseconds(impl.options.timeout)));
@@ -1063,11 +1139,8 @@ void ControlPlane::abort(const Error& error) noexcept {
   // Let the others print the message before the launcher tears the job down.
   std::unique_lock lock(impl.mutex);
   // A silent rank (stopped) is not waited for; the wait wakes each heartbeat to see.
-  const auto until = Clock::now() + std::min<Clock::duration>(impl.options.timeout, abort_grace);
-  while (!impl.none_to_wait_for(Clock::now()) && Clock::now() < until) {
-    impl.changed.wait_for(lock, std::min<Clock::duration>(impl.heartbeat_interval,
-                                                          until - Clock::now()));
-  }
+  impl.wait_running(lock, std::min<Clock::duration>(impl.options.timeout, abort_grace),
+                    [&] { return impl.none_to_wait_for(Clock::now()); });
 }
 
 std::vector<RankReport> ControlPlane::gather(RankReport mine) {
@@ -1087,7 +1160,7 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine) {
   std::unique_lock lock(impl.mutex);
   impl.reports.resize(impl.world.world_size);
   impl.reports[0] = std::move(mine);
-  const bool all = impl.changed.wait_for(lock, impl.options.timeout, [&] {
+  const bool all = impl.wait_running(lock, impl.options.timeout, [&] {
     for (auto& r : impl.reports) {
       if (!r) return false;
     }
@@ -1123,8 +1196,8 @@ Verdict ControlPlane::finish(Verdict verdict) {
     return verdict;
   }
   std::unique_lock lock(impl.mutex);
-  if (!impl.changed.wait_for(lock, impl.options.timeout,
-                             [&] { return impl.verdict.has_value(); })) {
+  if (!impl.wait_running(lock, impl.options.timeout,
+                         [&] { return impl.verdict.has_value(); })) {
     throw Error(Errc::timeout, fmt::format("no verdict from rank 0 within {} (rank 0 stalled?)",
                                            milliseconds(impl.options.timeout)));
   }

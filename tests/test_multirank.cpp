@@ -297,6 +297,9 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
   CHECK_THAT(r.out, Contains("rank(s) 1 sent nothing over the control plane for "));
   CHECK(count(r.out, "weightcast: error: rank 0: MPI_Init_thread did not return within 3000 "
                      "ms (timeout): rank(s) 1 sent nothing") >= 2);
+  // Resumed by mpirun's teardown, rank 1 found its wait for the catalogue past its deadline
+  // and blamed rank 0 before it read the catalogue and rank 0's ABORT waiting for it.
+  CHECK_THAT(r.out, !Contains("rank 0 stalled") && !Contains("rank(s) 0 sent nothing"));
 }
 
 TEST_CASE("multirank: rank 0 shows the load's progress, as run does alone", "[multirank]") {
@@ -1000,6 +1003,32 @@ TEST_CASE("multirank: a rank stopped for longer than the timeout, then resumed, 
   CHECK_THAT(r.out, Contains("weightcast: error: rank 0: no progress for 3000 ms") &&
                         Contains("rank(s) 1 sent nothing over the control plane for "));
   CHECK_THAT(r.out, !Contains("weightcast: error: rank 1: no progress"));
+}
+
+TEST_CASE("multirank: a rank stopped across its wait for the catalogue for longer than the "
+          "timeout, and resumed before rank 0 times out, goes on", "[multirank]") {
+  // Resumed, rank 1's wait for the catalogue counted the time it was stopped: its deadline
+  // had passed, and it ended the job (75) before its reader thread took the catalogue waiting
+  // in the socket, blaming rank 0: "nothing from rank 0 within 8000 ms (rank 0 stalled?);
+  // rank(s) 0 sent nothing over the control plane for 9.3 s", while rank 0 was healthy.
+  // Timeline from rank 0's "pausing": rank 1 waits for the catalogue from about 0 s (its
+  // deadline about 8 s); it is stopped at 0.2 s and resumed at 9.2 s; rank 0 shares the
+  // catalogue at 4 s and waits in MPI_Init_thread until 12 s for rank 1.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(43101, "8s")), 4000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 1 waits by now
+  const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(9000));
+  ::kill(victim, SIGCONT);
+  const auto r = job->wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 0);
+  CHECK_THAT(r.out, Contains("3 ranks × ") && Contains("bit-exact"));
+  CHECK_THAT(r.out, !Contains("rank 0 stalled") && !Contains("rank(s) 0 sent nothing"));
 }
 
 TEST_CASE("multirank: when rank 0 stops mid-load the others name it and end with 75",

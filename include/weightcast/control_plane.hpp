@@ -32,7 +32,10 @@
  * `_exit(status)` after printing `weightcast: error: MESSAGE`: a rank blocked in an MPI or
  * NCCL call cannot be unwound (an `MPI_Ibcast` in flight cannot be cancelled), so the exit is
  * the only bounded way out; the launcher or mpirun then reaps the rest. Every wait is bounded
- * by `timeout`.
+ * by `timeout` (or the bound it names) of the time this process ran: a rank stopped (SIGSTOP,
+ * a debugger) and resumed does not count the time it was stopped, and looks at what arrived
+ * meanwhile (the catalogue, a verdict, an ABORT, the heartbeats) before it gives up or calls
+ * another rank silent; the other ranks, meanwhile, meet its stall and name it.
  *
  * Boost.Asio stays inside control_plane.cpp (pimpl), so this header is cheap to include.
  */
