@@ -692,6 +692,14 @@ std::string read_file(const std::string& path) {
   }
   text.resize(done);
   if (looks_like_safetensors("", text)) refuse_checkpoint_as_config(path);
+  // YAML allows no NUL byte in a stream (YAML 1.2 §5.1), and yaml-cpp reads a raw one as if
+  // it were a backslash: `trace: my<NUL>nreport.json` wrote to "my\nreport.json".
+  if (const auto nul = text.find('\0'); nul != std::string::npos && done <= max_config_bytes) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+    throw Error(Errc::config, fmt::format("{}:{}: holds a NUL byte (byte {} of the file), which "
+                                          "YAML does not allow",
+                                          path, line, nul));
+  }
   if (done > max_config_bytes) {
     throw Error(Errc::config,
                 fmt::format("{}: is larger than a config file can be ({} bytes at most; a config "

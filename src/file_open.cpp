@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
@@ -174,6 +175,26 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
     // Reached through a link of procfs's (/dev/stdout), or something else than symbolic
     // links: there is no name of its own to rename over, so the file is written in place.
     struct stat target {};
+    if (through_procfs_link(path)) {
+      // This process's own stdout or stderr (`--report /dev/stdout > out.txt`): written
+      // through that descriptor, at its offset and not truncated. A second open file of its
+      // own started at offset 0, truncated what stdout had written (a `>>` log too), and the
+      // summary printed after overwrote the report's first bytes.
+      for (const int standard : {STDOUT_FILENO, STDERR_FILENO}) {
+        struct stat open_st {};
+        if (::fstat(standard, &open_st) != 0 || open_st.st_dev != st.st_dev ||
+            open_st.st_ino != st.st_ino) {
+          continue;
+        }
+        std::fflush(standard == STDOUT_FILENO ? stdout : stderr);
+        const int shared = ::fcntl(standard, F_DUPFD_CLOEXEC, 0);
+        if (shared < 0) continue;
+        ::close(_fd);
+        _fd = shared;
+        _target.clear();
+        return;
+      }
+    }
     if (through_procfs_link(path) || ::stat(_target.c_str(), &target) != 0 ||
         target.st_dev != st.st_dev || target.st_ino != st.st_ino) {
       if (::ftruncate(_fd, 0) != 0) fail(errno, "");
@@ -191,9 +212,9 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
   if (temp < 0) {
     const int err = errno;
     _temp.clear();
-    if (err == EACCES || err == EPERM || err == ENAMETOOLONG) {
-      // The directory takes no new name (a writable file in a read-only directory): write
-      // in place, as before.
+    if (err == EACCES || err == EPERM || err == ENAMETOOLONG || err == EROFS) {
+      // The directory takes no new name (a writable file in a read-only directory, or a file
+      // bind-mounted into one): write in place, as before.
       if (existed) {
         if (::ftruncate(_fd, 0) != 0) fail(errno, "");
       } else {
@@ -255,9 +276,41 @@ void OutputFile::commit() {
   const int fd = std::exchange(_fd, -1);
   if (::close(fd) != 0) fail(errno, "");
   if (_temp.empty()) return;
-  if (::rename(_temp.c_str(), _target.c_str()) != 0) {
-    fail(errno, fmt::format("cannot rename {} over", _temp.filename().string()));
+  if (::rename(_temp.c_str(), _target.c_str()) == 0) {
+    _temp.clear();
+    return;
   }
+  const int err = errno;
+  // A target that may be written but not replaced: a file bind-mounted in place (a
+  // container's `-v host.json:/out/report.json`: EBUSY), another user's file in a sticky
+  // directory such as /tmp (EPERM), a read-only directory (EROFS, EACCES). It is written in
+  // place from the finished temporary, as it was before reports were renamed into place.
+  if (err != EBUSY && err != EPERM && err != EACCES && err != EROFS && err != EXDEV) {
+    fail(err, fmt::format("cannot rename {} over", _temp.filename().string()));
+  }
+  copy_temp_in_place();
+}
+
+void OutputFile::copy_temp_in_place() {
+  const int from = ::open(_temp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (from < 0) fail(errno, fmt::format("cannot read back {} for", _temp.filename().string()));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{from};
+  _fd = open_output_file(_path, _what, true);
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(from, buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(errno, fmt::format("cannot read back {} for", _temp.filename().string()));
+    if (got == 0) break;
+    write(std::string_view(buffer, static_cast<std::size_t>(got)));
+  }
+  if (::fsync(_fd) != 0 && errno != EINVAL && errno != EROFS) fail(errno, "");
+  const int fd = std::exchange(_fd, -1);
+  if (::close(fd) != 0) fail(errno, "");
+  ::unlink(_temp.c_str());
   _temp.clear();
 }
 

@@ -393,6 +393,16 @@ TEST_CASE("config: a config path that leads to no file says why, a socket what i
   CHECK(std::string(e.what()) == path + ": is a socket, not a YAML config file");
 }
 
+TEST_CASE("config: a raw NUL byte in the file is refused with its line", "[config]") {
+  // yaml-cpp read it as a backslash: `trace: my<NUL>nreport.json` wrote "my\nreport.json".
+  test::TempDir dir;
+  const auto path = write_yaml(dir, std::string("checkpoint: x\ntrace: my\0nreport.json\n", 37));
+  auto e = expect_error([&] { load_config(path, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) ==
+        path + ":2: holds a NUL byte (byte 23 of the file), which YAML does not allow");
+}
+
 TEST_CASE("config: --set syntax", "[config]") {
   auto no_eq = expect_error([] { from_set({"chunk_size"}); });
   CHECK(no_eq.code() == Errc::usage);

@@ -110,13 +110,17 @@ CLI::Validator non_empty_path(const std::string& noun) {
 // failed write to stdout is 74 with its reason. A handler that does nothing turns the signal
 // into EPIPE for the write; unlike SIG_IGN it is not inherited across exec (mpirun, the
 // ranks launch starts keep the default). A SIGPIPE the process was started ignoring stays so.
+// SIGXFSZ likewise: a write past RLIMIT_FSIZE (`ulimit -f`) killed the process with no word
+// (153) and left the report's temporary file; it now fails with EFBIG, 74 and the reason.
 void catch_broken_pipe() noexcept {
-  struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler == SIG_IGN) return;
-  struct sigaction action {};
-  action.sa_handler = [](int) {};
-  ::sigemptyset(&action.sa_mask);
-  ::sigaction(SIGPIPE, &action, nullptr);
+  for (const int sig : {SIGPIPE, SIGXFSZ}) {
+    struct sigaction current {};
+    if (::sigaction(sig, nullptr, &current) != 0 || current.sa_handler == SIG_IGN) continue;
+    struct sigaction action {};
+    action.sa_handler = [](int) {};
+    ::sigemptyset(&action.sa_mask);
+    ::sigaction(sig, &action, nullptr);
+  }
 }
 
 // Rank 0 keeps every shard open for the whole load (twice where it reads with O_DIRECT), so a

@@ -144,13 +144,20 @@ class OutputFile {
   /**
    * @brief Makes the written bytes the file: fsync(2) and close(2) of the temporary file,
    *        each checked, then rename(2) over the target (written in place: close(2) alone).
+   *        Where the target may be written but not replaced (a bind-mounted file: EBUSY;
+   *        another user's file in a sticky directory: EPERM; EACCES, EROFS, EXDEV), the
+   *        temporary's bytes are copied into it in place, as a report was always written
+   *        before, and the temporary removed.
    * @throws Error `Errc::io` "PATH: cannot write WHAT: ..." when any step fails; the
-   *         temporary file is removed and the previous file stays as it was.
+   *         temporary file is removed and the previous file stays as it was (except where a
+   *         copy in place fails part way).
    */
   void commit();
 
  private:
   [[noreturn]] void fail(int err, std::string_view how);
+  // commit() where the rename is refused: the temporary's bytes written into the target.
+  void copy_temp_in_place();
 
   std::filesystem::path _path;    // as given, for messages
   std::string _what;
