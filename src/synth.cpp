@@ -26,6 +26,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -539,15 +540,28 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   summary.shards = shards.size();
 
   std::error_code ec;
-  if (std::filesystem::is_directory(out_dir, ec)) {
-    check_out_dir(out_dir);
-    remove_stale_partials(out_dir);
-  }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {
     throw Error(Errc::io, fmt::format("{}: cannot create directory: {}", out_dir.string(),
                                       ec.message()));
   }
+  // One synth at a time per directory: two at once each removed the other's finished files
+  // at the end, and both exited 0 with a checkpoint whose index named missing shards. The
+  // lock is the directory's own (flock(2)), released when this process ends however it ends.
+  Fd dir_lock(::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_lock.get() < 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot open directory", out_dir.string()));
+  }
+  if (::flock(dir_lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      throw Error(Errc::usage, fmt::format("synth: {} is being written by another weightcast "
+                                           "synth; wait for it, or write elsewhere",
+                                           out_dir.string()));
+    }
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot lock directory", out_dir.string()));
+  }
+  check_out_dir(out_dir);
+  remove_stale_partials(out_dir);
 
   std::vector<std::string> names;
   if (shards.size() == 1) {

@@ -18,6 +18,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <tuple>
@@ -373,6 +375,25 @@ TEST_CASE("synth: a FIFO named as one of its outputs is refused at once, not wai
                                   ": is a FIFO"));
     CHECK(dir_listing(dir.path()) == std::set<std::string>{name});
   }
+}
+
+TEST_CASE("synth: a directory another synth is writing is refused, nothing touched",
+          "[synth]") {
+  // Two at once each removed the other's files at the end: both exited 0, and the index
+  // named shards that were gone.
+  test::TempDir dir;
+  const auto first = write_synthetic_checkpoint(dir.path(), {1'000'000, Dtype::BF16, 1 << 20, 0});
+  const auto before = dir_listing(dir.path());
+  const int held = ::open(dir.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX) == 0);  // as a running synth holds it
+  auto e = expect_error(
+      [&] { write_synthetic_checkpoint(dir.path(), {2'000'000, Dtype::BF16, 1 << 20, 0}); });
+  ::close(held);
+  CHECK(e.code() == Errc::usage);
+  CHECK_THAT(e.what(), Contains("is being written by another weightcast synth"));
+  CHECK(dir_listing(dir.path()) == before);
+  CHECK(open_checkpoint(first.checkpoint).tensors.size() == first.tensors);
 }
 
 TEST_CASE("synth: errors", "[synth]") {
