@@ -412,6 +412,13 @@ int launch(const LaunchArgs& args) {
     const auto& [label, status] = *failure;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_status(Errc::unavailable);
     std::string how = describe_status(status);
+    // SIGPIPE: the output the ranks share (launch's stdout) lost its reader, as `run` reports
+    // a failed write to stdout: 74, rather than a rank that died (69) with no message above.
+    const bool lost_stdout = WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE;
+    if (lost_stdout) {
+      code = exit_status(Errc::io);
+      how += ": stdout was closed by its reader, so the ranks' output was lost";
+    }
     // mpirun exits 128 + N when it ended the job because a rank was killed by signal N: a
     // signal death is 69, as with the local spawner, and the line says so. But 130 and 143
     // are also what every rank exits with when one was interrupted by SIGINT or SIGTERM
@@ -434,7 +441,7 @@ int launch(const LaunchArgs& args) {
     }
     std::fflush(stdout);
     eprint("weightcast launch: {} {}{}\n", label, how,
-               mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");
+           lost_stdout ? "" : mpirun ? " (see the ranks' messages above)" : "; ended the other ranks");
     return code;
   }
   return 0;
