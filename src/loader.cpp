@@ -528,10 +528,28 @@ class Pipeline {
       if (::fstat(request.fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < end) {
         end = static_cast<std::uint64_t>(st.st_size);
       }
+      // Where the file now ends: in its header (a shard cut to 0 bytes), or inside a tensor,
+      // which may be an earlier one than the chunk being read.
+      if (end < shard.data_offset) {
+        return Error(Errc::io,
+                     fmt::format("{}: file ended at offset {}, inside its header, while reading "
+                                 "tensor '{}' (expected {} bytes): the shard shrank after its "
+                                 "header was read",
+                                 shard.name, end, tensor, shard.file_bytes));
+      }
+      std::string reading;
+      for (const TensorInfo& info : _catalogue.tensors) {
+        if (&_catalogue.shards[info.shard] == &shard && info.file_offset <= end &&
+            end < info.file_offset + info.bytes && info.name != tensor) {
+          reading = fmt::format(", while reading tensor '{}'", tensor);
+          tensor = info.name;
+          break;
+        }
+      }
       return Error(Errc::io,
-                   fmt::format("{}: file ended at offset {} inside tensor '{}' (expected {} "
+                   fmt::format("{}: file ended at offset {} inside tensor '{}'{} (expected {} "
                                "bytes): the shard shrank after its header was read",
-                               shard.name, end, tensor, shard.file_bytes));
+                               shard.name, end, tensor, reading, shard.file_bytes));
     }
     return system_error(Errc::io, request.error,
                         fmt::format("{}: read failed at offset {} (tensor '{}')", shard.name,

@@ -540,6 +540,13 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   summary.shards = shards.size();
 
   std::error_code ec;
+  // A dangling symbolic link: create_directories says only "File exists".
+  if (std::filesystem::is_symlink(out_dir, ec) && !std::filesystem::exists(out_dir, ec)) {
+    throw Error(Errc::usage,
+                fmt::format("synth: {} is a symbolic link to {}, which does not exist: create "
+                            "that directory first, or give another path",
+                            out_dir.string(), std::filesystem::read_symlink(out_dir, ec).string()));
+  }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {
     throw Error(Errc::io, fmt::format("{}: cannot create directory: {}", out_dir.string(),

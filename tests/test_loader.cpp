@@ -319,7 +319,8 @@ TEST_CASE("a read that starts past a shard's new end reports where the file ends
   const auto path = write_four_tensors(dir.path());
   const Catalogue catalogue = open_checkpoint(path);
   // One slot: chunk 2 is submitted only after chunk 1's read has completed and been
-  // uploaded. Cutting just before chunk 2 (tensor 1) makes its read start past the end.
+  // uploaded. Cutting just before chunk 2 (tensor 1), inside tensor 0, makes its read start
+  // past the end. (The message said the file ended "inside tensor 't1'": the one being read.)
   const std::uint64_t cut = catalogue.tensors[1].file_offset - 10;
   LoadOptions options;
   options.chunk_bytes = 4096;
@@ -341,8 +342,43 @@ TEST_CASE("a read that starts past a shard's new end reports where the file ends
   REQUIRE(cut_done);
   CHECK(error.code() == Errc::io);
   CHECK_THAT(error.what(),
-             Catch::Contains(fmt::format("file ended at offset {} inside tensor '{}'", cut,
+             Catch::Contains(fmt::format("file ended at offset {} inside tensor '{}', while "
+                                         "reading tensor '{}'",
+                                         cut, catalogue.tensors[0].name,
                                          catalogue.tensors[1].name)));
+}
+
+TEST_CASE("a shard cut to 0 bytes mid-load says the file ends in its header", "[loader]") {
+  // It said "file ended at offset 0 inside tensor ...": offset 0 is in the header.
+  const auto direct = GENERATE(DirectIo::off, DirectIo::on);
+  INFO("direct_io " << static_cast<int>(direct));
+  TempDir dir;
+  const auto path = write_four_tensors(dir.path());
+  const Catalogue catalogue = open_checkpoint(path);
+  // One slot: chunk 2 (tensor 1) is submitted only after chunk 1's read has completed; the
+  // file is cut to nothing meanwhile.
+  const std::uint64_t cut = 0;
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.buffer_depth = 1;
+  options.reader = ReaderKind::pread;
+  options.direct_io = direct;
+  bool cut_done = false;
+  options.on_stage_event = [&](const StageEvent& event) {
+    if (event.stage != Stage::read || event.chunk != 1 || cut_done) return;
+    std::filesystem::resize_file(path, cut);
+    cut_done = true;
+  };
+  const Error error = test::expect_host_load_error(catalogue, options);
+  if (direct == DirectIo::on && std::string(error.what()).find("O_DIRECT") != std::string::npos) {
+    WARN("the temporary directory's filesystem refuses O_DIRECT: " << error.what());
+    return;
+  }
+  INFO(error.what());
+  REQUIRE(cut_done);
+  CHECK(error.code() == Errc::io);
+  CHECK_THAT(error.what(), Catch::Contains("file ended at offset 0, inside its header, while "
+                                           "reading tensor '" + catalogue.tensors[1].name + "'"));
 }
 
 TEST_CASE("a shard modified in place during the load fails with 74 naming it", "[loader]") {

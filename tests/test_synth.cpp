@@ -396,6 +396,17 @@ TEST_CASE("synth: a directory another synth is writing is refused, nothing touch
   CHECK(open_checkpoint(first.checkpoint).tensors.size() == first.tensors);
 }
 
+TEST_CASE("synth: an output directory that is a dangling symlink says so", "[synth]") {
+  // It said "cannot create directory: File exists".
+  test::TempDir dir;
+  fs::create_directory_symlink(dir / "missing", dir / "out");
+  auto e = expect_error(
+      [&] { write_synthetic_checkpoint(dir / "out", {1'000'000, Dtype::BF16, 1 << 20, 0}); });
+  CHECK(e.code() == Errc::usage);
+  CHECK_THAT(e.what(), Contains("out is a symbolic link to " + (dir / "missing").string() +
+                                ", which does not exist"));
+}
+
 TEST_CASE("synth: errors", "[synth]") {
   test::TempDir dir;
   auto e = expect_error(

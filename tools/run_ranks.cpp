@@ -311,11 +311,20 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
         mpi = std::make_unique<MpiSession>();
       }
       if (mpi->rank() != rank || mpi->world_size() != world.world_size) {
+        // Where the config gave the world, the config is what disagrees with mpirun.
+        const std::string hint =
+            world.source == WorldSource::config
+                ? fmt::format("remove world.rank and world.size from the config (mpirun's "
+                              "environment gives each rank its place), or start {} ranks "
+                              "with mpirun -np {} in that order",
+                              world.world_size, world.world_size)
+                : fmt::format("launch with mpirun -np {} (weightcast launch does)",
+                              world.world_size);
         throw Error(Errc::unavailable,
                     fmt::format("transport mpi: MPI says rank {} of {}, but this is rank {} of "
-                                "{} ({}); launch with mpirun -np {} (weightcast launch does)",
+                                "{} ({}); {}",
                                 mpi->rank(), mpi->world_size(), rank, world.world_size,
-                                to_string(world.source), world.world_size));
+                                to_string(world.source), hint));
       }
       transport = make_mpi_transport(*mpi);
     } else {

@@ -53,8 +53,8 @@ void honour_block_delay_hook(SynthOptions& options) {
   if (ms == 0) return;
   options.on_block = [ms, first = std::make_shared<std::atomic<bool>>(true)](std::uint64_t) {
     if (first->exchange(false)) {
-      fmt::print(stderr, "test hook {}: the first block was written; sleeping {} ms after "
-                         "each block\n", block_delay_hook_env, ms);
+      eprint("test hook {}: the first block was written; sleeping {} ms after each block\n",
+             block_delay_hook_env, ms);
       std::fflush(stderr);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
