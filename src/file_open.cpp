@@ -140,6 +140,11 @@ int open_output_file(const std::filesystem::path& path, std::string_view what, b
   return fd;
 }
 
+int create_fresh(const std::filesystem::path& path, mode_t mode) noexcept {
+  ::unlink(path.c_str());
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+}
+
 std::filesystem::path follow_links(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   fs::path target = path;
@@ -175,7 +180,8 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
     // Reached through a link of procfs's (/dev/stdout), or something else than symbolic
     // links: there is no name of its own to rename over, so the file is written in place.
     struct stat target {};
-    if (through_procfs_link(path)) {
+    const bool procfs = through_procfs_link(path);
+    if (procfs) {
       // This process's own stdout or stderr (`--report /dev/stdout > out.txt`): written
       // through that descriptor, at its offset and not truncated. A second open file of its
       // own started at offset 0, truncated what stdout had written (a `>>` log too), and the
@@ -195,7 +201,7 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
         return;
       }
     }
-    if (through_procfs_link(path) || ::stat(_target.c_str(), &target) != 0 ||
+    if (procfs || ::stat(_target.c_str(), &target) != 0 ||
         target.st_dev != st.st_dev || target.st_ino != st.st_ino) {
       if (::ftruncate(_fd, 0) != 0) fail(errno, "");
       _target.clear();
@@ -206,9 +212,7 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
   _temp += fmt::format(".partial-{}", ::getpid());
   // Whatever holds the name (a temporary left by an earlier process of this pid, a FIFO, a
   // symbolic link) is removed and never opened: the write would block or go elsewhere.
-  ::unlink(_temp.c_str());
-  const int temp = ::open(_temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          existed ? 0600 : 0666);  // a new file: 0666 less the umask
+  const int temp = create_fresh(_temp, existed ? 0600 : 0666);  // new: 0666 less the umask
   if (temp < 0) {
     const int err = errno;
     _temp.clear();
@@ -232,14 +236,13 @@ OutputFile::OutputFile(const std::filesystem::path& path, std::string_view what)
   if (existed) {
     // The previous file's permission bits, owner and group (the last two only where this
     // process may set them: root, or a group it belongs to).
-    if (::fchown(temp, st.st_uid, st.st_gid) != 0 &&
-        ::fchown(temp, static_cast<uid_t>(-1), st.st_gid) != 0) {
-      // Neither may be set: the file becomes this process's, as any file it creates.
+    // Where neither may be set, the file becomes this process's, as any file it creates.
+    if (::fchown(temp, st.st_uid, st.st_gid) != 0) {
+      (void)::fchown(temp, static_cast<uid_t>(-1), st.st_gid);
     }
     // After fchown, which clears set-user-ID and set-group-ID. It cannot fail on a file this
     // process created; if it did, the file would keep 0600.
-    if (::fchmod(temp, st.st_mode & 07777) != 0) {
-    }
+    (void)::fchmod(temp, st.st_mode & 07777);
     ::close(_fd);
   }
   _fd = temp;

@@ -248,12 +248,9 @@ void throw_if_stopped(const std::stop_token& stop) {
 
 /// Writes one shard: 8-byte header length, padded JSON header, then the tensors' bytes.
 /// @return the file size.
-// Creates synth's temporary file @p path afresh. Whatever holds the name (a file left by an
-// earlier process of the same pid, a FIFO, a symlink) is removed first and never opened:
-// open(2) of a FIFO would block, and a symlink would send the write elsewhere.
+// Creates synth's temporary file @p path afresh (detail::create_fresh).
 int create_temp(const std::filesystem::path& path) {
-  ::unlink(path.c_str());
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int fd = detail::create_fresh(path, 0644);
   if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: create", path.string()));
   return fd;
 }

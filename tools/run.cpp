@@ -335,8 +335,7 @@ void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
   }
   std::error_code ec;
   const fs::path given = config.checkpoint;
-  if (rank != 0) {
-  } else if (fs::is_directory(given, ec)) {
+  if (rank == 0 && fs::is_directory(given, ec)) {
     for (fs::directory_iterator it(given, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.ends_with(".safetensors.index.json")) {
@@ -344,7 +343,7 @@ void check_outputs_spare_checkpoint(const RunArgs& args, const Config& config,
                          "the checkpoint"});
       }
     }
-  } else {
+  } else if (rank == 0) {
     add(given, {fmt::format("the checkpoint {}", config.checkpoint), "the checkpoint"});
   }
   if (!args.config_path.empty()) {

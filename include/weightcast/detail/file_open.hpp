@@ -86,6 +86,16 @@ int open_input_nonblocking(const std::filesystem::path& path, int extra_flags = 
 int open_output_file(const std::filesystem::path& path, std::string_view what, bool truncate);
 
 /**
+ * @brief Creates @p path afresh for writing (a temporary file of this process's): whatever
+ *        holds the name (a file an earlier process of this pid left, a FIFO, a symlink) is
+ *        removed first and never opened, since open(2) of a FIFO blocks and a symlink would
+ *        send the write elsewhere.
+ * @param mode the new file's mode, less the umask.
+ * @return the descriptor (O_WRONLY, O_CLOEXEC), or -1 with errno set as open(2) left it.
+ */
+int create_fresh(const std::filesystem::path& path, mode_t mode) noexcept;
+
+/**
  * @brief @p path with its last component's symbolic links followed, as open(2) follows
  *        them, even to a target that does not exist yet (a dangling link is written
  *        through); at most 40 hops, Linux's MAXSYMLINKS (past that open(2) says ELOOP).
