@@ -1,7 +1,7 @@
 // Host-mode broadcast throughput: weightcast's loader with the mpi transport against a plain
 // MPI_Bcast of the same bytes with the same chunking, in the same run (nccl-tests style).
 //
-//   mpirun -np 3 build/bcast_bench CHECKPOINT [chunk_size] [iterations]
+//   mpirun -np 3 build/bcast_bench CHECKPOINT [chunk_size] [iterations] [direct_io]
 //
 // Rank 0 opens CHECKPOINT and sends the catalogue to the others with MPI_Bcast (the bench's
 // own control channel); then, per iteration, every rank runs `weightcast::load` (read,
@@ -158,7 +158,9 @@ void print_row(const char* what, std::uint64_t bytes, const Row& row, bool with_
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fmt::print(stderr, "usage: mpirun -np N bcast_bench CHECKPOINT [chunk_size] [iterations]\n");
+    fmt::print(stderr,
+               "usage: mpirun -np N bcast_bench CHECKPOINT [chunk_size] [iterations] "
+               "[direct_io: auto|on|off]\n");
     return 64;
   }
   try {
@@ -175,6 +177,10 @@ int main(int argc, char** argv) {
 
     LoadOptions options;
     options.chunk_bytes = chunk_bytes;
+    // direct_io as a config says it (auto, on, off), read by the config's own parser.
+    if (argc > 4) {
+      options.direct_io = load_config("", {fmt::format("direct_io={}", argv[4])}).direct_io;
+    }
     const ArenaLayout layout = layout_arena(catalogue);
     const Plan plan = make_plan(catalogue, layout, chunk_bytes);
     // The broadcast stage alone: each chunk's broadcast, from its post on this rank to its
