@@ -44,13 +44,7 @@ constexpr std::uint64_t max_index_bytes = 1ull << 30;
 std::string read_whole_file(const fs::path& path, const std::string& name) {
   detail::expect_path_without_nul(path, "the index");
   int fd = detail::open_input_nonblocking(path);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) throw Error(Errc::missing_input, fmt::format("{}: no such file", name));
-    // "a/b" where a is a file, a symlink loop: no file to read, and the reason says which.
-    throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
-                       fmt::format("{}: cannot open", name));
-  }
+  if (fd < 0) detail::throw_open_failure(errno, name, "");
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -388,7 +382,7 @@ Catalogue open_directory(const fs::path& dir) {
 }  // namespace
 
 Catalogue open_checkpoint(const fs::path& path) {
-  // Else the message would read ": no such file or directory".
+  // Else the message would read ": no such file".
   if (path.empty()) throw Error(Errc::missing_input, "checkpoint path is empty");
   detail::expect_path_without_nul(path, "the checkpoint");
   std::error_code ec;
@@ -396,12 +390,7 @@ Catalogue open_checkpoint(const fs::path& path) {
   if (!fs::exists(status)) {
     // The real reason where there is one other than absence: "Not a directory" for a/b where
     // a is a file, a symlink loop, "Permission denied" for a directory that cannot be searched.
-    const int err = ec.value();
-    if (err != 0 && err != ENOENT) {
-      throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
-                         fmt::format("{}: cannot open the checkpoint", path.string()));
-    }
-    throw Error(Errc::missing_input, fmt::format("{}: no such file or directory", path.string()));
+    detail::throw_open_failure(ec ? ec.value() : ENOENT, path.string(), "the checkpoint");
   }
   if (fs::is_directory(status)) return open_directory(path);
   if (path.extension() == ".json") return open_index(path);

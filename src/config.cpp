@@ -646,12 +646,7 @@ std::string read_file(const std::string& path) {
   std::error_code ec;
   auto status = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(status)) {
-    const int err = ec.value();
-    if (err != 0 && err != ENOENT) {
-      throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
-                         fmt::format("{}: cannot open config file", path));
-    }
-    throw Error(Errc::missing_input, fmt::format("{}: config file not found", path));
+    detail::throw_open_failure(ec ? ec.value() : ENOENT, path, "config file");
   }
   if (std::filesystem::is_directory(status)) {
     throw Error(Errc::config, fmt::format("{}: is a directory, not a YAML config file (a "
@@ -661,7 +656,7 @@ std::string read_file(const std::string& path) {
   if (looks_like_safetensors(path, {})) refuse_checkpoint_as_config(path);
   // Non-blocking open: a FIFO would otherwise wait for a writer forever.
   const int fd = detail::open_input_nonblocking(path);
-  if (fd < 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot open config file", path));
+  if (fd < 0) detail::throw_open_failure(errno, path, "config file");
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }

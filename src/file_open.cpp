@@ -77,6 +77,12 @@ std::string_view file_type_name(mode_t mode) noexcept {
   return "a special file";
 }
 
+void throw_open_failure(int err, std::string_view name, std::string_view what) {
+  if (err == ENOENT) throw Error(Errc::missing_input, fmt::format("{}: no such file", name));
+  throw system_error(unreachable_path(err) ? Errc::missing_input : Errc::io, err,
+                     fmt::format("{}: cannot open{}{}", name, what.empty() ? "" : " ", what));
+}
+
 void expect_path_without_nul(const std::filesystem::path& path, std::string_view what) {
   const std::string& text = path.native();
   const auto nul = text.find('\0');

@@ -583,12 +583,7 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   detail::expect_path_without_nul(path, "the safetensors file");
   std::string file = name.empty() ? path.string() : std::string(name);
   FileDescriptor fd(detail::open_input_nonblocking(path));
-  if (fd.get() < 0) {
-    int err = errno;
-    if (err == ENOENT) throw Error(Errc::missing_input, fmt::format("{}: no such file", file));
-    throw system_error(detail::unreachable_path(err) ? Errc::missing_input : Errc::io, err,
-                       fmt::format("{}: cannot open", file));
-  }
+  if (fd.get() < 0) detail::throw_open_failure(errno, file, "");
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     throw system_error(Errc::io, errno, fmt::format("{}: cannot stat", file));

@@ -105,8 +105,9 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
                                          "limit, ulimit -n, above the shard count)",
                                          shard.name, _fds.size() + 1, catalogue.shards.size()));
         }
-        throw system_error(err == ENOENT ? Errc::missing_input : Errc::io, err,
-                           fmt::format("{}: cannot open shard", shard.path.string()));
+        // Gone since its header was read, or its path now leads nowhere (a directory on it
+        // replaced by a file, a symlink loop): missing input, as it would have been then.
+        throw_open_failure(err, shard.path.string(), "shard");
       }
       _fds.push_back(fd);
       _alignments.push_back(1);

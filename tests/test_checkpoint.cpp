@@ -1,8 +1,11 @@
 // Opening checkpoints: a file, a directory, an index; the index rules; the shared corpus.
 #include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
 #include "weightcast/detail/index.hpp"
+#include "weightcast/detail/shard_files.hpp"
 #include "weightcast/error.hpp"
 
+#include "utils/expect_error.hpp"
 #include "utils/paths.hpp"
 #include "utils/report.hpp"
 #include "utils/safetensors_writer.hpp"
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -28,6 +32,7 @@ namespace {
 
 using namespace weightcast;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
 using nlohmann::json;
 using weightcast::test::read_json;
@@ -73,6 +78,26 @@ Error open_failure(const fs::path& path, Errc code) {
   FAIL("checkpoint " << path.string() << " was accepted but should be rejected");
   return Error(Errc::internal, "unreachable");
 }
+
+/// A Unix socket bound at a path, closed (its file left) when the object goes.
+class BoundSocket {
+ public:
+  explicit BoundSocket(const fs::path& path) : _fd(::socket(AF_UNIX, SOCK_STREAM, 0)) {
+    REQUIRE(_fd >= 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string text = path.string();
+    REQUIRE(text.size() < sizeof(address.sun_path));
+    std::copy(text.begin(), text.end(), address.sun_path);
+    REQUIRE(::bind(_fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  }
+  ~BoundSocket() { ::close(_fd); }
+  BoundSocket(const BoundSocket&) = delete;
+  BoundSocket& operator=(const BoundSocket&) = delete;
+
+ private:
+  int _fd;
+};
 
 std::vector<std::string> tensor_names(const Catalogue& catalogue) {
   std::vector<std::string> names;
@@ -137,17 +162,123 @@ TEST_CASE("open_checkpoint: a path that leads to no file says why, a socket says
   CHECK_THAT(open_failure(dir / "loop1", Errc::missing_input).what(),
              Contains("loop1: cannot open the checkpoint: Too many levels of symbolic links"));
   for (const std::string name : {"s.safetensors", "s.safetensors.index.json"}) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    const std::string path = (dir / name).string();
-    REQUIRE(path.size() < sizeof(address.sun_path));
-    std::copy(path.begin(), path.end(), address.sun_path);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    const BoundSocket socket(dir / name);
     CHECK_THAT(open_failure(dir / name, Errc::missing_input).what(),
                Contains(name + ": is a socket, expected a"));
-    ::close(fd);
+  }
+}
+
+TEST_CASE("inputs: a path that leads to no file reads and exits the same for a checkpoint "
+          "file, an index, a directory and a config",
+          "[checkpoint][config]") {
+  // One rule (detail::throw_open_failure): ENOENT is 66 "PATH: no such file". It was "no
+  // such file or directory" for a checkpoint and "config file not found" for a config.
+  test::TempDir dir;
+  write_shard(dir / "model.safetensors", {{"a", 3}});
+  struct Kind {
+    std::string name;
+    std::string suffix;  // of the path, so it is opened as this kind
+    std::string what;    // after "cannot open"
+    std::function<void(const fs::path&)> open;
+  };
+  const std::vector<Kind> kinds{
+      {"a .safetensors file", ".safetensors", "the checkpoint",
+       [](const fs::path& path) { open_checkpoint(path); }},
+      {"an index", ".safetensors.index.json", "the checkpoint",
+       [](const fs::path& path) { open_checkpoint(path); }},
+      {"a directory", "", "the checkpoint", [](const fs::path& path) { open_checkpoint(path); }},
+      {"a config file", ".yaml", "config file",
+       [](const fs::path& path) { load_config(path.string(), {}); }},
+  };
+  for (const auto& kind : kinds) {
+    INFO("input: " << kind.name);
+    const auto fails = [&](const fs::path& path, Errc code) {
+      const Error e = test::expect_error([&] { kind.open(path); });
+      INFO("message: " << e.what());
+      CHECK(e.code() == code);
+      CHECK_THAT(e.what(), Contains(path.string()));
+      return std::string(e.what());
+    };
+    const fs::path missing = dir / ("missing" + kind.suffix);
+    CHECK(fails(missing, Errc::missing_input) == missing.string() + ": no such file");
+    // ENOTDIR: "a/b" where a is a regular file.
+    const fs::path through_file = dir / "model.safetensors" / ("x" + kind.suffix);
+    CHECK(fails(through_file, Errc::missing_input) ==
+          through_file.string() + ": cannot open " + kind.what + ": Not a directory");
+    // ELOOP: two symbolic links naming each other.
+    const fs::path loop = dir / ("loop1" + kind.suffix);
+    fs::create_symlink(dir / ("loop2" + kind.suffix), loop);
+    fs::create_symlink(loop, dir / ("loop2" + kind.suffix));
+    CHECK(fails(loop, Errc::missing_input) ==
+          loop.string() + ": cannot open " + kind.what + ": Too many levels of symbolic links");
+    // A socket: what it is, with the kind's own status (a config's is 78). A directory is
+    // never a socket: one whose only shard is a socket holds no checkpoint.
+    const fs::path socket_dir = dir / ("sockets" + kind.suffix + ".d");
+    fs::create_directory(socket_dir);
+    const fs::path socket = kind.suffix.empty() ? socket_dir / "model.safetensors"
+                                                : socket_dir / ("s" + kind.suffix);
+    const BoundSocket bound(socket);
+    if (kind.suffix.empty()) {
+      CHECK_THAT(fails(socket_dir, Errc::missing_input),
+                 Contains("'model.safetensors' is not a regular file"));
+    } else if (kind.suffix == ".yaml") {
+      CHECK(fails(socket, Errc::config) == socket.string() + ": is a socket, not a YAML config file");
+    } else {
+      CHECK_THAT(fails(socket, Errc::missing_input),
+                 StartsWith(socket.string() + ": is a socket, expected a "));
+    }
+  }
+  // EACCES (a directory on the way that may not be searched) is 74 for every kind; root
+  // searches any directory, so it can only be seen as another user.
+  if (::geteuid() == 0) {
+    WARN("running as root: a directory with mode 000 is still searched, so the EACCES case "
+         "(74, \"cannot open ...: Permission denied\") is not exercised");
+    return;
+  }
+  const fs::path closed = dir / "closed";
+  fs::create_directory(closed);
+  fs::permissions(closed, fs::perms::none);
+  for (const auto& kind : kinds) {
+    INFO("input: " << kind.name);
+    const fs::path path = closed / ("x" + kind.suffix);
+    const Error e = test::expect_error([&] { kind.open(path); });
+    CHECK(e.code() == Errc::io);
+    CHECK(std::string(e.what()) == path.string() + ": cannot open " + kind.what +
+                                       ": Permission denied");
+  }
+  fs::permissions(closed, fs::perms::owner_all);
+}
+
+TEST_CASE("shards: a shard whose path leads to no file when the load opens it is 66, as it "
+          "was when its header was read",
+          "[checkpoint]") {
+  // Only ENOENT was 66 there: a shard's directory replaced by a file (ENOTDIR) or the shard
+  // by a symlink loop (ELOOP) was 74, where the same path at open_checkpoint is 66.
+  test::TempDir dir;
+  const fs::path checkpoint = dir / "checkpoint";
+  fs::create_directory(checkpoint);
+  write_shard(checkpoint / "model.safetensors", {{"a", 3}});
+  const Catalogue catalogue = open_checkpoint(checkpoint);
+  const std::string shard = catalogue.shards.at(0).path.string();
+  const auto fails = [&]() {
+    const Error e = test::expect_error([&] { detail::ShardFiles(catalogue, DirectIo::off); });
+    INFO("message: " << e.what());
+    CHECK(e.code() == Errc::missing_input);
+    return std::string(e.what());
+  };
+  SECTION("removed") {
+    fs::remove(shard);
+    CHECK(fails() == shard + ": no such file");
+  }
+  SECTION("a symlink loop in its place") {
+    fs::remove(shard);
+    fs::create_symlink(shard, shard);
+    CHECK(fails() == shard + ": cannot open shard: Too many levels of symbolic links");
+  }
+  SECTION("its directory replaced by a file") {
+    fs::rename(checkpoint, dir / "moved");
+    test::write_file(checkpoint, "x");
+    CHECK(fails() == shard + ": cannot open shard: Not a directory");
   }
 }
 

@@ -97,7 +97,7 @@ void hold_closed_standard_descriptors() {
 
 // A path given on the command line as "" (`--report "$OUT"` with OUT unset) is a mistake, not
 // "none": refuse it, rather than run on built-in defaults, write no report, or say
-// ": no such file or directory".
+// ": no such file".
 CLI::Validator non_empty_path(const std::string& noun) {
   return CLI::Validator(
       [noun](std::string& text) -> std::string {

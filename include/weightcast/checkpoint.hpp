@@ -69,10 +69,12 @@ struct Catalogue {
  * @param path a `.safetensors` file, an index `.json`, or a directory holding one index
  *        (`*.safetensors.index.json`) or exactly one `.safetensors` file.
  * @return the catalogue; tensor file offsets are absolute.
- * @throws Error `missing_input` (66) when @p path is empty or does not exist or a directory
- *         holds no usable checkpoint; `invalid_checkpoint` (65) when a shard or the index breaks a
- *         rule, naming the file and, where there is one, the tensor and the numbers
- *         involved (a Git LFS pointer file gets its own message); `io` (74) when a read fails;
+ * @throws Error `missing_input` (66) when @p path is empty or leads to no file (it does not
+ *         exist, "a/b" where a is a file, a symlink loop), is no file to read (a FIFO, a
+ *         socket) or a directory holds no usable checkpoint; `invalid_checkpoint` (65) when a
+ *         shard or the index breaks a rule, naming the file and, where there is one, the
+ *         tensor and the numbers involved (a Git LFS pointer file gets its own message); `io`
+ *         (74) when @p path cannot be opened otherwise ("Permission denied") or a read fails;
  *         `usage` (64) when @p path holds a NUL byte (the kernel would open the path up to it).
  */
 Catalogue open_checkpoint(const std::filesystem::path& path);

@@ -93,8 +93,10 @@ struct Config {
  * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
  * @throws Error `config` (78) for an unknown key or a bad value, naming the key, the value
  *         and the file and line (or `--set`), and for a value that holds a NUL byte (YAML's
- *         `"\0"`: a path would end there); `missing_input` (66) if @p yaml_path does not
- *         exist.
+ *         `"\0"`: a path would end there) and for a @p yaml_path that is a directory, a
+ *         FIFO, a socket or a device; `missing_input` (66) if @p yaml_path leads to no file
+ *         (it does not exist, "a/b" where a is a file, a symlink loop); `io` (74) if it cannot
+ *         be opened otherwise ("Permission denied") or read.
  */
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
 

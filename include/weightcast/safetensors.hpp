@@ -81,8 +81,9 @@ struct SafetensorsHeaderText {
  *
  * @param path the shard file.
  * @param name the name used in messages (defaults to the path as given).
- * @throws Error `missing_input` if the file does not exist or is not a regular file,
- *         `invalid_checkpoint` for checks 1–3 and an LFS pointer, `io` if a read fails,
+ * @throws Error `missing_input` if the path leads to no file (it does not exist, a symlink
+ *         loop) or to one that is not a regular file, `invalid_checkpoint` for checks 1–3 and
+ *         an LFS pointer, `io` if it cannot be opened otherwise or a read fails,
  *         `usage` if @p path holds a NUL byte.
  */
 SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& path,

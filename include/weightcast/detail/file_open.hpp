@@ -43,6 +43,27 @@ constexpr bool unreachable_path(int err) noexcept {
 }
 
 /**
+ * @brief Throws the error for an input (a checkpoint, an index, a shard, a config file)
+ *        whose open(2) or stat(2) failed with @p err.
+ *
+ * The one rule for every input weightcast reads, so that a path fault says the same words
+ * and exits with the same status whichever input it hits: a path that leads to no file
+ * (unreachable_path()) is missing input, since there is nothing to read and the path is
+ * what to fix; any other failure (EACCES, EIO, EMFILE, ENXIO) is an I/O error, since the
+ * file is there (DESIGN.md, layer 1: missing input 66, I/O 74). What is refused after a
+ * successful open (a directory, a FIFO, a socket) is the caller's to say, with its status.
+ * @param err the errno value open(2) or stat(2) left (positive).
+ * @param name the input as messages name it: the path as given, or a shard's name.
+ * @param what what the input is, for messages: "the checkpoint", "config file", "shard"; or
+ *        empty, where @p name says it ("model.safetensors").
+ * @throws Error always: `Errc::missing_input` (66) "NAME: no such file" for ENOENT, and
+ *         "NAME: cannot open WHAT: REASON" (REASON from strerror(3): "Not a directory", "Too
+ *         many levels of symbolic links") for the rest of unreachable_path(); `Errc::io` (74)
+ *         "NAME: cannot open WHAT: REASON" for any other @p err ("Permission denied").
+ */
+[[noreturn]] void throw_open_failure(int err, std::string_view name, std::string_view what);
+
+/**
  * @brief The file type of @p mode (`st_mode`) in words for a message: "a regular file",
  *        "a directory", "a FIFO", "a socket", "a character device", "a block device",
  *        "a symbolic link", or "a special file".

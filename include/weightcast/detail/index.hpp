@@ -29,8 +29,9 @@ struct IndexEntry {
  * read forever) or is over 1 GiB (a real index is a few MB).
  * @param index_path the `.json` file.
  * @param name the index name used in messages (defaults to the path as given).
- * @throws Error `missing_input` if the file does not exist or is not a regular file,
- *         `invalid_checkpoint` if it is over 1 GiB, `io` if a read fails, `usage` if
+ * @throws Error `missing_input` if the path leads to no file (throw_open_failure()) or to
+ *         one that is not a regular file, `invalid_checkpoint` if it is over 1 GiB, `io` if
+ *         it cannot be opened otherwise or a read fails, `usage` if
  *         @p index_path holds a NUL byte.
  */
 std::string read_index_text(const std::filesystem::path& index_path, const std::string& name = {});

@@ -44,9 +44,10 @@ class ShardFiles {
  public:
   /**
    * @brief Opens every shard of @p catalogue as @p policy says.
-   * @throws Error `missing_input` (66) for a shard that does not exist; `io` (74) for one that
-   *         cannot be opened, whose size changed since its header was read, or (`direct_io:
-   *         on`) whose filesystem refuses O_DIRECT, naming the file.
+   * @throws Error `missing_input` (66) for a shard whose path now leads to no file (removed,
+   *         a symlink loop: throw_open_failure()); `io` (74) for one that cannot be opened
+   *         otherwise (permission, the open-file limit), whose size changed since its header
+   *         was read, or (`direct_io: on`) whose filesystem refuses O_DIRECT, naming the file.
    * @note `auto` logs one notice per load when it falls back to buffered reads.
    *       @p catalogue must outlive the ShardFiles (messages name its shards).
    */
