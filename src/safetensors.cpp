@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -226,6 +227,15 @@ std::string value_text(const json& value) {
   if (value.is_number_integer() && !value.is_number_unsigned() && value.get<std::int64_t>() == 0) {
     return "-0";
   }
+  // An integer past 2^64 - 1 is a double to nlohmann, printed 1.8446744073709552e+19 for the
+  // header's 18446744073709551616: print the double's exact integer value instead, which is
+  // the header's text wherever a double holds it exactly.
+  if (value.is_number_float()) {
+    const double x = value.get<double>();
+    if (std::isfinite(x) && std::fabs(x) >= 0x1p64 && x == std::trunc(x)) {
+      return fmt::format("{:.0f}", x);
+    }
+  }
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -338,7 +348,8 @@ Entry parse_entry(std::string_view file, const std::string& name, const json& va
     auto dim = detail::json_unsigned(shape[i]);
     if (!dim) {
       fail_tensor(file, name,
-                  fmt::format("shape {}: dimension {} is {}, must be a non-negative integer",
+                  fmt::format("shape {}: dimension {} is {}, must be a non-negative integer "
+                              "below 2^64",
                               json_brief(shape), i, json_brief(shape[i])));
     }
     entry.shape.push_back(*dim);

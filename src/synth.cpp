@@ -31,6 +31,7 @@
 #include <mutex>
 #include <regex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -316,6 +317,11 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
           if (hi <= lo) continue;
           fill_stream(buffer.get() + (lo - begin), stream_key(seed, t.index), lo - t.data_offset,
                       hi - lo);
+          // A BOOL element is one byte that numpy and torch read only as 0 or 1 (any other
+          // byte is not a bool they can hold): keep the stream's low bit.
+          if (options.dtype == Dtype::BOOL) {
+            for (std::byte& b : std::span(buffer.get() + (lo - begin), hi - lo)) b &= std::byte{1};
+          }
         }
         pwrite_all(fd.get(), buffer.get(), end - begin, data_start + begin, path);
         if (options.on_block) options.on_block(end - begin);

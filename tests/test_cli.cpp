@@ -15,6 +15,19 @@ using namespace weightcast::test;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 
+TEST_CASE("cli: launch --grace reads a duration as a config does", "[cli]") {
+  // `5s` was refused as "not a number" while every duration in a config takes a unit. The
+  // rank then fails on the checkpoint (66): the options parsed.
+  for (const std::string grace : {"5s", "500ms", "2.5", "0"}) {
+    INFO(grace);
+    const auto r = run_cli({"launch", "-n", "1", "--spawner", "local", "--grace", grace, "--set",
+                            "checkpoint=/does/not/exist.safetensors"},
+                           {}, 60);
+    CHECK(r.exit_status == 66);
+    CHECK_THAT(r.err, !Contains("--grace"));
+  }
+}
+
 TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line, status 64",
           "[cli]") {
   struct Case {
@@ -29,13 +42,26 @@ TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line
       {{"run", "a.yaml", "b.yaml"}, "run: The following argument was not expected: b.yaml",
        "weightcast run --help"},
       {{"launch"}, "launch: --ranks is required", "weightcast launch --help"},
-      {{"launch", "-n", "0"}, "launch: --ranks: Value 0 not in range", "weightcast launch --help"},
+      {{"launch", "-n", "0"}, "launch: --ranks: '0' is out of range (1 to 4096 ranks)",
+       "weightcast launch --help"},
+      {{"launch", "-n", "99999999999"}, "launch: --ranks: '99999999999' is out of range",
+       "weightcast launch --help"},
+      // CLI11 alone read 0x2 as 2 ranks, and called 1.5 and 1e3 out of range.
+      {{"launch", "-n", "0x2"}, "launch: --ranks: '0x2' is not a whole number of ranks",
+       "weightcast launch --help"},
+      {{"launch", "-n", "1.5"}, "launch: --ranks: '1.5' is not a whole number of ranks",
+       "weightcast launch --help"},
+      {{"launch", "-n", "-1"}, "launch: --ranks: '-1' is not a whole number of ranks",
+       "weightcast launch --help"},
       {{"launch", "-n", "2", "--spawner", "ssh"}, "launch: --spawner: ssh not in",
        "weightcast launch --help"},
       // NaN passes every range check made of comparisons.
-      {{"launch", "-n", "2", "--grace", "nan"}, "launch: --grace: 'nan' is out of range",
+      {{"launch", "-n", "2", "--grace", "nan"}, "launch: --grace: 'nan' is not a duration",
        "weightcast launch --help"},
-      {{"launch", "-n", "2", "--grace", "5s"}, "launch: --grace: '5s' is not a number",
+      // std::stod read 0x10 as 16 seconds; --grace now reads durations as a config does.
+      {{"launch", "-n", "2", "--grace", "0x10"}, "launch: --grace: '0x10' is not a duration",
+       "weightcast launch --help"},
+      {{"launch", "-n", "2", "--grace", "11m"}, "launch: --grace: '11m' is out of range",
        "weightcast launch --help"},
       {{"inspect"}, "inspect: path is required", "weightcast inspect --help"},
       {{"inspect", "a", "b"}, "inspect: The following argument was not expected: b",

@@ -421,10 +421,18 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
   struct Case {
     std::vector<std::string> args;
     std::string message;
+    std::string ranks = "2";
   };
   const std::vector<Case> cases{
       {{"--spawner", "local", "--set", "transport=mpi", "--set", "device=host"},
        "launch --spawner local: transport mpi needs its ranks started by mpirun"},
+      // A world of one: the rank itself refused these, after launch had started it.
+      {{"--spawner", "local", "--set", "transport=mpi", "--set", "device=host"},
+       "transport: mpi: this is a world of one rank, so there is no other rank to broadcast to",
+       "1"},
+      {{"--spawner", "mpirun", "--set", "transport=nccl", "--set", "device=host"},
+       "transport: nccl: this is a world of one rank",
+       "1"},
       {{"--spawner", "local", "--set", "device=host"},
        "launch --spawner local: transport auto (mpi, as the device is host) needs its ranks "
        "started by mpirun"},
@@ -443,7 +451,7 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
        "gives each rank its own (remove the key)"},
   };
   for (const auto& c : cases) {
-    const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=/does/not/matter",
+    const auto r = run_cli(cat({"launch", "-n", c.ranks, "--set", "checkpoint=/does/not/matter",
                                 "--set", "rendezvous.port=29771", "--set", "timeout=5s"},
                                c.args),
                            {}, job_timeout_s);

@@ -354,7 +354,9 @@ TEST_CASE("rule 9: shape values are non-negative integers", "[safetensors]") {
   // Beyond 2^64-1 the JSON number no longer is an integer.
   CHECK_THAT(
       parse_failure(object({entry("w.a", "U8", "[18446744073709551616]", "[0,1]")}), 1).what(),
-      Contains("dimension 0"));
+      Contains("dimension 0 is 18446744073709551616, must be a non-negative integer below 2^64"));
+  CHECK_THAT(parse_failure(object({entry("w.a", "U8", "[1e20]", "[0,1]")}), 1).what(),
+             Contains("dimension 0 is 100000000000000000000,"));
 }
 
 TEST_CASE("rule 9: data_offsets are exactly two non-negative integers", "[safetensors]") {

@@ -301,6 +301,18 @@ TEST_CASE("synth: sub-byte and wide dtypes", "[synth]") {
   }
 }
 
+TEST_CASE("synth: BOOL tensors hold only 0 and 1, bytes numpy and torch can read as bool",
+          "[synth]") {
+  test::TempDir dir;
+  auto summary = write_synthetic_checkpoint(dir / "b", {100'000, Dtype::BOOL, 1ull << 30, 7});
+  auto shard = parse_shard(summary.checkpoint, 8);
+  std::set<unsigned char> seen;
+  for (const auto& [name, tensor] : shard.tensors) {
+    for (char c : shard.tensor_bytes(name)) seen.insert(static_cast<unsigned char>(c));
+  }
+  CHECK(seen == std::set<unsigned char>{0, 1});  // both, and nothing else
+}
+
 TEST_CASE("synth: rewriting a directory leaves exactly one checkpoint", "[synth]") {
   test::TempDir dir;
   // A file that is not ours survives.

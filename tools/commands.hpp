@@ -184,6 +184,14 @@ std::uint64_t peak_rss_bytes();
  */
 TransportKind transport_for_world(const Config& config, bool host_device, int world_size);
 
+/**
+ * @brief Refuses a data plane in a world of one rank (tools/run.cpp): `run` applies it when
+ *        it finds itself alone, and `launch -n 1` before it starts the rank.
+ * @throws Error `config` (78) for transport mpi or nccl (there is no other rank to broadcast
+ *         to); local and auto pass.
+ */
+void check_world_of_one(const Config& config);
+
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
   std::string config_path;             ///< YAML config passed to every rank.

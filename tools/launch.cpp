@@ -233,7 +233,10 @@ constexpr const char* local_mpi_hook_env = "WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS
 void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   const std::string& trace = args.trace_path.empty() ? config.trace : args.trace_path;
   check_distinct_outputs(args.report_path, trace, args.ranks);
-  if (args.ranks == 1) return;  // a world of one: `run` alone decides
+  if (args.ranks == 1) {  // a world of one: only what `run` alone refuses
+    check_world_of_one(config);
+    return;
+  }
   check_environment_token(config);
   check_destination(config.destination, args.ranks);
   WEIGHTCAST_EXPECT(config.world_rank < 0 && config.world_size == 0, Errc::config,

@@ -75,19 +75,7 @@ std::unique_ptr<Device> choose_device(const Config& config) {
 }
 
 std::unique_ptr<Transport> choose_transport(const Config& config) {
-  switch (config.transport) {
-    case TransportKind::mpi:
-    case TransportKind::nccl:
-      // A world of one rank (run_ranks handles more): nothing to broadcast to.
-      throw Error(Errc::config,
-                  fmt::format("transport: {}: this is a world of one rank, so there is no "
-                              "other rank to broadcast to; use transport: local or auto, or "
-                              "start several ranks (weightcast launch -n N, mpirun, torchrun)",
-                              to_string(config.transport)));
-    case TransportKind::automatic:
-    case TransportKind::local:
-      break;
-  }
+  check_world_of_one(config);  // a world of one rank (run_ranks handles more)
   return make_local_transport();
 }
 
@@ -113,6 +101,21 @@ std::filesystem::path output_target(const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+void check_world_of_one(const Config& config) {
+  switch (config.transport) {
+    case TransportKind::mpi:
+    case TransportKind::nccl:
+      throw Error(Errc::config,
+                  fmt::format("transport: {}: this is a world of one rank, so there is no "
+                              "other rank to broadcast to; use transport: local or auto, or "
+                              "start several ranks (weightcast launch -n N, mpirun, torchrun)",
+                              to_string(config.transport)));
+    case TransportKind::automatic:
+    case TransportKind::local:
+      break;
+  }
+}
 
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
   namespace fs = std::filesystem;

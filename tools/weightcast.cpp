@@ -1,6 +1,7 @@
 // weightcast launcher: `run`, `inspect`, `synth`.
 #include "commands.hpp"
 
+#include "weightcast/config.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/gpu_info.hpp"
 #include "weightcast/log.hpp"
@@ -10,7 +11,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -175,7 +179,24 @@ int main(int argc, char** argv) {
       "launch", "start N ranks of `weightcast run` (mpirun for mpi, else local processes)");
   launch->add_option("-n,--ranks", launch_args.ranks, "number of ranks")
       ->required()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // CLI11 alone reads `0x2` as 2 and calls `1.5` out of range: a rank count is a
+            // whole decimal number, as world.size is in a config.
+            int ranks = 0;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), ranks);
+            const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+              return c >= '0' && c <= '9';
+            });
+            if (!digits || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+              return fmt::format("'{}' is not a whole number of ranks (1 to 4096)", text);
+            }
+            if (ec != std::errc() || ranks < 1 || ranks > 4096) {
+              return fmt::format("'{}' is out of range (1 to 4096 ranks)", text);
+            }
+            return {};
+          },
+          "N in [1, 4096]"));
   launch->add_option("config", launch_args.config_path, "YAML config for every rank")
       ->check(non_empty_path("config"));
   launch->add_option("--set", launch_args.overrides, "override a config key on every rank")
@@ -199,21 +220,25 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mpirun", "local"}))
       ->capture_default_str();
   launch->add_option("--grace", launch_args.grace_s,
-                     "seconds between SIGTERM and SIGKILL when ending the other ranks")
-      ->check(CLI::Validator(
+                     "seconds between SIGTERM and SIGKILL when ending the other ranks (a "
+                     "duration as in a config: 5, 2.5s, 500ms)")
+      ->transform(CLI::Validator(
           [](std::string& text) -> std::string {
-            // CLI::Range lets NaN through (every comparison with it is false).
-            double seconds = 0;
+            // The config's duration parser: the same spellings as `timeout`, and no hex,
+            // exponent, inf or NaN (std::stod took `0x10` as 16 s). A transform, not a check:
+            // CLI11 then reads the seconds written back into the text.
+            std::chrono::milliseconds grace{};
             try {
-              std::size_t used = 0;
-              seconds = std::stod(text, &used);
-              if (used != text.size()) return "'" + text + "' is not a number";
-            } catch (const std::exception&) {
-              return "'" + text + "' is not a number";
+              grace = parse_duration(text, "--grace");
+            } catch (const Error& e) {
+              std::string_view why = e.what();
+              if (why.starts_with("--grace: ")) why.remove_prefix(9);  // CLI11 names the option
+              return std::string(why);
             }
-            if (!(seconds >= 0.0 && seconds <= 600.0)) {
-              return "'" + text + "' is out of range (0 to 600 seconds)";
+            if (grace > std::chrono::minutes(10)) {
+              return fmt::format("'{}' is out of range (0 to 600 seconds)", text);
             }
+            text = fmt::format("{}", static_cast<double>(grace.count()) / 1000.0);
             return {};
           },
           "SECONDS in [0, 600]"))

@@ -6,7 +6,8 @@
  * (untied `lm_head`, grouped-query attention), so a synthetic checkpoint exercises the same
  * tensor count, size spread and sharding as a real one. The tensor bytes are deterministic
  * pseudo-random bit patterns (a counter-based splitmix64 stream keyed by seed and tensor
- * index); they are not meaningful numbers and may include NaN or Inf bit patterns.
+ * index); they are not meaningful numbers and may include NaN or Inf bit patterns. A `BOOL`
+ * element is the stream byte's low bit (0 or 1), the only bytes numpy and torch hold as bool.
  *
  * Output follows transformers' conventions: a single `model.safetensors` when the checkpoint
  * fits in one shard, else `model-00001-of-0000N.safetensors` shards plus
