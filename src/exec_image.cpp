@@ -1,6 +1,7 @@
 #include "weightcast/detail/exec_image.hpp"
 
 #include <unistd.h>
+#include <string_view>
 
 extern char** environ;
 
@@ -10,8 +11,11 @@ ExecImage::ExecImage(const std::vector<std::string>& argv, const std::vector<std
     : _argv_strings(argv) {
   for (char** e = environ; *e != nullptr; ++e) _env_strings.emplace_back(*e);
   for (const auto& kv : env) {
-    const auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(_env_strings, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+    // "KEY=": the entries for KEY; an entry without '=' is KEY itself.
+    const auto key = kv.substr(0, kv.find('=')) + '=';
+    std::erase_if(_env_strings, [&](const std::string& s) {
+      return s.rfind(key, 0) == 0 || s == std::string_view(key).substr(0, key.size() - 1);
+    });
     _env_strings.push_back(kv);
   }
   for (auto& a : _argv_strings) _argv.push_back(a.data());

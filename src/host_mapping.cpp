@@ -13,7 +13,12 @@ namespace weightcast::detail {
 
 HostMapping::HostMapping(std::uint64_t bytes, std::string_view what) : _bytes(bytes) {
   if (bytes == 0) return;
-  // One huge page more than asked, so that the memory can start on a huge-page boundary.
+  // One huge page more than asked, so that the memory can start on a huge-page boundary. Near
+  // 2^64 that sum wraps: no address space holds such a mapping, so say so as mmap(2) would.
+  if (bytes > ~std::uint64_t{0} - huge_page_bytes) {
+    _bytes = 0;
+    throw system_error(Errc::unavailable, ENOMEM, fmt::format("cannot allocate {}", what));
+  }
   _mapped = bytes + huge_page_bytes;
   void* p = mmap(nullptr, _mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

@@ -45,3 +45,19 @@ TEST_CASE("an exec image keeps argv and overrides only the environment keys it i
   unsetenv("WEIGHTCAST_TEST_RANK");
   unsetenv("WEIGHTCAST_TEST_RANK_LONGER");
 }
+
+TEST_CASE("an exec image entry without '=' replaces only its own key, not the environment",
+          "[launch]") {
+  // The key was the text up to and including '='; without one that was "", a prefix of
+  // every entry, and the child got an environment of that one entry (no PATH, no HOME).
+  REQUIRE(setenv("WEIGHTCAST_TEST_KEEP", "kept", 1) == 0);
+  REQUIRE(setenv("WEIGHTCAST_TEST_BARE", "old", 1) == 0);
+  const ExecImage image({"/bin/prog"}, {"WEIGHTCAST_TEST_BARE"});
+  const auto env = strings(image.envp());
+  auto count = [&](const std::string& entry) { return std::count(env.begin(), env.end(), entry); };
+  CHECK(count("WEIGHTCAST_TEST_KEEP=kept") == 1);
+  CHECK(count("WEIGHTCAST_TEST_BARE=old") == 0);
+  CHECK(count("WEIGHTCAST_TEST_BARE") == 1);
+  unsetenv("WEIGHTCAST_TEST_KEEP");
+  unsetenv("WEIGHTCAST_TEST_BARE");
+}

@@ -92,3 +92,24 @@ TEST_CASE("a host mapping that cannot be mapped fails with 69 naming what it was
     CHECK_THAT(e.what(), Catch::Contains("cannot allocate a host arena of 4 EiB"));
   }
 }
+
+TEST_CASE("a host mapping within 2 MiB of 2^64 bytes fails with 69, not a small mapping",
+          "[host_mapping]") {
+  // The mapping asks for one huge page more than the size; near 2^64 that sum wrapped to
+  // under 2 MiB, mmap(2) granted it, and an arena claiming 2^64 - 1 bytes came back.
+  for (const std::uint64_t bytes : {~std::uint64_t{0}, ~std::uint64_t{0} - (1u << 20)}) {
+    try {
+      HostMapping memory(bytes, "a host arena near 2^64 bytes");
+      FAIL("mapped " << memory.bytes() << " bytes");
+    } catch (const weightcast::Error& e) {
+      CHECK(e.code() == weightcast::Errc::unavailable);
+      CHECK_THAT(e.what(), Catch::Contains("cannot allocate a host arena near 2^64 bytes"));
+    }
+  }
+  try {
+    const auto arena = weightcast::make_host_arena(~std::uint64_t{0});
+    FAIL("an arena of " << arena->bytes() << " bytes");
+  } catch (const weightcast::Error& e) {
+    CHECK(e.code() == weightcast::Errc::unavailable);
+  }
+}

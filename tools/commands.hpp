@@ -30,6 +30,7 @@ void eprint(fmt::format_string<Args...> format, Args&&... args) noexcept {
   }
 }
 
+/// `weightcast run`'s command line.
 struct RunArgs {
   std::string config_path;             ///< YAML config; empty for built-in defaults.
   std::vector<std::string> overrides;  ///< --set key=value, in order.
@@ -38,6 +39,12 @@ struct RunArgs {
   bool quiet = false;                  ///< --quiet: no config, no progress, no notices.
   bool json = false;                   ///< --json: the summary as JSON on stdout.
 };
+/// `weightcast run` (tools/run.cpp): loads the config's checkpoint on this rank (world size 1
+/// here; more ranks go to run_ranks()), prints the summary and writes `--report`.
+/// @return 0 on success.
+/// @throws Error from the config (78), the checkpoint (64–66, 74), the device (69), the
+///         load, the outputs (`check_distinct_outputs`, `check_output_paths`: 78, 74) and an
+///         interrupt (130, 143).
 int run(const RunArgs& args);
 }  // namespace weightcast::cli
 
@@ -88,6 +95,7 @@ void check_environment_token(const Config& config);
 /// `run --json` (tools/run.cpp): prints the summary as one JSON object on stdout; with
 /// @p verdict (rank 0 of several) the object also holds rank 0's verdict on the job.
 /// @param shards the checkpoint's shard count; @p peak_rss in bytes.
+/// @throws Error `io` (74) as flush_stdout() when stdout takes no more.
 void print_json_summary(const LoadResult& result, const Config& config, std::size_t shards,
                         int rank, int world_size, std::uint64_t peak_rss,
                         const std::string& verdict = {});
@@ -112,14 +120,16 @@ std::string report_path_for_rank(const std::string& path, int rank, int world_si
 
 /// Refuses a `--report` (@p report_path) and trace (@p trace_path: `--trace` or the config's
 /// `trace`) that name the same file for @p rank of @p world_size, or one file with another
-/// rank's, which would silently leave only one of them. Rank 0 also compares every rank's
-/// existing outputs by inode (hard links). Either path may be empty (none).
-/// @throws Error `config` (78) naming both paths.
+/// rank's, which would silently leave only one of them, and one named like a checkpoint file
+/// (`*.safetensors`, `*.safetensors.index.json`). Rank 0 also compares every rank's existing
+/// outputs by inode (hard links). Either path may be empty (none); a character device
+/// (/dev/null) may be named by both.
+/// @throws Error `config` (78) naming both paths (or the one named like a checkpoint file).
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int rank, int world_size);
 
 /// The same refusal across every rank of a job of @p world_size (`launch`): no two ranks'
-/// reports or traces may name one file.
+/// reports or traces may name one file, nor any be named like a checkpoint file.
 /// @throws Error `config` (78) naming the two outputs and the file.
 void check_distinct_outputs(const std::string& report_path, const std::string& trace_path,
                             int world_size);
@@ -150,7 +160,8 @@ void check_output_paths(const RunArgs& args, const Config& config, int rank, int
 /// catalogue's order; empty @p digests, as with `verify: none`, leaves out every "xxh3").
 /// A regular file is replaced whole or not at all (detail::OutputFile): a write that fails,
 /// on a full file system say, leaves the previous report as it was.
-/// @throws Error `io` (74) naming @p path and the reason when it cannot be created or written.
+/// @throws Error `io` (74) naming @p path and the reason when it cannot be created or written;
+///         `internal` (70) when @p digests is neither empty nor one per tensor.
 void write_report(const std::string& path, const LoadResult& result,
                   const std::vector<std::uint64_t>& digests, int rank, int world_size,
                   std::uint64_t peak_rss);
@@ -192,6 +203,7 @@ TransportKind transport_for_world(const Config& config, bool host_device, int wo
  */
 void check_world_of_one(const Config& config);
 
+/// `weightcast launch`'s command line.
 struct LaunchArgs {
   int ranks = 0;                       ///< -n N: number of ranks to start (≥ 1).
   std::string config_path;             ///< YAML config passed to every rank.
@@ -203,21 +215,42 @@ struct LaunchArgs {
   std::string spawner = "auto";        ///< --spawner auto|mpirun|local.
   double grace_s = 5;                  ///< --grace: SIGTERM → SIGKILL delay, seconds.
 };
-/// `weightcast launch` (tools/launch.cpp): starts N ranks of `weightcast run`.
+/// `weightcast launch` (tools/launch.cpp): starts N ranks of `weightcast run` (under mpirun,
+/// or as local processes with torchrun's variables), waits for them, and ends the rest once
+/// one fails (SIGTERM, then SIGKILL after `grace_s`).
+/// @return 0 when every rank succeeded; else the first failing process's exit status (69 for
+///         one killed by a signal, 74 for SIGPIPE on the shared stdout), or 128 + signal
+///         when launch itself was interrupted.
+/// @throws Error before any rank starts: `config` (78) for what every rank would refuse
+///         (outputs, world keys in the config, transport and device), `unavailable` (69) when
+///         mpirun is not on PATH or a process cannot be started, `io` (74) when stdout takes
+///         no writes.
 int launch(const LaunchArgs& args);
 
+/// `weightcast inspect`'s command line.
 struct InspectArgs {
   std::string path;  ///< Checkpoint file, directory or index.
 };
+/// `weightcast inspect` (tools/inspect.cpp): validates the checkpoint (`open_checkpoint`)
+/// and prints one row per tensor, then a total and "valid".
+/// @return 0 for a valid checkpoint.
+/// @throws Error as `open_checkpoint` does (64, 65, 66, 74).
 int inspect(const InspectArgs& args);
 
+/// `weightcast synth`'s command line.
 struct SynthArgs {
-  std::string out_dir;
+  std::string out_dir;               ///< Directory to write into (created if missing).
   std::string params = "1B";         ///< Target parameter count: "125M", "1B", "7B"…
-  std::string dtype = "BF16";
+  std::string dtype = "BF16";        ///< A safetensors dtype name, case-sensitive.
   std::string shard_size = "2GiB";   ///< Shard when the checkpoint is larger than this.
   std::string seed = "0";           ///< Decimal, 0 to 2^64 - 1 (parse_seed).
 };
+/// `weightcast synth` (tools/synth.cpp): writes a synthetic checkpoint
+/// (`write_synthetic_checkpoint`) and prints its shape, paths and speed.
+/// @return 0 once the checkpoint is in place.
+/// @throws Error `usage` (64) for a bad `--params`, `--dtype`, `--shard-size` or `--seed`;
+///         as `write_synthetic_checkpoint` (64, 74); `interrupted_error` (130, 143) on SIGINT
+///         or SIGTERM.
 int synth(const SynthArgs& args);
 
 /// @return @p text as a synth seed: decimal digits only, 0 to 2^64 - 1; nullopt otherwise

@@ -28,14 +28,17 @@ inline constexpr std::uint32_t catalogue_wire_version = 1;
 inline constexpr std::uint64_t max_catalogue_wire_bytes = 64ull << 20;
 
 /// @return @p catalogue encoded (shard paths left out).
-/// @throws Error `internal` when the encoding would exceed `max_catalogue_wire_bytes`.
+/// @throws Error `internal` (70) when the encoding would exceed `max_catalogue_wire_bytes`.
 std::string encode_catalogue(const Catalogue& catalogue);
 
 /**
  * @brief Decodes what `encode_catalogue` wrote. Shard paths are empty.
  * @param what names the sender in messages, e.g. "catalogue from rank 0".
- * @throws Error `unavailable` (69) naming the field when the bytes are truncated, have trailing
- *         garbage, another magic or version, or describe an inconsistent catalogue.
+ * @throws Error `unavailable` (69) naming the field when the bytes are over
+ *         `max_catalogue_wire_bytes`, truncated, have trailing garbage, another magic or
+ *         version, or describe an inconsistent catalogue (unknown dtype, more than 64
+ *         dimensions, shape × dtype ≠ bytes, a shard out of order or range, a data offset
+ *         below 8 or past the file, a hole or overlap in a shard's data section).
  */
 Catalogue decode_catalogue(std::string_view bytes, std::string_view what);
 

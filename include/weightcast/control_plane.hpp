@@ -67,8 +67,10 @@ struct RendezvousOptions {
 };
 
 /// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
-///         (`world.master_addr`), else 127.0.0.1; token `rendezvous.token`, else
-///         `$WEIGHTCAST_TOKEN`, else none; the job id of @p world.
+///         (`world.master_addr`), else 127.0.0.1 (an IPv6 address in brackets, "[::1]", as
+///         RFC 3986 writes it beside a port, loses them); port `rendezvous.port`; token
+///         `rendezvous.token`, else `$WEIGHTCAST_TOKEN`, else none; timeout `timeout`; the
+///         job id of @p world. Never throws a weightcast `Error` (nothing is checked here).
 RendezvousOptions rendezvous_options(const Config& config, const World& world);
 
 /// One rank's final report: what landed there.
@@ -97,11 +99,19 @@ class ControlPlane {
   /**
    * @brief Rendezvous: rank 0 accepts `world_size - 1` peers; the others connect to rank 0.
    *
-   * Blocks at most `options.timeout`. Starts the background reader on success.
-   * @throws Error `unavailable` (69) when rank 0 cannot listen (names address and port) or a
-   *         peer cannot reach rank 0 in time; `config` (78) on the peer when rank 0 refuses it
-   *         (wrong token, world size, rank taken); `timeout` (75) on rank 0 when some rank did
-   *         not join in time (names the ranks, and any refused connection).
+   * Blocks at most `options.timeout`. Starts the background reader on success. At world
+   * size 1 does nothing (no socket, no thread).
+   * @throws Error `unavailable` (69) when `options.address` does not resolve, rank 0 cannot
+   *         listen (names address and port), a peer cannot reach rank 0 in time, or rank 0
+   *         answers a peer's hello with a malformed or unknown message (another service on
+   *         the port); `config` (78) on a peer whose token is longer than rank 0 takes
+   *         (`detail::max_token_bytes`), or when rank 0 refuses it (wrong token, another
+   *         job's id, world size, rank taken); `timeout` (75) on rank 0 when some rank did not
+   *         join in time (names the ranks, and any refused connection; the ranks that joined
+   *         get that as an ABORT), and on a peer whose hello rank 0 accepted but did not
+   *         answer in time.
+   * @throws RemoteAbort with rank 0's status and message on a peer that rank 0 aborts during
+   *         the rendezvous (e.g. its own `timeout` for the ranks that did not join).
    */
   ControlPlane(const World& world, const RendezvousOptions& options);
   /// Closes every connection and joins the reader. Never blocks longer than a moment.
@@ -109,15 +119,19 @@ class ControlPlane {
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
 
+  /// @return this rank (`World::rank` as constructed).
   [[nodiscard]] int rank() const noexcept;
+  /// @return the number of ranks (`World::world_size` as constructed).
   [[nodiscard]] int world_size() const noexcept;
 
   /**
    * @brief Rank 0 sends @p bytes to every rank; the others receive what rank 0 sent.
    * Calls must match in number and order on every rank (e.g. catalogue, then NCCL id).
-   * @return @p bytes on rank 0, rank 0's bytes elsewhere.
+   * @return @p bytes on rank 0, rank 0's bytes elsewhere (@p bytes at world size 1).
    * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
-   *         `unavailable` when the payload is over 64 MiB.
+   *         `unavailable` (69) when the payload is over `detail::max_share_bytes` (64 MiB +
+   *         4 KiB) or a send to a peer fails (the peer is gone; when the reader is ending the
+   *         process with that peer's ABORT, this call waits for that exit instead).
    */
   std::string share(std::string bytes);
 
@@ -130,8 +144,11 @@ class ControlPlane {
 
   /**
    * @brief Sends this rank's report to rank 0; on rank 0 collects everyone's.
-   * @return on rank 0 the reports of every rank, indexed by rank; elsewhere empty.
-   * @throws Error `timeout` (75) on rank 0 naming the ranks whose report did not arrive.
+   * @return on rank 0 the reports of every rank, indexed by rank; elsewhere empty. The
+   *         report's `rank` is set to this rank.
+   * @throws Error `timeout` (75) on rank 0 naming the ranks whose report did not arrive in
+   *         `timeout`; elsewhere `unavailable` (69) when the encoded report is over
+   *         `detail::max_share_bytes`, and as `share` does when the send fails or stalls.
    */
   std::vector<RankReport> gather(RankReport mine);
 
@@ -159,7 +176,11 @@ class ControlPlane {
    *        silent on the control plane (and for how long) and the chunks each other rank has
    *        landed; on the others the same of rank 0.
    * @return e.g. "rank(s) 1 sent nothing over the control plane for 4.1 s (stopped, or the
-   *         process hung); chunks landed: rank 0 137, rank 2 139"; "" at world size 1.
+   *         process hung; rank 1 had landed 12 chunks when last heard); chunks landed: rank 0
+   *         137, rank 2 139", or "every rank answers on the control plane; ..." (rank 0) /
+   *         "rank 0 answers on the control plane; ..." (others) when none is silent; chunk
+   *         counts only once a chunk has landed somewhere, and for more than 8 ranks only the
+   *         fewest and most; "" at world size 1.
    */
   [[nodiscard]] std::string stall_report() const;
 

@@ -44,8 +44,9 @@ class Arena {
    * Host arenas make one call pointing into the arena. Device arenas copy through a small
    * pinned bounce buffer, a chunk at a time, synchronously on a stream of their own; the
    * caller must have waited for every upload and broadcast into the range.
-   * @throws Error `internal` when the range leaves the arena; `unavailable`/`internal` when a
-   *         CUDA copy fails (names the call and the CUDA error).
+   * @throws Error `internal` (70) when the range leaves the arena, or for an arena kind
+   *         that does not implement it; `unavailable` (69, out of pinnable memory)/`internal`
+   *         when a CUDA copy fails (names the call and the CUDA error).
    */
   virtual void read_back(std::uint64_t offset, std::uint64_t bytes,
                          const std::function<void(const std::byte*, std::size_t)>& consume) const;
@@ -59,7 +60,8 @@ class Arena {
  * nothing; where `defrag` is `madvise` (the usual default) the kernel may compact memory
  * to find huge pages at the first touch.
  * @param bytes arena size; 0 gives an empty arena.
- * @throws Error `unavailable` when the memory cannot be mapped (names the size).
+ * @throws Error `unavailable` (69) when the memory cannot be mapped (names the size), also
+ *         for a size within 2 MiB of 2^64 (`detail::HostMapping`).
  */
 std::shared_ptr<Arena> make_host_arena(std::uint64_t bytes);
 
@@ -70,11 +72,17 @@ class Device {
   /// @return "host" or "cuda:N".
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
   /// @return an arena of @p bytes on this device.
+  /// @throws Error `unavailable` (69) when the memory cannot be had (`host`: as
+  ///         `make_host_arena`; `cuda`: "cuda:N: cannot allocate an arena of B bytes" with the
+  ///         CUDA error, `internal` (70) for a CUDA error other than out of memory or no
+  ///         device, `detail::throw_cuda_error`).
   virtual std::shared_ptr<Arena> allocate_arena(std::uint64_t bytes) = 0;
   /**
    * @brief Copies @p bytes from host @p source (a staging slot) to @p destination (arena).
-   * @return null when the copy is already complete, else the copy in flight; @p source must
-   *         stay valid until it completes.
+   * @return null when the copy is already complete (`host`; `cuda` with 0 bytes), else the
+   *         copy in flight; @p source must stay valid until it completes.
+   * @throws Error (`cuda`) as `detail::throw_cuda_error` when the copy cannot be queued;
+   *         `host` never throws.
    */
   virtual std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                           std::uint64_t bytes) = 0;
@@ -131,7 +139,8 @@ int cuda_device_count() noexcept;
  * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`), usually `LOCAL_RANK`.
  * @throws Error `unavailable` (69) when the build has no CUDA ("this build has no CUDA"),
  *         when there is no such device, or when the CUDA runtime cannot start (names the
- *         CUDA error).
+ *         CUDA error); `internal` (70) when creating the copy stream or event fails otherwise
+ *         (`detail::throw_cuda_error`).
  * @note Creates its stream on construction and releases it in the destructor; do not keep
  *       a device in a static (CUDA resources must not be released from static destructors).
  */
@@ -143,7 +152,8 @@ std::unique_ptr<Device> make_cuda_device(int ordinal);
  * `host` → host; `cuda` → `make_cuda_device(local_rank)`; `auto` → cuda when the build has
  * CUDA and `cudaGetDeviceCount` > 0, else host with a notice on the log saying why.
  * @param local_rank this process's rank on its node (`LOCAL_RANK`), the GPU it uses.
- * @throws Error `unavailable` as `make_cuda_device` does (for `cuda` only).
+ * @throws Error as `make_cuda_device` does: for `cuda`, and for `auto` once a CUDA device was
+ *         found (e.g. `local_rank` 2 on a node with 2 visible GPUs: 69, "no such device").
  */
 std::unique_ptr<Device> make_device(DeviceKind kind, int local_rank);
 

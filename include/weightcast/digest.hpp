@@ -28,8 +28,11 @@ std::string digest_hex(std::uint64_t digest);
  *
  * Host arenas are hashed in place. Device (cuda) arenas are copied back a chunk at a time
  * through a small pinned buffer (`Arena::read_back`) and hashed on the host, so the digests
- * say what landed in GPU memory, in the same format as the host path.
- * @throws Error as `Arena::read_back` does when a copy back fails.
+ * say what landed in GPU memory, in the same format as the host path. After a load with
+ * `destination: discard` (no arena), returns `LoadResult::digests`, taken as the bytes
+ * streamed past.
+ * @throws Error as `Arena::read_back` does when a copy back fails; `internal` (70) when the
+ *         hashing state cannot be allocated.
  * @note Call it after the load has returned: every upload and broadcast has completed.
  */
 std::vector<std::uint64_t> tensor_digests(const LoadResult& result);
@@ -52,10 +55,12 @@ class StreamingDigests {
   StreamingDigests(const StreamingDigests&) = delete;
   StreamingDigests& operator=(const StreamingDigests&) = delete;
 
-  /// Hashes the next @p bytes bytes of @p tensor at @p data (host memory).
-  /// @throws Error `internal` when the hashing state cannot be allocated.
+  /// Hashes the next @p bytes bytes of @p tensor (below the count given to the constructor;
+  /// `std::out_of_range` otherwise, a caller's bug) at @p data (host memory).
+  /// @throws Error `internal` (70) when the hashing state cannot be allocated.
   void update(std::uint32_t tensor, const void* data, std::size_t bytes);
-  /// Ends @p tensor: its digest is final and its state freed.
+  /// Ends @p tensor: its digest is final and its state freed. A tensor that was never
+  /// updated keeps the digest of no bytes; finishing one twice changes nothing.
   void finish(std::uint32_t tensor);
   /// @return every tensor's digest, catalogue order (finished tensors only are meaningful).
   [[nodiscard]] const std::vector<std::uint64_t>& digests() const noexcept { return _digests; }

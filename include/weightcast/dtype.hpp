@@ -16,7 +16,8 @@
 
 namespace weightcast {
 
-/// A safetensors dtype. The order is the crate's; it is not a wire format.
+/// A safetensors dtype. The order is the crate's. The catalogue wire format carries it as
+/// one byte (catalogue_wire.hpp), so a change of order needs a new `catalogue_wire_version`.
 enum class Dtype : std::uint8_t {
   BOOL, F4, F6_E2M3, F6_E3M2, U8, I8,
   F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ,
@@ -26,10 +27,12 @@ enum class Dtype : std::uint8_t {
 /// Number of dtypes the format defines (22).
 inline constexpr std::size_t dtype_count = 22;
 
-/// @return bits per element: 4 (F4), 6 (F6_*), 8, 16, 32 or 64 (C64 is two F32).
+/// @return bits per element: 4 (F4), 6 (F6_*), 8, 16, 32 or 64 (C64 is two F32); 0 for a
+///         value outside the enum.
 std::uint32_t dtype_bits(Dtype dtype) noexcept;
 
-/// @return the dtype's name exactly as written in a safetensors header, e.g. "BF16".
+/// @return the dtype's name exactly as written in a safetensors header, e.g. "BF16"; "?" for
+///         a value outside the enum.
 std::string_view dtype_name(Dtype dtype) noexcept;
 
 /// @return the dtype named @p name (case-sensitive, as in the header), or nullopt if the

@@ -36,7 +36,10 @@ namespace weightcast {
 [[nodiscard]] std::string printable(std::string_view text);
 
 /**
- * @brief Sets the level and the line prefix of the log ("weightcast[rank R]: ").
+ * @brief Makes a fresh logger "weightcast" (stderr, single-threaded sink) the default, with
+ *        @p level and the line prefix "weightcast[rank R]: LEVEL: " ("weightcast: LEVEL: "
+ *        for rank -1); every message passes through printable(). Calling it again replaces
+ *        the logger (and any default logger an embedder set).
  * @param rank this process's rank, or -1 before it is known.
  */
 void configure_log(LogLevel level, int rank = -1);

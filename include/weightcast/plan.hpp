@@ -27,7 +27,8 @@ struct ArenaLayout {
  * @brief Lays tensors out back to back in catalogue order, each at a multiple of @p alignment.
  * @param alignment bytes, a power of two (1 = packed: the arena mirrors the data sections,
  *        so every chunk lands in one contiguous arena range; 256 suits CUDA kernels).
- * @throws Error `internal` if @p alignment is not a power of two or the sum overflows.
+ * @throws Error `internal` (70) if @p alignment is not a power of two or the arena size
+ *         overflows 64 bits (names the tensor).
  */
 ArenaLayout layout_arena(const Catalogue& catalogue, std::uint64_t alignment = 1);
 
@@ -90,8 +91,8 @@ struct PlanSize {
  * O(tensors) arithmetic and no allocation, so it is safe for any @p chunk_bytes and any
  * catalogue size. Does not apply the limits.
  * @param chunk_bytes `chunk_size` in bytes, > 0.
- * @throws Error `config` if @p chunk_bytes is 0; `internal` if a tensor's byte range ends
- *         past 2^64 (a catalogue no checkpoint or control-plane message can produce).
+ * @throws Error `config` (78) if @p chunk_bytes is 0; `internal` (70) if a tensor's byte
+ *         range ends past 2^64 (a catalogue no checkpoint or control-plane message can produce).
  */
 PlanSize plan_size(const Catalogue& catalogue, std::uint64_t chunk_bytes);
 
@@ -102,7 +103,7 @@ PlanSize plan_size(const Catalogue& catalogue, std::uint64_t chunk_bytes);
  * more than @p max_chunks shards.
  * @param max_chunks the chunk limit, ≥ 1 (`max_plan_chunks` for `make_plan`).
  * @return bytes, ≥ 1; 1 for a catalogue with no tensor data; 0 when no `chunk_size` fits.
- * @throws Error `internal` as `plan_size`.
+ * @throws Error `internal` (70) as `plan_size`, and when @p max_chunks is 0.
  */
 std::uint64_t min_chunk_bytes(const Catalogue& catalogue,
                               std::uint64_t max_chunks = max_plan_chunks);
@@ -118,7 +119,8 @@ std::uint64_t min_chunk_bytes(const Catalogue& catalogue,
  *         `max_plan_chunks` chunks — the message names `chunk_size`, the checkpoint's tensor
  *         bytes, the chunk count, the limit and the smallest `chunk_size` that fits
  *         (`min_chunk_bytes`); `invalid_checkpoint` (65) if the catalogue has more than
- *         `max_plan_tensors` tensors; `internal` if the layout does not match the catalogue.
+ *         `max_plan_tensors` tensors; `internal` (70) if the layout does not match the catalogue
+ *         or a tensor's byte range ends past 2^64 (`plan_size`).
  */
 Plan make_plan(const Catalogue& catalogue, const ArenaLayout& layout, std::uint64_t chunk_bytes);
 

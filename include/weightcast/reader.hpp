@@ -56,11 +56,15 @@ class Reader {
   /// @return an eventfd that is readable while completions wait in `reap()`. Owned by the
   ///         reader; callers may `dup()` it.
   [[nodiscard]] virtual int completion_fd() const noexcept = 0;
-  /// Queues @p request (not owned; must outlive its completion). Never blocks: requests past
-  /// the queue depth wait in a backlog.
+  /// Queues @p request (not owned; must outlive its completion) and resets its `bytes_done`,
+  /// `error` and `end_of_file`. Never blocks: requests past the queue depth wait in a
+  /// backlog. A failed read is the request's `error`, not an exception.
+  /// @throws Error `io` (74) (io_uring) when `io_uring_submit` itself fails.
   virtual void submit(ReadRequest* request) = 0;
   /// Moves every finished request (complete, failed or ended early) into @p finished and
-  /// clears the eventfd. @return the number appended.
+  /// clears the eventfd; short reads and EINTR/EAGAIN are queued again here (io_uring).
+  /// @return the number appended.
+  /// @throws Error `io` (74) as `submit` does (io_uring queues the backlog from here).
   virtual std::size_t reap(std::vector<ReadRequest*>& finished) = 0;
   /// @return requests submitted and not yet reaped.
   [[nodiscard]] virtual std::size_t pending() const noexcept = 0;
@@ -76,7 +80,8 @@ class Reader {
   }
   /**
    * @brief Registers @p fds (the shard files) as fixed files, saving a file-table lookup
-   *        per read. Call before the first `submit`. @return true when registered.
+   *        per read. Call before the first `submit`. @return true when registered; false
+   *        when the back end or kernel cannot (reads still work). Never throws for that.
    */
   virtual bool register_files(std::span<const int> fds) {
     (void)fds;
@@ -86,17 +91,18 @@ class Reader {
 
 /**
  * @brief Creates the io_uring reader.
- * @param queue_depth reads in flight at most (`io_depth`, ≥ 1).
+ * @param queue_depth reads in flight at most (`io_depth`, ≥ 1; 0 is taken as 1).
  * @throws Error `unavailable` (69) with "io_uring unavailable: <reason>" when the ring cannot
- *         be created (seccomp EPERM, ENOSYS, `kernel.io_uring_disabled`) or lacks
- *         IORING_OP_READ (kernels before 5.6).
+ *         be created (seccomp EPERM, ENOSYS, `kernel.io_uring_disabled`), lacks
+ *         IORING_OP_READ (kernels before 5.6) or cannot register its eventfd; `internal` (70)
+ *         when the eventfd cannot be created.
  */
 std::unique_ptr<Reader> make_uring_reader(unsigned queue_depth);
 
 /**
  * @brief Creates the pread reader: @p threads threads each running one `pread` at a time.
- * @param threads reads in flight at most (`io_depth`, ≥ 1).
- * @throws Error `internal` when the eventfd or a thread cannot be created.
+ * @param threads reads in flight at most (`io_depth`, ≥ 1; 0 is taken as 1).
+ * @throws Error `internal` (70) when the eventfd or a thread cannot be created.
  */
 std::unique_ptr<Reader> make_pread_reader(unsigned threads);
 
@@ -105,7 +111,9 @@ std::unique_ptr<Reader> make_pread_reader(unsigned threads);
  *
  * `uring` and `pread` give that back end or fail; `auto` gives io_uring and falls back to
  * pread, with one warning, when io_uring is unavailable (seccomp, ENOSYS, disabled).
- * @throws Error `unavailable` (69) for `uring` when io_uring is unavailable.
+ * @throws Error `unavailable` (69) for `uring` when io_uring is unavailable (the message
+ *         adds "use reader: auto or pread"); `internal` (70) as `make_uring_reader` and
+ *         `make_pread_reader` when an eventfd or a thread cannot be created.
  */
 std::unique_ptr<Reader> make_reader(ReaderKind kind, unsigned queue_depth);
 

@@ -54,7 +54,8 @@ struct SafetensorsHeader {
  * @param json the N header bytes, exactly as in the file (may hold invalid UTF-8).
  * @param data_bytes bytes in the file after the header (file size − 8 − N).
  * @param file the file name used in messages.
- * @throws Error `invalid_checkpoint` naming @p file, the tensor and the numbers involved.
+ * @throws Error `invalid_checkpoint` (65) naming @p file, the tensor and the numbers
+ *         involved.
  */
 SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t data_bytes,
                                            std::string_view file);
@@ -81,10 +82,12 @@ struct SafetensorsHeaderText {
  *
  * @param path the shard file.
  * @param name the name used in messages (defaults to the path as given).
- * @throws Error `missing_input` if the path leads to no file (it does not exist, a symlink
- *         loop) or to one that is not a regular file, `invalid_checkpoint` for checks 1–3 and
- *         an LFS pointer, `io` if it cannot be opened otherwise or a read fails,
- *         `usage` if @p path holds a NUL byte.
+ * @throws Error `missing_input` (66) if the path leads to no file (it does not exist, a
+ *         symlink loop: detail::throw_open_failure()) or to one that is not a regular file,
+ *         `invalid_checkpoint` (65) for checks 1–3 and an LFS pointer, `io` (74) if it cannot
+ *         be opened otherwise (EACCES), fstat(2) or a read fails, or the file ends before the
+ *         bytes its size promised (it changed while read), `usage` (64) if @p path holds a
+ *         NUL byte.
  */
 SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& path,
                                                    std::string_view name = {});
@@ -98,8 +101,8 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
  *
  * @param path the shard file.
  * @param name the name used in messages (defaults to the path as given).
- * @throws Error `missing_input` if the file does not exist, `invalid_checkpoint` for any
- *         format fault, `io` if a read fails, `usage` if @p path holds a NUL byte.
+ * @throws Error as read_safetensors_header_text() (`missing_input` (66), `io` (74), `usage`
+ *         (64)), and `invalid_checkpoint` (65) for any format fault (checks 1–15).
  */
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path,
                                           std::string_view name = {});

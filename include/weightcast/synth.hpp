@@ -59,7 +59,8 @@ LlamaShape choose_llama_shape(std::uint64_t target_params);
 /**
  * @brief Parses a parameter count: "125M", "1B", "1.5B", "500K", "2T" or a plain number.
  *
- * Units are decimal (K = 1e3, M = 1e6, B or G = 1e9, T = 1e12), case-insensitive.
+ * Units are decimal (K = 1e3, M = 1e6, B or G = 1e9, T = 1e12), case-insensitive; spaces
+ * and underscores are ignored ("1_000_000"); a fraction is rounded to the nearest count.
  * @throws Error `usage` (64) naming @p text when it is not a positive count up to 10T.
  */
 std::uint64_t parse_param_count(std::string_view text);
@@ -112,10 +113,13 @@ struct SynthSummary {
  * The same seed and shape give the same tensor bytes whatever `shard_bytes` is. Data are
  * written with large positional writes from a few threads (≈ page-cache speed).
  *
- * @throws Error `usage` (64) for an empty @p out_dir or one holding a NUL byte, a zero `params` or `shard_bytes`, a
- *         sub-byte dtype whose tensors would not be whole bytes, or an @p out_dir holding a
- *         checkpoint file synth did not write; `io` (74) naming the file when a write fails;
- *         `interrupted` (130) when `options.stop` is requested before the commit.
+ * @throws Error `usage` (64) for an empty @p out_dir or one holding a NUL byte, a dangling
+ *         symbolic link as @p out_dir, a zero `params` or `shard_bytes`, a sub-byte dtype
+ *         whose tensors would not be whole bytes, an @p out_dir holding a checkpoint file
+ *         synth did not write, or one another synth is writing now (its flock(2)); `io` (74)
+ *         naming the file or directory when it cannot be created, opened, locked, written,
+ *         closed or renamed; `interrupted` (130) when `options.stop` is requested before the
+ *         commit.
  */
 SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                                         const SynthOptions& options);

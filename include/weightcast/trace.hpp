@@ -61,7 +61,7 @@ class TraceRecorder {
   /// Keeps @p event (or counts it as dropped when `max_events` are already kept).
   void record(const StageEvent& event);
 
-  /// @return the events kept, in the order they were recorded.
+  /// @return the number of events kept (at most `max_events`).
   [[nodiscard]] std::size_t size() const noexcept { return _events.size(); }
   /// @return the events dropped past `max_events`.
   [[nodiscard]] std::uint64_t dropped() const noexcept { return _dropped; }

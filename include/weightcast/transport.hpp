@@ -2,8 +2,8 @@
  * @file transport.hpp
  * @brief The data plane: broadcasts each chunk from the root rank into every rank's arena.
  *
- * `local` (world size 1) does nothing; `mpi` (host memory) comes with the multi-rank work;
- * `nccl` (device memory, DESIGN.md layer 8) broadcasts on a dedicated comm stream. Every
+ * `local` (world size 1) does nothing; `mpi` (host memory, `MPI_Ibcast`) is in
+ * transport_mpi.hpp; `nccl` (device memory, DESIGN.md layer 8) broadcasts on a dedicated comm stream. Every
  * rank calls `broadcast` for the same chunks in the same order (the plan), as NCCL and MPI
  * collectives require.
  *
@@ -36,7 +36,13 @@ class Transport {
   /**
    * @brief Starts broadcasting @p bytes at @p data from @p root to every rank.
    * @param data arena memory: the source on the root, the destination elsewhere.
-   * @return null when already complete, else the broadcast in flight.
+   * @param bytes length, bytes (0: nothing to do).
+   * @param root the rank whose bytes every rank receives, 0 ≤ root < world size.
+   * @return null when already complete (`local`; `mpi` with 0 bytes or one rank), else the
+   *         broadcast in flight; its `test()` throws as below when the broadcast fails.
+   * @throws Error `unavailable` (69) when the collective cannot be started or fails (`mpi`:
+   *         `MPI_Ibcast`/`MPI_Testall` returned an error, named; `nccl`: as
+   *         `make_nccl_transport` says).
    */
   virtual std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes,
                                              int root) = 0;
@@ -62,7 +68,7 @@ class Transport {
                                                    void* ready_event);
 };
 
-/// @return the world-size-1 transport: broadcast is a no-op.
+/// @return the world-size-1 transport: broadcast is a no-op (returns null). Never throws.
 std::unique_ptr<Transport> make_local_transport();
 
 /// Size of an `ncclUniqueId` (`NCCL_UNIQUE_ID_BYTES` in nccl.h), bytes.
@@ -73,8 +79,9 @@ using NcclUniqueId = std::array<std::byte, nccl_unique_id_bytes>;
 /**
  * @brief A fresh `ncclUniqueId` (`ncclGetUniqueId`); call it on rank 0 only, then send it to
  *        every rank before any of them calls `make_nccl_transport`.
- * @throws Error `unavailable` when the build has no CUDA or NCCL fails (names the NCCL error
- *         and `ncclGetLastError`).
+ * @throws Error `unavailable` (69) when the build has no CUDA or NCCL fails (names the NCCL
+ *         error and `ncclGetLastError`; `internal` (70) for NCCL's invalid argument or usage,
+ *         `detail::throw_nccl_error`).
  */
 NcclUniqueId nccl_unique_id();
 
@@ -97,8 +104,12 @@ NcclUniqueId nccl_unique_id();
  * @param timeout bound on communicator creation and on enqueueing each broadcast group.
  * @throws Error `unavailable` (69) when the build has no CUDA, the device cannot be used or
  *         NCCL fails (names the NCCL error and `ncclGetLastError`); `timeout` (75) when the
- *         communicator is not ready within @p timeout (the communicator is aborted). The
- *         transport's `broadcast_group` throws the same way.
+ *         communicator is not ready within @p timeout (the communicator is aborted);
+ *         `internal` (70) when @p rank is not in 0..@p world_size - 1, or for NCCL's invalid
+ *         argument or usage and CUDA errors other than a missing or exhausted device
+ *         (`detail::throw_nccl_error`, `detail::throw_cuda_error`). The transport's
+ *         `broadcast_group` throws the same way, and `unavailable` once the communicator has
+ *         been aborted after an earlier failure.
  */
 std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
                                                const NcclUniqueId& unique_id,

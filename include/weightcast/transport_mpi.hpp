@@ -28,7 +28,9 @@ bool mpi_compiled_in() noexcept;
  */
 class MpiSession {
  public:
-  /// @throws Error `unavailable` when the build has no MPI or `MPI_Init_thread` fails.
+  /// Sets `MPI_ERRORS_RETURN` on `MPI_COMM_WORLD`, so MPI failures come back as `Error`s
+  /// naming the call instead of MPI aborting the job.
+  /// @throws Error `unavailable` (69) when the build has no MPI or `MPI_Init_thread` fails.
   MpiSession();
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
@@ -55,7 +57,9 @@ class MpiSession {
  * marks @p session abandoned; the caller must exit the process soon (the arena stays
  * reachable by MPI until then).
  * @param session must outlive the transport.
- * @throws Error `unavailable` when the build has no MPI.
+ * @throws Error `unavailable` (69) when the build has no MPI. The transport's `broadcast` and
+ *         its `Pending::test()` throw `unavailable` naming the byte count and MPI's error
+ *         string when `MPI_Ibcast` or `MPI_Testall` fails.
  */
 std::unique_ptr<Transport> make_mpi_transport(MpiSession& session);
 

@@ -11,7 +11,12 @@
  *     `OMPI_COMM_WORLD_LOCAL_RANK`;
  *  5. otherwise a world of one rank.
  * A source counts only when both its rank and its size variables are set; when none counts but
- * one has only its rank or only its size variable set, that is a config error.
+ * one has only its rank or only its size variable set, that is a config error (except a rank
+ * of 0 alone: Slurm's batch step without a task count sets `SLURM_PROCID=0` only, a world of
+ * one). Where Open MPI's variables are set too and disagree, mpirun started this process:
+ * against Slurm's (mpirun inside an sbatch script), Open MPI's are the world; against
+ * torchrun's without `TORCHELASTIC_RUN_ID` (left over from another launcher), a config error.
+ * `world.local_rank` in the config overrides the local rank of any source.
  */
 #pragma once
 
@@ -33,7 +38,7 @@ struct World {
   int rank = 0;        ///< 0 ≤ rank < world_size; rank 0 reads the checkpoint.
   int world_size = 1;  ///< Number of ranks (≥ 1).
   int local_rank = 0;  ///< Rank among the processes of this node (the CUDA device ordinal).
-  WorldSource source = WorldSource::single;
+  WorldSource source = WorldSource::single;  ///< Where rank and world size came from.
   std::string master_addr;  ///< `$MASTER_ADDR`, or empty when not set.
   /// The launcher's id of this job, the same on every rank of one job and different between
   /// jobs: `PMIX_NAMESPACE` (else `OMPI_MCA_ess_base_jobid`) under mpirun, `SLURM_JOB_ID`
@@ -46,7 +51,7 @@ struct World {
   /// Longest `job_id` kept, bytes (it travels in the rendezvous hello).
   static constexpr std::size_t max_job_id_bytes = 256;
 
-  /// @return e.g. "rank 1 of 3 (local rank 1) from torchrun (RANK, WORLD_SIZE)".
+  /// @return e.g. "rank 1 of 3 (local rank 1) from torchrun's environment (RANK, WORLD_SIZE)".
   [[nodiscard]] std::string describe() const;
 };
 
@@ -54,9 +59,11 @@ struct World {
  * @brief Finds the world from @p config, else from the environment (the order above), and
  *        the job id of the family it came from.
  * @throws Error `config` (78) naming the key or variable when a value is not a whole number
- *         (or negative, or past INT_MAX), the rank is not below the size, `world.rank` and
- *         `world.size` are not set together, or no launcher's environment is complete but one
- *         is partial (`RANK` without `WORLD_SIZE`, say: the message names both).
+ *         (or negative, or past 2^20, the config's own bound), the size is below 1, the rank
+ *         is not below the size, `world.rank` and `world.size` are not set together, no
+ *         launcher's environment is complete but one is partial (`RANK` without `WORLD_SIZE`,
+ *         say: the message names both), or torchrun's variables disagree with Open MPI's
+ *         without `TORCHELASTIC_RUN_ID`.
  */
 World detect_world(const Config& config);
 

@@ -26,7 +26,7 @@ namespace weightcast::detail {
 
 /// Control-plane message types (the first header byte).
 enum class Frame : std::uint8_t {
-  hello = 1,    ///< peer → 0: magic, protocol version, rank, world size, job token
+  hello = 1,    ///< peer → 0: magic, protocol version, rank, world size, job token, job id
   welcome = 2,  ///< 0 → peer: accepted (empty payload)
   reject = 3,   ///< 0 → peer: the reason, as text
   share = 4,    ///< 0 → peer: opaque bytes (the catalogue, an NCCL unique id)
@@ -83,7 +83,7 @@ FrameHeader decode_frame_header(const std::array<char, frame_header_bytes>& byte
                                 FrameReader reader, std::string_view what);
 
 /// @return a frame: the header for @p type and `payload.size()`, then @p payload.
-/// @throws Error `internal` when @p payload is over 4 GiB − 1 bytes.
+/// @throws Error `internal` (70) when @p payload is over 4 GiB − 1 bytes.
 std::string frame_bytes(Frame type, std::string_view payload);
 
 /// What a peer tells rank 0 when it connects.
@@ -99,7 +99,8 @@ struct Hello {
 inline constexpr std::size_t max_token_bytes = max_hello_bytes - 6 * 4 - World::max_job_id_bytes;
 
 /// @return the HELLO payload of @p hello (magic, protocol version, rank, world size, token,
-///         job id).
+///         job id). Never checks the token's length: the caller refuses one over
+///         `max_token_bytes`, which rank 0 would refuse unread.
 std::string encode_hello(const Hello& hello);
 
 /**
@@ -112,7 +113,7 @@ Hello decode_hello(std::string_view payload, std::string_view what);
 
 /// An exit status and a message: the payload of ABORT and of the verdict.
 struct StatusMessage {
-  int status = 0;       ///< Exit status, 0 to 125.
+  int status = 0;       ///< Exit status, 0 to 125, or 130/143 (a rank's SIGINT/SIGTERM).
   std::string message;  ///< One line for the user.
 };
 
@@ -148,8 +149,9 @@ std::string encode_progress(std::uint64_t chunks_landed);
  */
 std::uint64_t decode_progress(std::string_view payload, std::string_view what);
 
-/// @return whether @p presented equals @p expected, in a time that depends on their lengths
-///         only, not on where they differ (a stranger cannot find the token byte by byte).
+/// @return whether @p presented equals @p expected, in a time that depends on the expected
+///         length only, not on where they differ (a stranger cannot find the token byte by
+///         byte).
 bool tokens_equal(std::string_view presented, std::string_view expected) noexcept;
 
 }  // namespace weightcast::detail

@@ -2,8 +2,9 @@
  * @file cuda_resources.hpp
  * @brief Move-only owners of CUDA streams, events, device memory and pinned host buffers.
  *
- * Internal; only for translation units built with CUDA (`WEIGHTCAST_HAVE_CUDA`). Destructors
- * never throw: a failed release is logged. Never keep one in a static: the CUDA runtime may
+ * Internal; only for translation units built with CUDA (`WEIGHTCAST_HAVE_CUDA`). Constructors
+ * throw as `throw_cuda_error` does (69 for out of memory or no device, else 70), naming the
+ * CUDA call. Destructors never throw: a failed release is logged. Never keep one in a static: the CUDA runtime may
  * already be torn down when static destructors run (CUDA Programming Guide, "Initialization").
  */
 #pragma once

@@ -142,8 +142,12 @@ std::filesystem::path follow_links(const std::filesystem::path& path);
  * (/dev/null, a terminal), which cannot be renamed over; a regular file that the path
  * reaches through a procfs link (/dev/stdout redirected to a file, /proc/self/fd/N), which
  * names an open file rather than a place in a directory; and a path whose
- * directory takes no new name for this process (EACCES, EPERM, or a name too long to add
- * ".partial-PID" to), where a writable existing file is still written as it always was.
+ * directory takes no new name for this process (EACCES, EPERM, EROFS, or a name too long to
+ * add ".partial-PID" to), where a writable existing file is still written as it always was.
+ * Except: a procfs link to this process's own stdout or stderr (`--report /dev/stdout >
+ * out.txt`) is written through a duplicate of that descriptor, at its offset and not
+ * truncated, so what stdout wrote before (a `>>` log too) stays and what it writes after
+ * follows.
  */
 class OutputFile {
  public:

@@ -69,10 +69,12 @@ std::string quote(std::string_view text);
 ///         reads `-0` as a float and refuses it for a shape or an offset).
 std::optional<std::uint64_t> json_unsigned(const nlohmann::json& value) noexcept;
 
-/// @return the JSON type of @p value with its article, for messages: "an array", "a number".
+/// @return the JSON type of @p value with its article, for messages: "an array", "an
+///         integer", "a floating-point number"; "null" for null.
 std::string_view json_kind(const nlohmann::json& value) noexcept;
 
-/// @return a short one-line rendering of @p value for messages ("[4, 3]", "\"F7\"").
+/// @return a short one-line rendering of @p value for messages ("[4, 3]", "\"F7\""), cut to
+///         160 bytes and "…" (an array stops at the element that passes 160).
 std::string json_brief(const nlohmann::json& value);
 
 }  // namespace weightcast::detail

@@ -30,7 +30,9 @@ class HostMapping {
  public:
   HostMapping() = default;
   /// @param what names the memory in the error (e.g. "a host arena of 1024 bytes").
-  /// @throws Error `unavailable` when `mmap` fails (names @p what and errno).
+  /// @param bytes the size; 0 maps nothing.
+  /// @throws Error `unavailable` (69) when `mmap` fails, or @p bytes is too large to map at
+  ///         all (within 2 MiB of 2^64: ENOMEM) (names @p what and errno).
   HostMapping(std::uint64_t bytes, std::string_view what);
   ~HostMapping();
   HostMapping(HostMapping&& other) noexcept;

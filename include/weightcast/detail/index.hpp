@@ -29,25 +29,30 @@ struct IndexEntry {
  * read forever) or is over 1 GiB (a real index is a few MB).
  * @param index_path the `.json` file.
  * @param name the index name used in messages (defaults to the path as given).
- * @throws Error `missing_input` if the path leads to no file (throw_open_failure()) or to
- *         one that is not a regular file, `invalid_checkpoint` if it is over 1 GiB, `io` if
- *         it cannot be opened otherwise or a read fails, `usage` if
- *         @p index_path holds a NUL byte.
+ * @throws Error `missing_input` (66) if the path leads to no file (throw_open_failure()) or
+ *         to one that is not a regular file, `invalid_checkpoint` (65) if it is over 1 GiB,
+ *         `io` (74) if it cannot be opened otherwise, fstat(2) or a read fails, `usage` (64)
+ *         if @p index_path holds a NUL byte. A file that shrank while read gives what was
+ *         read (the JSON parse then says it is cut).
  */
 std::string read_index_text(const std::filesystem::path& index_path, const std::string& name = {});
 
 /**
- * @brief Reads and checks an index: JSON object, `weight_map` an object of strings, no
- *        repeated tensor name, every shard path relative and inside the index's directory
- *        once symlinks are resolved.
+ * @brief Reads and checks an index: UTF-8, a JSON object, `weight_map` a non-empty object of
+ *        strings, no repeated key, every shard name non-empty, without a NUL byte, a plain
+ *        file name (no directory part) and inside the index's directory once symlinks are
+ *        resolved (or, in the Hugging Face hub cache, `<repo>/snapshots/<rev>`, a link into
+ *        `<repo>/blobs`).
  *
  * Does not check that the shards exist (`open_checkpoint` does).
  *
  * @param index_path the `.json` file.
  * @param name the index name used in messages (defaults to the path as given).
  * @return the entries in document order.
- * @throws Error `missing_input` if the file does not exist, `invalid_checkpoint` naming the
- *         index file and, for a path fault, the tensor entry; `io` if a read fails.
+ * @throws Error as read_index_text() (`missing_input` (66), `io` (74), `usage` (64),
+ *         `invalid_checkpoint` (65) over 1 GiB); `missing_input` (66) when the index's
+ *         directory cannot be resolved; `invalid_checkpoint` (65) naming the index file and,
+ *         for a shard name fault, the tensor entry.
  */
 std::vector<IndexEntry> read_index(const std::filesystem::path& index_path,
                                    const std::string& name = {});

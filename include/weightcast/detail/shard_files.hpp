@@ -28,7 +28,7 @@ constexpr std::uint32_t fallback_direct_alignment = 4096;
  * @brief Fraction (0..1) of the first @p file_bytes of @p fd resident in the page cache.
  *
  * Uses the `cachestat` syscall (Linux 6.5+); elsewhere `mincore` on a read-only mapping,
- * sampling at most 4096 pages evenly. @return -1 when neither works.
+ * sampling at most 4096 pages evenly. @return 1 for an empty file; -1 when neither works.
  */
 double page_cache_fraction(int fd, std::uint64_t file_bytes) noexcept;
 
@@ -45,9 +45,11 @@ class ShardFiles {
   /**
    * @brief Opens every shard of @p catalogue as @p policy says.
    * @throws Error `missing_input` (66) for a shard whose path now leads to no file (removed,
-   *         a symlink loop: throw_open_failure()); `io` (74) for one that cannot be opened
-   *         otherwise (permission, the open-file limit), whose size changed since its header
-   *         was read, or (`direct_io: on`) whose filesystem refuses O_DIRECT, naming the file.
+   *         a symlink loop: throw_open_failure()) or to one that is not a regular file (a
+   *         FIFO put in its place); `io` (74) for one that cannot be opened otherwise
+   *         (permission, the open-file limit) or fstat(2)ed, that is now another file than
+   *         the one whose header was read (device and inode), whose size changed since, or
+   *         (`direct_io: on`) whose filesystem refuses O_DIRECT, naming the file.
    * @note `auto` logs one notice per load when it falls back to buffered reads.
    *       @p catalogue must outlive the ShardFiles (messages name its shards).
    */
@@ -56,7 +58,10 @@ class ShardFiles {
   ShardFiles(const ShardFiles&) = delete;
   ShardFiles& operator=(const ShardFiles&) = delete;
 
+  /// @return the open descriptor of @p shard (catalogue index; `std::out_of_range` past the
+  ///         last), owned by this object.
   [[nodiscard]] int fd(std::uint32_t shard) const { return _fds.at(shard); }
+  /// @return every shard's descriptor, catalogue order (for `Reader::register_files`).
   [[nodiscard]] const std::vector<int>& fds() const noexcept { return _fds; }
   /// @return true when @p shard is read with O_DIRECT.
   [[nodiscard]] bool direct(std::uint32_t shard) const { return _alignments.at(shard) > 1; }
@@ -77,7 +82,8 @@ class ShardFiles {
    * read (in place, same size) moves its modification time, so bytes that may mix old and
    * new contents are refused. A change that keeps the modification time (a write through a
    * writable mmap not yet written back, a time set back with utimensat) is not seen.
-   * @throws Error `io` (74) naming the shard, its new modification time and sizes.
+   * @throws Error `io` (74) naming the shard, its new modification time and sizes; `io` when
+   *         the fstat(2) itself fails.
    */
   void check_unchanged(std::uint32_t shard) const;
 

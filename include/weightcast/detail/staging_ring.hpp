@@ -46,7 +46,10 @@ class SlotLease {
   SlotLease& operator=(const SlotLease&) = delete;
   ~SlotLease();
 
+  /// @return the slot's index in the ring, 0 ≤ index < `StagingRing::slots()`.
   [[nodiscard]] std::size_t index() const noexcept { return _index; }
+  /// @return the slot's first byte (page-aligned). Only for a lease that holds a slot (not
+  ///         a default-constructed, moved-from or released one).
   [[nodiscard]] std::byte* data() const noexcept;
   /// Gives up ownership without returning the slot. @return the slot index.
   std::size_t release() noexcept {
@@ -62,14 +65,15 @@ class SlotLease {
 class StagingRing {
  public:
   /**
-   * @param slots number of slots (`buffer_depth`, ≥ 1).
-   * @param slot_bytes bytes per slot, rounded up to the page size.
+   * @param slots number of slots (`buffer_depth`, ≥ 1; 0 is taken as 1).
+   * @param slot_bytes bytes per slot, rounded up to the page size (0: one page).
    * @param device when not null and it `wants_pinned_staging()` (cuda), the slots are pinned
    *        with `device->pin`. If pinning is refused (`ulimit -l`, the driver), the ring
    *        retries with half the slots down to one, then stages from pageable memory; each
    *        step logs a notice about pinned host memory. `slots()` says how many remain.
    *        The device must outlive the ring.
-   * @throws Error `unavailable` when the memory cannot be mapped.
+   * @throws Error `unavailable` (69) when the memory cannot be mapped (names the slots and
+   *         their size). A refused `pin` is never thrown: it is the fallback above.
    */
   StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
               std::uint64_t slot_bytes, weightcast::Device* device = nullptr);
@@ -84,10 +88,13 @@ class StagingRing {
    */
   boost::asio::awaitable<SlotLease> acquire();
 
+  /// @return the first byte of slot @p index (< `slots()`; not checked).
   [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
     return _memory.data() + index * _slot_bytes;
   }
+  /// @return bytes per slot: the asked size rounded up to the page size.
   [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
+  /// @return the number of slots (fewer than asked when pinning all of them was refused).
   [[nodiscard]] std::size_t slots() const noexcept { return _slots; }
   /// @return host memory held by the ring, bytes.
   [[nodiscard]] std::uint64_t total_bytes() const noexcept { return _slots * _slot_bytes; }
