@@ -19,6 +19,7 @@
 #   [multirank]     ranks under mpirun and the local spawner: MPI progress (MPI_Testall on
 #                   the loader thread, Open MPI's own threads) beside the control plane's
 #                   reader thread and the MPI_Init watchdog thread.
+#   [log]           the logger, written from several threads at once.
 #   Not covered: the CUDA path (cuda device, nccl transport, the driver's threads). It needs a
 #   GPU, which this machine and CI lack, so build-tsan is -DWEIGHTCAST_CUDA=OFF; note there
 #   is no cudaLaunchHostFunc bridge to race on today (src/device_cuda.cpp polls CUDA events
@@ -95,7 +96,7 @@ run_tsan() {
   local status=0
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp:halt_on_error=1:exitcode=86:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
     "${launch[@]}" build-tsan/tests/weightcast_tests \
-    "[reader],[seccomp],[loader]~[large],[control_plane],[multirank]" || status=1
+    "[reader],[seccomp],[loader]~[large],[control_plane],[multirank],[log]" || status=1
   echo "sanitize: tsan tests ran in $((SECONDS - start)) s"
   return $status
 }

@@ -103,7 +103,9 @@ void configure_log(LogLevel level, int rank) {
   // Replace any logger of that name, so that calling this again (a new rank, a new level)
   // does not throw "logger with name 'weightcast' already exists".
   spdlog::drop("weightcast");
-  auto logger = spdlog::stderr_logger_st("weightcast");
+  // The _mt sink: the interrupt watcher, load_async's thread and the control plane's
+  // reader log beside the main thread (a single-threaded sink races on its buffer).
+  auto logger = spdlog::stderr_logger_mt("weightcast");
   auto formatter = std::make_unique<spdlog::pattern_formatter>();
   formatter->add_flag<PrintablePayload>('*').set_pattern(
       rank < 0 ? "weightcast: %^%l%$: %*"

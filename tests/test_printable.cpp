@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -126,4 +128,48 @@ TEST_CASE("inspect and errors print a hostile tensor name escaped", "[log][cli]"
   CHECK(failed.err.find("embed\\x1b[2J") != std::string::npos);
   CHECK_FALSE(has_control(failed.err));
   CHECK_FALSE(has_control(failed.out));
+}
+
+TEST_CASE("the log takes lines from several threads at once, each whole", "[log]") {
+  // The interrupt watcher, load_async's thread and the control plane's reader log beside the
+  // main thread. The logger's sink was single-threaded: a data race (scripts/sanitize.sh
+  // runs this under TSan, which halts on it).
+  TempDir dir;
+  const std::string path = (dir / "stderr.txt").string();
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  REQUIRE(saved >= 0);
+  {
+    FILE* file = std::fopen(path.c_str(), "w");
+    REQUIRE(file != nullptr);
+    dup2(fileno(file), STDERR_FILENO);
+    std::fclose(file);
+  }
+  configure_log(LogLevel::info, 1);
+  constexpr int threads = 4;
+  constexpr int lines = 200;
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([t] {
+        for (int i = 0; i < lines; ++i) spdlog::warn("thread {} line {} of the test", t, i);
+      });
+    }
+  }
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  configure_log(LogLevel::warn);
+
+  const std::string text = weightcast::test::read_file(path);
+  for (int t = 0; t < threads; ++t) {
+    for (int i = 0; i < lines; ++i) {
+      const std::string line =
+          fmt::format("weightcast[rank 1]: warning: thread {} line {} of the test\n", t, i);
+      INFO(line);
+      REQUIRE(text.find(line) != std::string::npos);
+    }
+  }
+  CHECK(std::count(text.begin(), text.end(), '\n') == threads * lines);
 }
