@@ -725,19 +725,6 @@ void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
                                           "one, and a path would end there",
                                           where, shown_value, nul));
   }
-  // Nor another control byte: a carriage return or line feed (`trace: "a\rb"`) would make a
-  // path that prints as something else, and no setting means one.
-  const auto control = std::find_if(text.begin(), text.end(), [](char c) {
-    const auto byte = static_cast<unsigned char>(c);
-    return (byte < 0x20 && byte != '\t') || byte == 0x7f;
-  });
-  if (control != text.end()) {
-    throw Error(Errc::config,
-                fmt::format("{}{} holds the control character \\x{:02x} at byte {}: no setting "
-                            "takes one, and a path would print as another",
-                            where, shown_value, static_cast<unsigned char>(*control),
-                            control - text.begin()));
-  }
   // An empty value is "no value" for every key but the few where "" means none (a quoted ''
   // would otherwise turn `rendezvous.address` into auto, or a choice into its default).
   if (spec.kind != ValueKind::text && trim(text).empty()) {

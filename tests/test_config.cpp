@@ -393,23 +393,13 @@ TEST_CASE("config: a raw CR is refused: lone CR line endings, a CR in a value", 
       load_config(write_yaml(dir, "chunk_size: 8MiB\r\ntrace: t.json\r\n", "w.yaml"), {});
   CHECK(crlf.chunk_bytes == 8ull << 20);
   CHECK(crlf.trace == "t.json");
-  // A CR (or LF, or another control character) that YAML's escapes or --set put in a value.
-  const auto escaped = write_yaml(dir, "trace: \"a\\rb\"\n", "e.yaml");
-  e = expect_error([&] { load_config(escaped, {}); });
-  CHECK(e.code() == Errc::config);
-  CHECK(std::string(e.what()) ==
-        escaped + ":1: trace: 'a\\x0db' holds the control character \\x0d at byte 1: no setting "
-                  "takes one, and a path would print as another");
-  for (const std::string value : {"a\rb", "a\nb", "a\x1b[2Jb", "\"x\\ny\""}) {
-    INFO(value);
-    auto s = expect_error([&] { from_set({"checkpoint=" + value}); });
-    CHECK(s.code() == Errc::config);
-    CHECK_THAT(s.what(), Contains("holds the control character"));
-    CHECK(std::string(s.what()).find_first_of("\r\n\x1b") == std::string::npos);
-  }
-  CHECK_THAT(expect_error([] { from_set({"rendezvous.token=a\rb"}); }).what(),
-             Contains("rendezvous.token: the value holds the control character"));
-  CHECK(from_set({"checkpoint=a\tb"}).checkpoint == "a\tb");
+  // A control character asked for by name (YAML's "\r", or --set) is a path's own: Linux
+  // allows one, and messages show it escaped, on one line.
+  CHECK(load_config(write_yaml(dir, "trace: \"a\\rb\"\n", "e.yaml"), {}).trace == "a\rb");
+  auto s = expect_error([&] { from_set({"device=a\rb\x1b[2J"}); });
+  CHECK(s.code() == Errc::config);
+  CHECK(std::string(s.what()) ==
+        "--set device=a\\x0db\\x1b[2J: 'a\\x0db\\x1b[2J' is not one of auto, host, cuda");
 }
 
 TEST_CASE("config: a long value or key is echoed cut, with its length", "[config]") {

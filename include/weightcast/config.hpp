@@ -105,12 +105,13 @@ struct Config {
  * whole-number key) is refused, as are merge keys (`<<`), a key given twice in one mapping
  * (a nested one too), and a file with a lone CR (not part of CRLF). An empty value (`''`) is
  * "no value" except for `checkpoint`, `trace` and `rendezvous.token`, where it means none.
- * A message quotes at most the first 64 bytes of a value or key, then its length.
+ * A message quotes at most the first 64 bytes of a value or key, then its length, with
+ * control bytes as `\xHH`.
  *
  * @throws Error `config` (78) for an unknown key or a bad value, naming the key, the value
  *         and the file and line (or `--set`), and for a value that holds a NUL byte (YAML's
- *         `"\0"`: a path would end there) or another control character but tab;
- *         `missing_input` (66) if @p yaml_path does not exist.
+ *         `"\0"`: a path would end there); `missing_input` (66) if @p yaml_path does not
+ *         exist.
  */
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
 
