@@ -131,16 +131,65 @@ std::string lowercase(std::string_view text) {
   return out;
 }
 
+// Longest text a message echoes whole: a 5000-digit value would otherwise fill the screen.
+constexpr std::size_t max_shown_bytes = 64;
+
+/// @p text with its control bytes (C0 and DEL) as `\xHH`, so a message stays one line.
+std::string escape_controls(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+/// Where @p text is cut for a message: its first `max_shown_bytes`, backed off to the start
+/// of a UTF-8 character; the whole of it when short enough.
+std::string_view message_head(std::string_view text) {
+  if (text.size() <= max_shown_bytes) return text;
+  std::size_t cut = max_shown_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+  return text.substr(0, cut);
+}
+
+// The one place a message shows a value or key taken from the user: control bytes escaped,
+// and past 64 bytes cut with "…" and the length ("'1234…' (5000 bytes)").
+/// @return @p text as a message shows it, unquoted (`--set key=value` prefixes).
+std::string shown(std::string_view text) {
+  const std::string_view head = message_head(text);
+  if (head.size() == text.size()) return escape_controls(text);
+  return fmt::format("{}… ({} bytes)", escape_controls(head), text.size());
+}
+
+/// @return @p text as a message quotes it: `'16 parsecs'`, `'1234…' (5000 bytes)`.
+std::string quote_value(std::string_view text) {
+  const std::string_view head = message_head(text);
+  if (head.size() == text.size()) return fmt::format("'{}'", escape_controls(text));
+  return fmt::format("'{}…' ({} bytes)", escape_controls(head), text.size());
+}
+
 /// Splits "16.5 MiB" into the number (16.5) and the unit text ("MiB"). The number is a plain
-/// non-negative decimal: digits with at most one '.', no sign, no exponent, no hex, so that
-/// "1e9" or "-1" are refused rather than silently read some other way.
+/// decimal: digits with at most one '.', no exponent, no hex, so that "1e9" is refused rather
+/// than silently read some other way. A leading '-' is kept apart: a negative number is a
+/// number, out of every key's range, not "not a number".
 struct NumberAndUnit {
+  bool negative = false;    // "-5s"
   std::string_view digits;  // "16.5"
   std::string_view unit;    // "MiB", may be empty
 };
 
 std::optional<NumberAndUnit> split_number(std::string_view text) {
   text = trim(text);
+  NumberAndUnit out;
+  if (!text.empty() && text.front() == '-') {
+    out.negative = true;
+    text.remove_prefix(1);
+  }
   std::size_t i = 0;
   bool seen_digit = false;
   bool has_point = false;
@@ -157,94 +206,134 @@ std::optional<NumberAndUnit> split_number(std::string_view text) {
     }
   }
   if (!seen_digit) return std::nullopt;
-  NumberAndUnit out;
   out.digits = text.substr(0, i);
   out.unit = trim(text.substr(i));
   return out;
 }
 
-/// Parses the digits of `split_number` exactly: integer part and fraction as a rational,
-/// scaled by @p multiplier. Returns nullopt on overflow. Rounds to the nearest unit and, when
-/// @p exact is given, reports whether no rounding was needed.
+/// The digits of `split_number` times @p multiplier, exactly, whatever their number: nullopt
+/// past 2^64 - 1. @p exact says whether the product is a whole number of units; the result
+/// is then its whole part (callers refuse a fraction rather than round it).
 std::optional<std::uint64_t> scale(std::string_view digits, std::uint64_t multiplier,
-                                   bool* exact = nullptr) {
+                                   bool& exact) {
   std::string clean;
   for (char c : digits) {
     if (c != '_') clean += c;
   }
-  const std::string_view number(clean);
+  std::string_view number(clean);
   const auto point = number.find('.');
-  std::string_view int_part = number.substr(0, point);
+  const std::string_view int_part = number.substr(0, point);
   std::string_view frac_part =
       point == std::string_view::npos ? std::string_view() : number.substr(point + 1);
-  if (int_part.empty()) int_part = "0";
-  // Fractions beyond 18 digits cannot matter for byte or millisecond counts.
-  frac_part = frac_part.substr(0, 18);
+  while (!frac_part.empty() && frac_part.back() == '0') frac_part.remove_suffix(1);
 
-  std::uint64_t whole = 0;
-  auto [p, ec] = std::from_chars(int_part.data(), int_part.data() + int_part.size(), whole);
-  if (ec != std::errc() || p != int_part.data() + int_part.size()) return std::nullopt;
-  unsigned __int128 result = static_cast<unsigned __int128>(whole) * multiplier;
-  if (!frac_part.empty()) {
-    std::uint64_t frac = 0;
-    std::from_chars(frac_part.data(), frac_part.data() + frac_part.size(), frac);
-    unsigned __int128 denom = 1;
-    for (std::size_t k = 0; k < frac_part.size(); ++k) denom *= 10;
-    unsigned __int128 numer = static_cast<unsigned __int128>(frac) * multiplier;
-    if (exact != nullptr) *exact = numer % denom == 0;
-    result += (numer + denom / 2) / denom;
-  } else if (exact != nullptr) {
-    *exact = true;
+  constexpr auto max = std::numeric_limits<std::uint64_t>::max();
+  unsigned __int128 result = 0;
+  for (char c : int_part) {
+    result = result * 10 + static_cast<unsigned>(c - '0');
+    if (result > max) return std::nullopt;
   }
-  if (result > std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
+  result *= multiplier;
+  if (result > max) return std::nullopt;
+  // multiplier × 0.d1…dk by long multiplication from the last digit: the k digits it leaves
+  // behind are the product's fraction (all zero when exact), the carry its whole part. Each
+  // carry is below multiplier, so nothing overflows however many digits there are.
+  unsigned __int128 carry = 0;
+  exact = true;
+  for (auto it = frac_part.rbegin(); it != frac_part.rend(); ++it) {
+    const unsigned __int128 v =
+        static_cast<unsigned __int128>(static_cast<unsigned>(*it - '0')) * multiplier + carry;
+    if (v % 10 != 0) exact = false;
+    carry = v / 10;
+  }
+  result += carry;
+  if (result > max) return std::nullopt;
   return static_cast<std::uint64_t>(result);
+}
+
+/// A unit whose spelling differs from a table entry's only in case ("mb", "gib", "S"): the
+/// entry, for a message suggesting it; nullptr when none does.
+template <typename Unit, std::size_t N>
+const Unit* unit_in_other_case(std::string_view unit, const std::array<Unit, N>& units) {
+  const std::string lower = lowercase(unit);
+  for (const auto& u : units) {
+    if (!u.name.empty() && lowercase(u.name) == lower) return &u;
+  }
+  return nullptr;
 }
 
 constexpr std::string_view size_hint = "use bytes or a unit: 16MiB, 1GiB";
 
-/// Size parsing without the key prefix, for the loader (which adds its own location).
-std::uint64_t parse_size_value(std::string_view text) {
+/// A size's bytes, or nullopt when it is negative or past 2^64 - 1 bytes: out of range for
+/// every key, which says its own range. Throws (without the location, which the loader adds)
+/// for what is not a size: no number, an unknown unit, a fraction of a byte.
+std::optional<std::uint64_t> size_bytes(std::string_view text) {
   auto parts = split_number(text);
-  if (!parts) bad_value(fmt::format("'{}' is not a size ({})", text, size_hint));
+  if (!parts) bad_value(fmt::format("{} is not a size ({})", quote_value(text), size_hint));
 
   // Binary units are what buffers are sized in; decimal units are what disks are sold in.
-  // Both are accepted spelled out; a bare K/M/G/T is refused because half the tools that
-  // accept it mean 1000 and the other half 1024.
+  // Both are accepted spelled out, as written here: units are case-sensitive, since "mb" is
+  // millibits to some and "16mb" could be meant as MB or as MiB. A bare K/M/G/T is refused
+  // because half the tools that accept it mean 1000 and the other half 1024.
   struct Unit {
     std::string_view name;
     std::uint64_t bytes;
   };
   static constexpr std::array<Unit, 10> units{{
-      {"", 1}, {"b", 1},
-      {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40},
-      {"kb", 1'000}, {"mb", 1'000'000}, {"gb", 1'000'000'000}, {"tb", 1'000'000'000'000},
+      {"", 1}, {"B", 1},
+      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
+      {"KB", 1'000}, {"MB", 1'000'000}, {"GB", 1'000'000'000}, {"TB", 1'000'000'000'000},
   }};
-  std::string unit = lowercase(parts->unit);
   const Unit* found = nullptr;
   for (const auto& u : units) {
-    if (u.name == unit) found = &u;
+    if (u.name == parts->unit) found = &u;
   }
   if (found == nullptr) {
+    const std::string unit = lowercase(parts->unit);
     if (unit == "k" || unit == "m" || unit == "g" || unit == "t") {
       char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
-      bad_value(fmt::format("'{}' is ambiguous: write {}{}iB (binary) or {}{}B (decimal)", text,
-                            parts->digits, u, parts->digits, u));
+      bad_value(fmt::format("{} is ambiguous: write {}{}iB (binary) or {}{}B (decimal)",
+                            quote_value(text), parts->digits, u, parts->digits, u));
     }
-    bad_value(fmt::format("'{}' is not a size ({})", text, size_hint));
+    if (const Unit* other = unit_in_other_case(parts->unit, units)) {
+      const bool decimal = other->name.size() == 2;  // KB, MB, GB, TB
+      bad_value(fmt::format(
+          "{} is not a size: units are case-sensitive (write {}{}{})", quote_value(text),
+          parts->digits, other->name,
+          decimal ? fmt::format(" for decimal, or {}{}iB for binary", parts->digits,
+                                other->name.front())
+                  : std::string()));
+    }
+    bad_value(fmt::format("{} is not a size ({})", quote_value(text), size_hint));
   }
+  if (parts->negative) return std::nullopt;
   bool exact = true;
-  auto bytes = scale(parts->digits, found->bytes, &exact);
-  if (!bytes) bad_value(fmt::format("'{}' is too large a size", text));
+  auto bytes = scale(parts->digits, found->bytes, exact);
+  if (!bytes) return std::nullopt;
   // "1.5GiB" is exact; "0.1KiB" (102.4 bytes) would be silently rounded, so it is refused.
-  if (!exact) bad_value(fmt::format("'{}' is not a whole number of bytes", text));
+  if (!exact) bad_value(fmt::format("{} is not a whole number of bytes", quote_value(text)));
+  return *bytes;
+}
+
+/// Size parsing without the key prefix and with no range but the type's.
+std::uint64_t parse_size_value(std::string_view text) {
+  auto bytes = size_bytes(text);
+  if (!bytes) {
+    bad_value(fmt::format("{} is out of range (a size is 0 to {} bytes)", quote_value(text),
+                          std::numeric_limits<std::uint64_t>::max()));
+  }
   return *bytes;
 }
 
 constexpr std::string_view duration_hint = "use seconds or a unit: 300s, 5m, 250ms, 1h";
 
-std::chrono::milliseconds parse_duration_value(std::string_view text) {
+/// A duration, or nullopt when it is negative or past 2^63 - 1 ms: out of range for every
+/// key. Throws for what is not a duration: no number, an unknown unit (units are
+/// case-sensitive, as for sizes), or not a whole number of milliseconds ("0.5ms", "1500us"
+/// would otherwise be rounded).
+std::optional<std::chrono::milliseconds> duration_ms(std::string_view text) {
   auto parts = split_number(text);
-  if (!parts) bad_value(fmt::format("'{}' is not a duration ({})", text, duration_hint));
+  if (!parts) bad_value(fmt::format("{} is not a duration ({})", quote_value(text), duration_hint));
   struct Unit {
     std::string_view name;
     std::uint64_t ms;
@@ -253,17 +342,35 @@ std::chrono::milliseconds parse_duration_value(std::string_view text) {
       {"", 1000}, {"ms", 1}, {"s", 1000}, {"sec", 1000}, {"m", 60'000}, {"min", 60'000},
       {"h", 3'600'000}, {"hr", 3'600'000}, {"d", 86'400'000}, {"day", 86'400'000},
   }};
-  std::string unit = lowercase(parts->unit);
   const Unit* found = nullptr;
   for (const auto& u : units) {
-    if (u.name == unit) found = &u;
+    if (u.name == parts->unit) found = &u;
   }
-  if (found == nullptr) bad_value(fmt::format("'{}' is not a duration ({})", text, duration_hint));
-  auto ms = scale(parts->digits, found->ms);
+  if (found == nullptr) {
+    if (const Unit* other = unit_in_other_case(parts->unit, units)) {
+      bad_value(fmt::format("{} is not a duration: units are case-sensitive (write {}{})",
+                            quote_value(text), parts->digits, other->name));
+    }
+    bad_value(fmt::format("{} is not a duration ({})", quote_value(text), duration_hint));
+  }
+  if (parts->negative) return std::nullopt;
+  bool exact = true;
+  auto ms = scale(parts->digits, found->ms, exact);
   if (!ms || *ms > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    bad_value(fmt::format("'{}' is too long a duration", text));
+    return std::nullopt;
   }
+  if (!exact) bad_value(fmt::format("{} is not a whole number of milliseconds", quote_value(text)));
   return std::chrono::milliseconds(static_cast<std::int64_t>(*ms));
+}
+
+/// Duration parsing without the key prefix and with no range but the type's.
+std::chrono::milliseconds parse_duration_value(std::string_view text) {
+  auto ms = duration_ms(text);
+  if (!ms) {
+    bad_value(fmt::format("{} is out of range (a duration is 0 to {} ms)", quote_value(text),
+                          std::numeric_limits<std::int64_t>::max()));
+  }
+  return *ms;
 }
 
 std::uint64_t parse_integer_value(std::string_view text, std::string_view what) {
@@ -278,7 +385,7 @@ std::uint64_t parse_integer_value(std::string_view text, std::string_view what) 
     return c >= '0' && c <= '9';
   });
   if (!digits_only || ec != std::errc() || p != clean.data() + clean.size()) {
-    bad_value(fmt::format("'{}' is not a whole number ({})", text, what));
+    bad_value(fmt::format("{} is not a whole number ({})", quote_value(text), what));
   }
   return value;
 }
@@ -291,7 +398,7 @@ E parse_choice(std::string_view text, const std::array<std::pair<std::string_vie
   for (const auto& [name, value] : table) {
     if (name == t) return value;
   }
-  bad_value(fmt::format("'{}' is not one of {}", text, allowed));
+  bad_value(fmt::format("{} is not one of {}", quote_value(text), allowed));
 }
 
 /// Shortest exact spelling of a size: "16MiB", "1GiB", "1000" (bytes).
@@ -315,8 +422,16 @@ std::string print_duration(std::chrono::milliseconds d) {
 
 // ---- The key table -----------------------------------------------------------------------
 
+// What a key's value is, for the rules the loader applies to every key alike.
+enum class ValueKind {
+  setting,  // a word, size or duration: an empty value is refused ("has no value")
+  integer,  // a whole number (or auto): refuses an empty value, and takes YAML's !!int tag
+  text,     // a path or the token: "" means none, as documented (README, default.yaml)
+};
+
 struct KeySpec {
   std::string_view name;
+  ValueKind kind;
   void (*parse)(Config& config, std::string_view text);  // throws bad_value(reason)
   std::string (*print)(const Config& config);            // exact, re-readable spelling
 };
@@ -354,11 +469,13 @@ std::uint32_t parse_bounded(std::string_view text, std::uint64_t lo, std::uint64
     return (c >= '0' && c <= '9') || c == '_';
   });
   if (integer && (digits.size() != trim(text).size() || digits.size() > 19)) {
-    bad_value(fmt::format("'{}' is out of range (must be {} to {}: {})", text, lo, hi, what));
+    bad_value(fmt::format("{} is out of range (must be {} to {}: {})", quote_value(text), lo,
+                          hi, what));
   }
   auto value = parse_integer_value(text, what);
   if (value < lo || value > hi) {
-    bad_value(fmt::format("'{}' is out of range (must be {} to {}: {})", text, lo, hi, what));
+    bad_value(fmt::format("{} is out of range (must be {} to {}: {})", quote_value(text), lo,
+                          hi, what));
   }
   return static_cast<std::uint32_t>(value);
 }
@@ -375,91 +492,91 @@ std::string print_auto_int(int value, int automatic) {
 
 const std::array<KeySpec, 19>& key_table() {
   static const std::array<KeySpec, 19> table{{
-      {"checkpoint",
+      {"checkpoint", ValueKind::text,
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
-      {"device",
+      {"device", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.device = parse_choice(t, device_names, "auto, host, cuda");
        },
        [](const Config& c) { return std::string(to_string(c.device)); }},
-      {"transport",
+      {"transport", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.transport = parse_choice(t, transport_names, "auto, local, mpi, nccl");
        },
        [](const Config& c) { return std::string(to_string(c.transport)); }},
-      {"chunk_size",
+      {"chunk_size", ValueKind::setting,
        [](Config& c, std::string_view t) {
-         auto bytes = parse_size_value(t);
-         if (bytes == 0 || bytes > max_chunk_bytes) {
-           bad_value(fmt::format("'{}' is out of range (must be more than 0 and at most 4GiB)",
-                                 t));
+         const auto bytes = size_bytes(t);
+         if (!bytes || *bytes == 0 || *bytes > max_chunk_bytes) {
+           bad_value(fmt::format("{} is out of range (must be more than 0 and at most 4GiB)",
+                                 quote_value(t)));
          }
-         c.chunk_bytes = bytes;
+         c.chunk_bytes = *bytes;
        },
        [](const Config& c) { return print_size(c.chunk_bytes); }},
-      {"buffer_depth",
+      {"buffer_depth", ValueKind::integer,
        [](Config& c, std::string_view t) {
          c.buffer_depth = parse_bounded(t, 1, max_buffer_depth, "staging ring slots");
        },
        [](const Config& c) { return fmt::format("{}", c.buffer_depth); }},
-      {"io_depth",
+      {"io_depth", ValueKind::integer,
        [](Config& c, std::string_view t) {
          c.io_depth = parse_bounded(t, 1, max_io_depth, "reads in flight");
        },
        [](const Config& c) { return fmt::format("{}", c.io_depth); }},
-      {"direct_io",
+      {"direct_io", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.direct_io = parse_choice(t, direct_io_names, "auto, on, off (or true, false)");
        },
        [](const Config& c) { return std::string(to_string(c.direct_io)); }},
-      {"reader",
+      {"reader", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.reader = parse_choice(t, reader_names, "auto, uring, pread");
        },
        [](const Config& c) { return std::string(to_string(c.reader)); }},
-      {"destination",
+      {"destination", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.destination = parse_choice(t, destination_names, "arena, discard");
        },
        [](const Config& c) { return std::string(to_string(c.destination)); }},
-      {"timeout",
+      {"timeout", ValueKind::setting,
        [](Config& c, std::string_view t) {
-         auto d = parse_duration_value(t);
-         // Durations are whole milliseconds: "0.0001s" rounds to 0, so the bound says the
-         // unit rather than "more than 0", which that value is.
-         if (d.count() <= 0 || d > max_timeout) {
-           bad_value(fmt::format("'{}' is out of range (must be at least 1ms and at most 7 days)",
-                                 t));
+         const auto d = duration_ms(t);
+         // Durations are whole milliseconds ("0.0001s" is refused as not one), so the bound
+         // says the unit rather than "more than 0".
+         if (!d || d->count() <= 0 || *d > max_timeout) {
+           bad_value(fmt::format("{} is out of range (must be at least 1ms and at most 7 days)",
+                                 quote_value(t)));
          }
-         c.timeout = d;
+         c.timeout = *d;
        },
        [](const Config& c) { return print_duration(c.timeout); }},
-      {"verify",
+      {"verify", ValueKind::setting,
        [](Config& c, std::string_view t) { c.verify = parse_choice(t, verify_names, "none, digest"); },
        [](const Config& c) { return std::string(to_string(c.verify)); }},
-      {"trace",
+      {"trace", ValueKind::text,
        [](Config& c, std::string_view t) { c.trace = std::string(t); },
        [](const Config& c) { return c.trace; }},
-      {"log_level",
+      {"log_level", ValueKind::setting,
        [](Config& c, std::string_view t) {
          c.log_level = parse_choice(t, log_level_names, "error, warn, info, debug");
        },
        [](const Config& c) { return std::string(to_string(c.log_level)); }},
       // The world (world.hpp): `auto` defers to the launcher's environment.
-      {"world.rank",
+      {"world.rank", ValueKind::integer,
        [](Config& c, std::string_view t) { c.world_rank = parse_auto_int(t, 0, 1 << 20, -1); },
        [](const Config& c) { return print_auto_int(c.world_rank, -1); }},
-      {"world.size",
+      {"world.size", ValueKind::integer,
        [](Config& c, std::string_view t) { c.world_size = parse_auto_int(t, 1, 1 << 20, 0); },
        [](const Config& c) { return print_auto_int(c.world_size, 0); }},
-      {"world.local_rank",
+      {"world.local_rank", ValueKind::integer,
        [](Config& c, std::string_view t) {
          c.world_local_rank = parse_auto_int(t, 0, 1 << 20, -1);
        },
        [](const Config& c) { return print_auto_int(c.world_local_rank, -1); }},
       // The control plane (control_plane.hpp).
-      {"rendezvous.address",
+      {"rendezvous.address", ValueKind::setting,
        [](Config& c, std::string_view t) {
          std::string v(trim(t));
          c.rendezvous_address = lowercase(v) == "auto" ? std::string() : v;
@@ -467,7 +584,7 @@ const std::array<KeySpec, 19>& key_table() {
        [](const Config& c) {
          return c.rendezvous_address.empty() ? std::string("auto") : c.rendezvous_address;
        }},
-      {"rendezvous.port",
+      {"rendezvous.port", ValueKind::integer,
        [](Config& c, std::string_view t) {
          c.rendezvous_port = static_cast<std::uint16_t>(parse_bounded(t, 1, 65535, "TCP port"));
        },
@@ -477,7 +594,7 @@ const std::array<KeySpec, 19>& key_table() {
       // Refused here, on every rank, when too long for a hello: otherwise only the peers find
       // out as they connect, and rank 0 waits out `timeout` for them. The value, a secret, is
       // never quoted.
-      {"rendezvous.token",
+      {"rendezvous.token", ValueKind::text,
        [](Config& c, std::string_view t) {
          const std::size_t limit = detail::max_token_bytes;
          if (t.size() > limit) {
@@ -524,6 +641,9 @@ std::string unknown_key_reason(std::string_view key) {
   const KeySpec* best = nullptr;
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
   for (const auto& spec : key_table()) {
+    // At least the difference in length: a key far longer than any (a megabyte of it) needs
+    // no table of its length × the name's to say so.
+    if (norm.size() > spec.name.size() + 2) continue;
     auto distance = edit_distance(norm, spec.name);
     if (distance < best_distance) {
       best_distance = distance;
@@ -531,14 +651,14 @@ std::string unknown_key_reason(std::string_view key) {
     }
   }
   if (best != nullptr && best_distance <= 2) {
-    return fmt::format("unknown key '{}' (did you mean '{}'?)", key, best->name);
+    return fmt::format("unknown key {} (did you mean '{}'?)", quote_value(key), best->name);
   }
   std::string known;
   for (const auto& spec : key_table()) {
     if (!known.empty()) known += ", ";
     known += spec.name;
   }
-  return fmt::format("unknown key '{}' (known keys: {})", key, known);
+  return fmt::format("unknown key {} (known keys: {})", quote_value(key), known);
 }
 
 const char* node_kind(const YAML::Node& node) {
@@ -550,9 +670,36 @@ const char* node_kind(const YAML::Node& node) {
   }
 }
 
-/// Applies one key's value. @p where is prepended to every message ("x.yaml:7: chunk_size: ").
+// YAML's core tags, as yaml-cpp spells them once `!!` is resolved.
+constexpr std::string_view core_tag_prefix = "tag:yaml.org,2002:";
+
+/// @return @p tag as it was written: "!!binary" for yaml-cpp's "tag:yaml.org,2002:binary".
+std::string written_tag(std::string_view tag) {
+  if (!tag.starts_with(core_tag_prefix)) return std::string(tag);
+  return "!!" + std::string(tag.substr(core_tag_prefix.size()));
+}
+
+/// Whether @p node carries a tag other than none ("?": plain; yaml-cpp gives "" to a node it
+/// built), the non-specific "!" (a quoted scalar, or `! x`), or @p core (a core tag's name:
+/// "str", "map"), which asks for what the loader does anyway.
+bool has_foreign_tag(const YAML::Node& node, std::string_view core) {
+  const std::string& tag = node.Tag();
+  return !(tag.empty() || tag == "?" || tag == "!" ||
+           (tag.starts_with(core_tag_prefix) && tag.substr(core_tag_prefix.size()) == core));
+}
+
+[[noreturn]] void refuse_tag(std::string_view where, std::string_view what,
+                             const YAML::Node& node) {
+  throw Error(Errc::config,
+              fmt::format("{}{} has the YAML tag {}, which weightcast does not support: values "
+                          "are read as the text written (remove the tag)",
+                          where, what, shown(written_tag(node.Tag()))));
+}
+
+/// Applies one key's value. @p where is prepended to every message ("x.yaml:7: chunk_size: "),
+/// @p origin is recorded as where the key was set ("x.yaml:7", "--set").
 void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
-           const std::string& where) {
+           const std::string& where, const std::string& origin) {
   std::string text;
   if (value.IsScalar()) {
     text = value.Scalar();
@@ -560,20 +707,35 @@ void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
     throw Error(Errc::config,
                 fmt::format("{}expects a single value, got {}", where, node_kind(value)));
   }
+  // A tag asks for a type the loader would not honour: `!!binary aGVsbG8=` would be taken as
+  // its base64 text, `!!float 3` as 3. Only !!str (what every value is read as) is taken,
+  // and !!int on a key that holds a whole number.
+  if (has_foreign_tag(value, "str")) {
+    const bool int_tag = value.Tag() == std::string(core_tag_prefix) + "int";
+    if (!(int_tag && spec.kind == ValueKind::integer && lowercase(trim(text)) != "auto")) {
+      refuse_tag(where, "the value", value);
+    }
+  }
+  const bool secret = spec.name == "rendezvous.token";  // never quoted
+  const std::string shown_value = secret ? std::string("the value") : quote_value(text);
   // No key takes a NUL byte, and a path would silently end there (`checkpoint: "a\0b"` would
-  // load `a`). The job token, a secret, is not quoted.
+  // load `a`).
   if (const auto nul = text.find('\0'); nul != std::string::npos) {
-    const std::string quoted =
-        spec.name == "rendezvous.token" ? std::string("the value") : fmt::format("'{}'", text);
     throw Error(Errc::config, fmt::format("{}{} holds a NUL byte at byte {}: no setting can hold "
                                           "one, and a path would end there",
-                                          where, quoted, nul));
+                                          where, shown_value, nul));
+  }
+  // An empty value is "no value" for every key but the few where "" means none (a quoted ''
+  // would otherwise turn `rendezvous.address` into auto, or a choice into its default).
+  if (spec.kind != ValueKind::text && trim(text).empty()) {
+    throw Error(Errc::config, where + "has no value");
   }
   try {
     spec.parse(config, text);
   } catch (const Error& e) {
     throw Error(Errc::config, where + e.what());
   }
+  config.set_at.insert_or_assign(std::string(spec.name), origin);
 }
 
 int line_of(const YAML::Node& key, const YAML::Node& value) {
@@ -584,9 +746,23 @@ int line_of(const YAML::Node& key, const YAML::Node& value) {
 
 /// Walks a mapping; a key with no table entry whose value is a mapping is read as a prefix
 /// (`rendezvous: {port: 1}` is the key `rendezvous.port`), so nested and dotted spellings of
-/// future keys behave alike.
+/// future keys behave alike. @p seen holds each full key's line, across the whole file.
 void apply_mapping(Config& config, const YAML::Node& mapping, const std::string& prefix,
                    const std::string& file, std::map<std::string, int>& seen) {
+  // A key given twice in this mapping is refused even when its values are mappings (two
+  // `rendezvous:` blocks), which yaml-cpp keeps both of; before any value is read, so that
+  // what the first block holds does not hide it.
+  std::map<std::string, int> here;
+  for (const auto& entry : mapping) {
+    const YAML::Node& key_node = entry.first;
+    if (!key_node.IsScalar()) continue;  // refused below
+    const int key_line = key_node.Mark().line + 1;
+    if (auto [it, inserted] = here.emplace(key_node.Scalar(), key_line); !inserted) {
+      throw Error(Errc::config, fmt::format("{}:{}: {}: given twice (first at line {})", file,
+                                            key_line, shown(prefix + key_node.Scalar()),
+                                            it->second));
+    }
+  }
   for (const auto& entry : mapping) {
     const YAML::Node& key_node = entry.first;
     const YAML::Node& value = entry.second;
@@ -596,9 +772,20 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
                   fmt::format("{}:{}: a key must be a name, got {}", file, key_line,
                               node_kind(key_node)));
     }
+    const std::string at = fmt::format("{}:{}: ", file, key_line);
+    if (has_foreign_tag(key_node, "str")) {
+      refuse_tag(at, fmt::format("the key {}", quote_value(key_node.Scalar())), key_node);
+    }
+    // YAML 1.1's merge key, which yaml-cpp reads as a key named "<<": say what it is.
+    if (key_node.Scalar() == "<<" && key_node.Tag() == "?") {
+      throw Error(Errc::config, fmt::format("{}YAML merge keys ('<<') are not supported: write "
+                                            "the keys out",
+                                            at));
+    }
     std::string key = prefix + key_node.Scalar();
     const KeySpec* spec = find_key(key);
     if (spec == nullptr && value.IsMap()) {
+      if (has_foreign_tag(value, "map")) refuse_tag(at + shown(key) + ": ", "the mapping", value);
       apply_mapping(config, value, key + ".", file, seen);
       continue;
     }
@@ -614,7 +801,8 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
     if (value.IsNull()) {
       throw Error(Errc::config, fmt::format("{}:{}: {}: has no value", file, line, key));
     }
-    apply(config, value, *spec, fmt::format("{}:{}: {}: ", file, line, key));
+    apply(config, value, *spec, fmt::format("{}:{}: {}: ", file, line, key),
+          fmt::format("{}:{}", file, line));
   }
 }
 
@@ -734,6 +922,18 @@ int second_document_line(std::string_view text, const std::vector<YAML::Node>& d
 
 void apply_file(Config& config, const std::string& path) {
   std::string text = read_file(path);
+  // YAML 1.2 takes a lone CR as a line break; yaml-cpp does not (a file of old Mac line
+  // endings read as "illegal map value", and `trace: a<CR>b` as a path holding a CR). Say so.
+  for (auto cr = text.find('\r'); cr != std::string::npos; cr = text.find('\r', cr + 1)) {
+    if (cr + 1 < text.size() && text[cr + 1] == '\n') continue;
+    const auto line =
+        1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(cr), '\n');
+    throw Error(Errc::config,
+                fmt::format("{}:{}: a carriage return not followed by a line feed (byte {} of the "
+                            "file): lone CR line endings are not supported (use LF or CRLF), "
+                            "and no value can hold a CR",
+                            path, line, cr));
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
@@ -756,6 +956,9 @@ void apply_file(Config& config, const std::string& path) {
                 fmt::format("{}:{}: the top level must be a mapping of key: value, got {}", path,
                             root.Mark().line + 1, node_kind(root)));
   }
+  if (has_foreign_tag(root, "map")) {
+    refuse_tag(fmt::format("{}:{}: ", path, root.Mark().line + 1), "the top level", root);
+  }
   std::map<std::string, int> seen;
   apply_mapping(config, root, "", path, seen);
 }
@@ -764,11 +967,12 @@ void apply_override(Config& config, const std::string& item) {
   auto eq = item.find('=');
   if (eq == std::string::npos) {
     throw Error(Errc::usage,
-                fmt::format("--set {}: expected key=value, e.g. --set chunk_size=16MiB", item));
+                fmt::format("--set {}: expected key=value, e.g. --set chunk_size=16MiB",
+                            shown(item)));
   }
   std::string key(trim(std::string_view(item).substr(0, eq)));
   std::string raw = item.substr(eq + 1);
-  std::string where = fmt::format("--set {}: ", item);
+  std::string where = fmt::format("--set {}: ", shown(item));
   if (key.empty()) {
     throw Error(Errc::usage, fmt::format("{}the key is empty (expected key=value)", where));
   }
@@ -782,7 +986,7 @@ void apply_override(Config& config, const std::string& item) {
   const std::string_view text = trim(raw);
   if (text.empty()) throw Error(Errc::config, where + "has no value");
   if (text.front() != '\'' && text.front() != '"') {
-    apply(config, YAML::Node(std::string(text)), *spec, where);
+    apply(config, YAML::Node(std::string(text)), *spec, where, "--set");
     return;
   }
   // `'a'.b`, `'a' # x'`, `"a" "b"`: a quoted string and more text, which YAML would drop.
@@ -814,7 +1018,7 @@ void apply_override(Config& config, const std::string& item) {
     throw Error(Errc::config,
                 fmt::format("{}the quoted value is not valid YAML ({})", where, e.msg));
   }
-  apply(config, value, *spec, where);
+  apply(config, value, *spec, where, "--set");
 }
 
 }  // namespace
@@ -872,6 +1076,11 @@ std::string Config::to_yaml() const {
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+std::string_view Config::where_set(std::string_view key) const {
+  const auto it = set_at.find(key);
+  return it == set_at.end() ? std::string_view() : std::string_view(it->second);
 }
 
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {

@@ -66,15 +66,34 @@ int env_int(const char* name, const char* text) {
   return value;
 }
 
-void check(const World& world, std::string_view rank_name, std::string_view size_name) {
+/// "x.yaml:3: " or "--set " (config.hpp's `Config::where_set`): where @p key was set, as a
+/// message's prefix; "" for a key not set from a file or --set.
+std::string set_prefix(const Config& config, std::string_view key) {
+  const std::string_view where = config.where_set(key);
+  if (where.empty()) return {};
+  return where == "--set" ? std::string("--set ") : fmt::format("{}: ", where);
+}
+
+/// " from x.yaml:3", " from --set" or "": where @p key was set, after its name.
+std::string set_suffix(const Config& config, std::string_view key) {
+  const std::string_view where = config.where_set(key);
+  return where.empty() ? std::string() : fmt::format(" from {}", where);
+}
+
+/// Checks a world; @p config, when given, says where its world.* keys were set.
+void check(const World& world, std::string_view rank_name, std::string_view size_name,
+           const Config* config = nullptr) {
+  const std::string size_at = config != nullptr ? set_prefix(*config, size_name) : "";
+  const std::string rank_at = config != nullptr ? set_prefix(*config, rank_name) : "";
+  const std::string size_from = config != nullptr ? set_suffix(*config, size_name) : "";
   if (world.world_size < 1) {
-    throw Error(Errc::config, fmt::format("{}={}: the world size must be at least 1", size_name,
-                                          world.world_size));
+    throw Error(Errc::config, fmt::format("{}{}={}: the world size must be at least 1", size_at,
+                                          size_name, world.world_size));
   }
   if (world.rank >= world.world_size) {
     throw Error(Errc::config,
-                fmt::format("{}={}: the rank must be below the world size ({}={})", rank_name,
-                            world.rank, size_name, world.world_size));
+                fmt::format("{}{}={}: the rank must be below the world size ({}={}{})", rank_at,
+                            rank_name, world.rank, size_name, world.world_size, size_from));
   }
 }
 
@@ -157,13 +176,20 @@ World detect_place(const Config& config) {
   };
   if (config.world_rank >= 0 || config.world_size > 0) {
     if (config.world_rank < 0 || config.world_size <= 0) {
-      throw Error(Errc::config, "world.rank and world.size: set both or neither (auto)");
+      const bool rank_given = config.world_rank >= 0;
+      const std::string_view given = rank_given ? "world.rank" : "world.size";
+      const std::string_view other = rank_given ? "world.size" : "world.rank";
+      throw Error(Errc::config,
+                  fmt::format("{}{}={} but {} is auto{}: set both or neither (auto)",
+                              set_prefix(config, given), given,
+                              rank_given ? config.world_rank : config.world_size, other,
+                              set_suffix(config, other)));
     }
     world.rank = config.world_rank;
     world.world_size = config.world_size;
     world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
     world.source = WorldSource::config;
-    check(world, "world.rank", "world.size");
+    check(world, "world.rank", "world.size", &config);
     // The config wins (DESIGN.md), but under a launcher that placed this process elsewhere
     // every rank started from one config takes the same place: rank 0 twice ended in
     // "Address already in use" with nothing to say why. Say it.

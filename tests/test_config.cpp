@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -87,7 +88,7 @@ TEST_CASE("config: sizes", "[config]") {
   };
   const Case good[] = {
       {"4096", 4096},           {"16MiB", 16ull << 20},  {"16 MiB", 16ull << 20},
-      {"64KiB", 64ull << 10},   {"1GiB", 1ull << 30},    {"1gib", 1ull << 30},
+      {"64KiB", 64ull << 10},   {"1GiB", 1ull << 30},    {"1 GiB", 1ull << 30},
       {"1.5GiB", 3ull << 29},   {"16MB", 16'000'000},    {"1KB", 1000},
       {"2TiB", 2ull << 40},     {"512B", 512},           {"0.5KiB", 512},
       {"1_048_576", 1ull << 20}, {" 8 KiB ", 8192},
@@ -97,7 +98,8 @@ TEST_CASE("config: sizes", "[config]") {
     CHECK(parse_size(c.text, "chunk_size") == c.bytes);
   }
   const char* bad[] = {"", "abc", "16 parsecs", "-1", "1e9", "0x10", "1.2.3", "1G", "16M",
-                       "0.1KiB", "1.5", "99999999999999999999", "20000000TiB", "MiB"};
+                       "0.1KiB", "1.5", "99999999999999999999", "20000000TiB", "MiB", "1gib",
+                       "16mb"};
   for (const auto* text : bad) {
     INFO("size '" << text << "'");
     auto e = expect_error([&] { parse_size(text, "chunk_size"); });
@@ -219,17 +221,298 @@ TEST_CASE("config: a rendezvous.token longer than a hello carries is refused, un
   CHECK_THAT(file.what(), !Contains("kkk"));
 }
 
-TEST_CASE("config: a duration that rounds to 0 ms says the bound in milliseconds", "[config]") {
-  // 0.0001 s is more than 0, but durations are whole milliseconds: the bound is 1 ms.
-  for (const std::string value : {"0.0001s", "0.4ms", "0"}) {
+TEST_CASE("config: a duration that is not a whole number of milliseconds is refused, not "
+          "rounded",
+          "[config]") {
+  // `timeout=0.5ms` was 1 ms and `1.4ms` 1 ms, with exit 0: durations are whole milliseconds,
+  // so a fraction of one is refused as sizes refuse a fraction of a byte.
+  for (const std::string value : {"0.5ms", "1.5ms", "1.4ms", "0.0005s", "0.0001s", "0.4ms",
+                                   "1.0005s", "0.00000000000000000000000001s"}) {
     INFO(value);
     auto e = expect_error([&] { from_set({"timeout=" + value}); });
     CHECK(e.code() == Errc::config);
-    CHECK(std::string(e.what()) == "--set timeout=" + value + ": '" + value +
-                                       "' is out of range (must be at least 1ms and at most 7 "
-                                       "days)");
+    CHECK(std::string(e.what()) ==
+          "--set timeout=" + value + ": '" + value + "' is not a whole number of milliseconds");
+    CHECK_THAT(expect_error([&] { parse_duration(value, "timeout"); }).what(),
+               Contains("not a whole number of milliseconds"));
   }
-  CHECK(from_set({"timeout=0.0005s"}).timeout == 1ms);  // rounds to the nearest millisecond
+  CHECK_THAT(expect_error([] { from_set({"timeout=1500us"}); }).what(),
+             Contains("'1500us' is not a duration"));
+  CHECK(from_set({"timeout=1.5s"}).timeout == 1500ms);
+  CHECK(from_set({"timeout=0.001s"}).timeout == 1ms);
+  CHECK(from_set({"timeout=0.5m"}).timeout == 30s);
+  CHECK(from_set({"timeout=2.000000000000000000000000s"}).timeout == 2s);
+  // 0 is a whole number of milliseconds, below the bound, which says the unit.
+  CHECK(std::string(expect_error([] { from_set({"timeout=0"}); }).what()) ==
+        "--set timeout=0: '0' is out of range (must be at least 1ms and at most 7 days)");
+}
+
+TEST_CASE("config: size fractions are exact however many digits they have", "[config]") {
+  // Digits past the 18th were dropped: 4.0000000000000000001GiB loaded as 4GiB.
+  for (const std::string& value : std::vector<std::string>{
+           "4.0000000000000000001GiB", "1.00000000000000000000000000000000000001KiB",
+           "0.00000000000090949470177292823791503906251TiB",
+           "1." + std::string(3000, '0') + "1MiB"}) {
+    INFO(value);
+    auto e = expect_error([&] { from_set({"chunk_size=" + value}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("is not a whole number of bytes"));
+  }
+  // Trailing zeros change nothing; 2^-40 TiB, 40 digits, is exactly one byte.
+  CHECK(from_set({"chunk_size=4.000000000000000000000000000000GiB"}).chunk_bytes == 4ull << 30);
+  CHECK(from_set({"chunk_size=1." + std::string(3000, '0') + "MiB"}).chunk_bytes == 1ull << 20);
+  CHECK(parse_size("0.0000000000009094947017729282379150390625TiB", "x") == 1);
+  CHECK(parse_size("1.0000000000009094947017729282379150390625TiB", "x") == (1ull << 40) + 1);
+  CHECK(parse_size("18446744073709551615", "x") == 18446744073709551615ull);
+  CHECK_THAT(expect_error([] { parse_size("18446744073709551616", "x"); }).what(),
+             Contains("out of range"));
+  // Over the key's limit, however written: the limit's message.
+  for (const std::string value : {"4.5GiB", "4.000000000000000000000000TiB", "99999999999999999999",
+                                  "99999999999999999999.5", "20000000TiB"}) {
+    INFO(value);
+    CHECK(std::string(expect_error([&] { from_set({"chunk_size=" + value}); }).what()) ==
+          "--set chunk_size=" + value + ": '" + value +
+              "' is out of range (must be more than 0 and at most 4GiB)");
+  }
+}
+
+TEST_CASE("config: an empty value is no value, except where empty means none", "[config]") {
+  // `rendezvous.address: ''` became auto (127.0.0.1 or $MASTER_ADDR) without a word.
+  test::TempDir dir;
+  std::vector<std::string> keys;
+  for (const auto& entry : YAML::Load(Config{}.to_yaml())) {
+    keys.push_back(entry.first.as<std::string>());
+  }
+  REQUIRE(keys.size() >= 19);
+  // Documented: no checkpoint (as without a config), no trace, the token from the environment.
+  const std::vector<std::string> empty_means_none{"checkpoint", "trace", "rendezvous.token"};
+  for (const auto& key : keys) {
+    INFO(key);
+    const bool none = std::count(empty_means_none.begin(), empty_means_none.end(), key) != 0;
+    for (const std::string value : {"''", "\"\"", "' '"}) {
+      INFO(value);
+      const auto file = write_yaml(dir, "# line 1\n" + key + ": " + value + "\n");
+      if (none && value != "' '") {
+        CHECK_NOTHROW(load_config(file, {}));
+        CHECK_NOTHROW(from_set({key + "=" + value}));
+        continue;
+      }
+      if (none) continue;  // a path of one space is a path
+      auto e = expect_error([&] { load_config(file, {}); });
+      CHECK(e.code() == Errc::config);
+      CHECK(std::string(e.what()) == file + ":2: " + key + ": has no value");
+      auto s = expect_error([&] { from_set({key + "=" + value}); });
+      CHECK(s.code() == Errc::config);
+      CHECK_THAT(s.what(), Contains(": has no value"));
+    }
+    CHECK_THAT(expect_error([&] { from_set({key + "="}); }).what(), Contains("has no value"));
+  }
+  CHECK(from_set({"rendezvous.address=auto"}).rendezvous_address.empty());
+}
+
+TEST_CASE("config: YAML tags other than !!str are refused, naming the key and the tag",
+          "[config]") {
+  // `rendezvous.token: !!binary aGVsbG8=` was the token "aGVsbG8=", `!!float 3` was 3.
+  test::TempDir dir;
+  struct Case {
+    std::string yaml;
+    std::string message;  // after "PATH:"
+  };
+  const std::vector<Case> refused{
+      {"rendezvous.token: !!binary aGVsbG8=\n",
+       "1: rendezvous.token: the value has the YAML tag !!binary"},
+      {"chunk_size: !foo 8MiB\n", "1: chunk_size: the value has the YAML tag !foo"},
+      {"buffer_depth: !!float 3\n", "1: buffer_depth: the value has the YAML tag !!float"},
+      {"direct_io: !!bool true\n", "1: direct_io: the value has the YAML tag !!bool"},
+      {"chunk_size: !!int 8\n", "1: chunk_size: the value has the YAML tag !!int"},
+      {"world.rank: !!int auto\n", "1: world.rank: the value has the YAML tag !!int"},
+      {"io_depth: 4\nrendezvous: !!set {port: 1}\n",
+       "2: rendezvous: the mapping has the YAML tag !!set"},
+      {"!!binary Y2h1bmtfc2l6ZQ==: 1\n", "1: the key 'Y2h1bmtfc2l6ZQ==' has the YAML tag !!binary"},
+      {"--- !foo\nio_depth: 4\n", "1: the top level has the YAML tag !foo"},
+  };
+  for (const auto& c : refused) {
+    INFO(c.yaml);
+    const auto path = write_yaml(dir, c.yaml);
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains(path + ":" + c.message) && Contains("remove the tag"));
+    CHECK_THAT(e.what(), !Contains("aGVsbG8"));
+  }
+  // The non-specific tags and !!str say what the loader does anyway; !!int on a whole number.
+  const Config ok = load_config(write_yaml(dir,
+                                           "rendezvous.token: !!str abc\n"
+                                           "chunk_size: ! 8MiB\n"
+                                           "buffer_depth: !!int 3\n"
+                                           "rendezvous: !!map {port: 29600}\n"
+                                           "!!str io_depth: 2\n"),
+                                {});
+  CHECK(ok.rendezvous_token == "abc");
+  CHECK(ok.chunk_bytes == 8ull << 20);
+  CHECK(ok.buffer_depth == 3);
+  CHECK(ok.rendezvous_port == 29600);
+  CHECK(ok.io_depth == 2);
+  // --set takes its value as written: `!foo` there is text, not a tag.
+  CHECK(from_set({"rendezvous.token=!!binary aGVsbG8="}).rendezvous_token == "!!binary aGVsbG8=");
+}
+
+TEST_CASE("config: a YAML merge key is refused as such, with its line", "[config]") {
+  // It read as the unknown key '<<.chunk_size'.
+  test::TempDir dir;
+  for (const std::string yaml : {"io_depth: 4\n<<: {chunk_size: 8MiB}\n",
+                                 "io_depth: 4\n<<:\n  chunk_size: 8MiB\n",
+                                 "base: &b {port: 1}\nrendezvous:\n  io: 1\n",
+                                 "io_depth: 4\nrendezvous:\n  <<: {port: 29600}\n"}) {
+    INFO(yaml);
+    const auto path = write_yaml(dir, yaml);
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    if (yaml.find("<<") == std::string::npos) continue;  // an anchor alone: unknown key
+    CHECK(std::string(e.what()) == fmt::format("{}:{}: YAML merge keys ('<<') are not "
+                                               "supported: write the keys out",
+                                               path,
+                                               yaml.starts_with("io_depth: 4\nrend") ? 3 : 2));
+  }
+}
+
+TEST_CASE("config: a raw CR is refused: lone CR line endings, a CR in a value", "[config]") {
+  test::TempDir dir;
+  // yaml-cpp said "illegal map value"; a CR inside a value became part of a path.
+  const auto mac = write_yaml(dir, "chunk_size: 8MiB\rbuffer_depth: 2\r");
+  auto e = expect_error([&] { load_config(mac, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) ==
+        mac + ":1: a carriage return not followed by a line feed (byte 16 of the file): lone CR "
+              "line endings are not supported (use LF or CRLF), and no value can hold a CR");
+  const auto in_value = write_yaml(dir, "checkpoint: x\ntrace: a\rb\n", "v.yaml");
+  e = expect_error([&] { load_config(in_value, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK_THAT(e.what(), Contains(in_value + ":2: a carriage return not followed by a line feed"));
+  // CRLF is a line break.
+  const Config crlf =
+      load_config(write_yaml(dir, "chunk_size: 8MiB\r\ntrace: t.json\r\n", "w.yaml"), {});
+  CHECK(crlf.chunk_bytes == 8ull << 20);
+  CHECK(crlf.trace == "t.json");
+  // A control character asked for by name (YAML's "\r", or --set) is a path's own: Linux
+  // allows one, and messages show it escaped, on one line.
+  CHECK(load_config(write_yaml(dir, "trace: \"a\\rb\"\n", "e.yaml"), {}).trace == "a\rb");
+  auto s = expect_error([&] { from_set({"device=a\rb\x1b[2J"}); });
+  CHECK(s.code() == Errc::config);
+  CHECK(std::string(s.what()) ==
+        "--set device=a\\x0db\\x1b[2J: 'a\\x0db\\x1b[2J' is not one of auto, host, cuda");
+}
+
+TEST_CASE("config: a long value or key is echoed cut, with its length", "[config]") {
+  // A 5000-digit value was echoed whole, twice (in `--set key=value` and in quotes).
+  test::TempDir dir;
+  const std::string digits(5000, '7');
+  auto e = expect_error([&] { from_set({"buffer_depth=" + digits}); });
+  CHECK(e.code() == Errc::config);
+  const std::string cut(64, '7');
+  CHECK(std::string(e.what()) ==
+        fmt::format("--set buffer_depth={}… (5013 bytes): '{}…' (5000 bytes) is out of range "
+                    "(must be 1 to 1024: staging ring slots)",
+                    std::string(51, '7'), cut));
+  for (const std::string key : {"chunk_size", "timeout", "device", "checkpoint"}) {
+    INFO(key);
+    // 5001 bytes each: a NUL for the checkpoint (YAML's "\0"), a bad unit for the others.
+    const std::string escaped = key == "checkpoint" ? digits + "\\0" : digits + "x";
+    const auto path = write_yaml(dir, key + ": \"" + escaped + "\"\n");
+    auto f = expect_error([&] { load_config(path, {}); });
+    CHECK(f.code() == Errc::config);
+    CHECK_THAT(f.what(), Contains(path + ":1: " + key + ": '" + cut + "…' (5001 bytes)"));
+    CHECK(std::string(f.what()).size() < path.size() + 300);
+  }
+  // Cut at a character, not inside one.
+  const std::string wide = std::string(63, 'a') + "é" + std::string(100, 'b');
+  CHECK_THAT(expect_error([&] { from_set({"device=" + wide}); }).what(),
+             Contains("'" + std::string(63, 'a') + "…' (165 bytes)"));
+  // An unknown key too, in a file (where YAML allows 1024 characters) and in --set.
+  auto k = expect_error(
+      [&] { load_config(write_yaml(dir, std::string(1000, 'k') + ": 1\n"), {}); });
+  CHECK_THAT(k.what(), Contains("unknown key '" + std::string(64, 'k') + "…' (1000 bytes)"));
+  CHECK(std::string(k.what()).size() < 600);
+  const std::string key(5000, 'k');
+  CHECK(std::string(expect_error([&] { from_set({key + "=1"}); }).what()).size() < 700);
+}
+
+TEST_CASE("config: a mapping key given twice is refused at any level, naming both lines",
+          "[config]") {
+  // Two `rendezvous:` blocks were merged without a word.
+  test::TempDir dir;
+  const auto path = write_yaml(dir,
+                               "rendezvous:\n"
+                               "  port: 29600\n"
+                               "io_depth: 4\n"
+                               "rendezvous:\n"
+                               "  address: 10.0.0.1\n");
+  auto e = expect_error([&] { load_config(path, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) == path + ":4: rendezvous: given twice (first at line 1)");
+  const auto flow = write_yaml(dir, "world: {rank: 0}\nworld: {size: 2}\n", "f.yaml");
+  CHECK_THAT(expect_error([&] { load_config(flow, {}); }).what(),
+             Contains(flow + ":2: world: given twice (first at line 1)"));
+  const auto deep = write_yaml(dir, "a:\n  b: {c: 1}\n  b: {d: 2}\n", "d.yaml");
+  CHECK_THAT(expect_error([&] { load_config(deep, {}); }).what(),
+             Contains(deep + ":3: a.b: given twice (first at line 2)"));
+  // A scalar key twice, as before; nested and dotted spellings of one key.
+  CHECK_THAT(expect_error([&] {
+               load_config(write_yaml(dir, "rendezvous:\n  port: 1\nrendezvous.port: 2\n",
+                                      "g.yaml"),
+                           {});
+             }).what(),
+             Contains(":3: rendezvous.port: given twice (first at line 2)"));
+  // Different keys under one prefix, nested and dotted, are fine.
+  const Config ok = load_config(
+      write_yaml(dir, "rendezvous:\n  port: 29600\nrendezvous.address: 10.0.0.1\n", "o.yaml"), {});
+  CHECK(ok.rendezvous_port == 29600);
+  CHECK(ok.rendezvous_address == "10.0.0.1");
+}
+
+TEST_CASE("config: a negative number is out of range for every numeric key", "[config]") {
+  // chunk_size=-1 said "not a size" where rendezvous.port=-1 said "out of range".
+  for (const std::string kv : {"chunk_size=-1", "chunk_size=-1MiB", "timeout=-5s",
+                               "timeout=-1", "buffer_depth=-1", "io_depth=-4",
+                               "rendezvous.port=-1", "world.size=-1", "world.rank=-1"}) {
+    INFO(kv);
+    auto e = expect_error([&] { from_set({kv}); });
+    CHECK(e.code() == Errc::config);
+    const std::string value = kv.substr(kv.find('=') + 1);
+    CHECK_THAT(e.what(), Contains("'" + value + "' is out of range (must be"));
+  }
+  CHECK_THAT(expect_error([] { parse_size("-1", "x"); }).what(), Contains("out of range"));
+  CHECK_THAT(expect_error([] { parse_duration("-1s", "x"); }).what(), Contains("out of range"));
+}
+
+TEST_CASE("config: units are case-sensitive, and a wrong case says the spelling", "[config]") {
+  // `16mb` loaded as 16 MB (millibits?  MiB?) and `1b` as one byte (a bit?).
+  struct Case {
+    std::string value;
+    std::string hint;
+  };
+  const std::vector<Case> sizes{
+      {"16mb", "(write 16MB for decimal, or 16MiB for binary)"},
+      {"1b", "(write 1B)"},
+      {"1gib", "(write 1GiB)"},
+      {"2 MIB", "(write 2MiB)"},
+      {"4Kb", "(write 4KB for decimal, or 4KiB for binary)"},
+  };
+  for (const auto& c : sizes) {
+    INFO(c.value);
+    CHECK(std::string(expect_error([&] { from_set({"chunk_size=" + c.value}); }).what()) ==
+          "--set chunk_size=" + c.value + ": '" + c.value +
+              "' is not a size: units are case-sensitive " + c.hint);
+  }
+  for (const auto& [value, hint] : std::vector<std::pair<std::string, std::string>>{
+           {"5S", "5s"}, {"250MS", "250ms"}, {"1H", "1h"}, {"2Min", "2min"}}) {
+    INFO(value);
+    CHECK(std::string(expect_error([&] { from_set({"timeout=" + value}); }).what()) ==
+          "--set timeout=" + value + ": '" + value +
+              "' is not a duration: units are case-sensitive (write " + hint + ")");
+  }
+  CHECK(from_set({"chunk_size=16MB"}).chunk_bytes == 16'000'000);
+  CHECK(from_set({"chunk_size=512B"}).chunk_bytes == 512);
+  CHECK(from_set({"timeout=2min"}).timeout == 2min);
 }
 
 TEST_CASE("config: a bad value in a file names file, line, key and value", "[config]") {

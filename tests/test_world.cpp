@@ -4,6 +4,8 @@
 #include "weightcast/world.hpp"
 
 #include "utils/env.hpp"
+#include "utils/paths.hpp"
+#include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -167,13 +169,47 @@ TEST_CASE("world: bad values are config errors naming the variable or key", "[wo
   {
     auto [code, what] = error_of(with({"world.rank=1"}));
     CHECK(code == Errc::config);
-    CHECK_THAT(what, Contains("world.rank and world.size"));
+    CHECK_THAT(what, Contains("world.rank=1 but world.size is auto"));
   }
   {
     auto [code, what] = error_of(with({"world.rank=2", "world.size=2"}));
     CHECK(code == Errc::config);
     CHECK_THAT(what, Contains("world.rank=2"));
   }
+}
+
+TEST_CASE("world: world.rank and world.size errors say where each was set", "[world]") {
+  // "world.rank and world.size: set both or neither (auto)" named no file, line or --set.
+  ScopedEnv clean(test::no_launcher_env());
+  test::TempDir dir;
+  const auto config_file = [&](const std::string& yaml) {
+    const auto path = dir / "w.yaml";
+    test::write_file(path, yaml);
+    return path.string();
+  };
+  std::string path = config_file("io_depth: 4\nworld.rank: 0\n");
+  CHECK(std::string(expect_world_error(load_config(path, {})).what()) ==
+        path + ":2: world.rank=0 but world.size is auto: set both or neither (auto)");
+  path = config_file("world:\n  size: 2\n  rank: auto\n");
+  CHECK(std::string(expect_world_error(load_config(path, {})).what()) ==
+        path + ":2: world.size=2 but world.rank is auto from " + path +
+            ":3: set both or neither (auto)");
+  CHECK(std::string(expect_world_error(with({"world.size=2"})).what()) ==
+        "--set world.size=2 but world.rank is auto: set both or neither (auto)");
+  path = config_file("world: {rank: 3, size: 2}\n");
+  const Error e = expect_world_error(load_config(path, {}));
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) == path + ":1: world.rank=3: the rank must be below the world "
+                                        "size (world.size=2 from " + path + ":1)");
+  CHECK(std::string(expect_world_error(load_config(path, {"world.size=3", "world.rank=5"}))
+                        .what()) ==
+        "--set world.rank=5: the rank must be below the world size (world.size=3 from --set)");
+  // A Config built in code names no place.
+  Config code;
+  code.world_rank = 4;
+  code.world_size = 2;
+  CHECK(std::string(expect_world_error(code).what()) ==
+        "world.rank=4: the rank must be below the world size (world.size=2)");
 }
 
 TEST_CASE("world: world.* and rendezvous.* keys round-trip through the config", "[world]") {

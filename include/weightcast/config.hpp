@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,8 +84,16 @@ struct Config {
   /// `detail::max_token_bytes` (3816) bytes, what a rank's hello carries.
   std::string rendezvous_token;
 
+  /// Where `load_config` last set each key: "x.yaml:7" (file and line) or "--set"; a key left
+  /// at its default has no entry. For messages about keys that must agree (`world.rank` with
+  /// `world.size`: world.hpp).
+  std::map<std::string, std::string, std::less<>> set_at;
+
   /// @return the config as YAML, one `key: value` line per key (the "effective config").
   [[nodiscard]] std::string to_yaml() const;
+
+  /// @return where @p key was set ("x.yaml:7", "--set"), or "" when it has its default.
+  [[nodiscard]] std::string_view where_set(std::string_view key) const;
 };
 
 /**
@@ -91,6 +101,13 @@ struct Config {
  *
  * @param yaml_path YAML mapping of config keys; empty for defaults only.
  * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
+ * Values are read as text: a YAML tag other than none, `!` or `!!str` (and `!!int` on a
+ * whole-number key) is refused, as are merge keys (`<<`), a key given twice in one mapping
+ * (a nested one too), and a file with a lone CR (not part of CRLF). An empty value (`''`) is
+ * "no value" except for `checkpoint`, `trace` and `rendezvous.token`, where it means none.
+ * A message quotes at most the first 64 bytes of a value or key, then its length, with
+ * control bytes as `\xHH`.
+ *
  * @throws Error `config` (78) for an unknown key or a bad value, naming the key, the value
  *         and the file and line (or `--set`), and for a value that holds a NUL byte (YAML's
  *         `"\0"`: a path would end there) and for a @p yaml_path that is a directory, a
@@ -100,13 +117,20 @@ struct Config {
  */
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
 
-/// @return bytes for "16MiB", "1 GiB", "4096", "16MB" (binary KiB/MiB/GiB/TiB, decimal
-///         KB/MB/GB/TB; a bare K/M/G is refused as ambiguous).
-/// @throws Error `config` naming @p key and @p text when the text is not a size.
+/// @return bytes for "16MiB", "1 GiB", "4096", "16MB", "512B" (binary KiB/MiB/GiB/TiB,
+///         decimal KB/MB/GB/TB, B; units are case-sensitive, and a bare K/M/G/T is refused
+///         as ambiguous). A fraction is taken when it makes whole bytes ("1.5GiB"), with
+///         any number of digits.
+/// @throws Error `config` naming @p key and @p text when the text is not a size (a unit in
+///         another case says the right spelling), is not a whole number of bytes ("0.1KiB"),
+///         or is out of range: negative, or over 2^64 - 1 bytes.
 std::uint64_t parse_size(std::string_view text, std::string_view key);
 
-/// @return the duration for "300s", "5m", "250ms", "1h" or a plain number of seconds.
-/// @throws Error `config` naming @p key and @p text when the text is not a duration.
+/// @return the duration for "300s", "5m", "250ms", "1h", "1.5s" or a plain number of
+///         seconds (units `ms`, `s`/`sec`, `m`/`min`, `h`/`hr`, `d`/`day`, case-sensitive).
+/// @throws Error `config` naming @p key and @p text when the text is not a duration, is not
+///         a whole number of milliseconds ("0.5ms", "1.0005s": never rounded), or is out of
+///         range: negative, or over 2^63 - 1 ms.
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view key);
 
 /// @return "16 MiB", "1.50 GiB", "512 B": a size for people (binary units).
