@@ -55,6 +55,31 @@ void write_checkpoint(const std::string& path, const std::string& json_name,
 
 const std::string hostile_json = "embed\\u001b[2J\\u001b[31mred\\r\\n\\u009b0m\\u007f";
 
+/// What the log wrote to stderr while @p body ran, with the log configured for rank @p rank
+/// (then back to the default: level warn, no rank).
+template <typename Body>
+std::string log_output(int rank, Body body) {
+  TempDir dir;
+  const std::string path = (dir / "stderr.txt").string();
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  REQUIRE(saved >= 0);
+  {
+    FILE* file = std::fopen(path.c_str(), "w");
+    REQUIRE(file != nullptr);
+    dup2(fileno(file), STDERR_FILENO);
+    std::fclose(file);
+  }
+  configure_log(LogLevel::info, rank);
+  body();
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  configure_log(LogLevel::warn);
+  return weightcast::test::read_file(path);
+}
+
 }  // namespace
 
 TEST_CASE("printable escapes C0, DEL and C1 controls and keeps everything else", "[log]") {
@@ -81,26 +106,7 @@ TEST_CASE("printable escapes bytes that are not UTF-8, and bidi controls", "[log
 }
 
 TEST_CASE("the log escapes controls in every message", "[log]") {
-  TempDir dir;
-  const std::string path = (dir / "stderr.txt").string();
-  std::fflush(stderr);
-  const int saved = dup(STDERR_FILENO);
-  REQUIRE(saved >= 0);
-  {
-    FILE* file = std::fopen(path.c_str(), "w");
-    REQUIRE(file != nullptr);
-    dup2(fileno(file), STDERR_FILENO);
-    std::fclose(file);
-  }
-  configure_log(LogLevel::info, 3);
-  spdlog::warn("shard '{}' is odd", hostile);
-  spdlog::default_logger()->flush();
-  std::fflush(stderr);
-  dup2(saved, STDERR_FILENO);
-  close(saved);
-  configure_log(LogLevel::warn);
-
-  const std::string text = weightcast::test::read_file(path);
+  const std::string text = log_output(3, [] { spdlog::warn("shard '{}' is odd", hostile); });
   INFO(text);
   CHECK(text.find("weightcast[rank 3]: ") != std::string::npos);
   CHECK(text.find("shard 'embed\\x1b[2J\\x1b[31mred\\x0d\\x0a\\x9b0m\\x7f' is odd") !=
@@ -134,35 +140,16 @@ TEST_CASE("the log takes lines from several threads at once, each whole", "[log]
   // The interrupt watcher, load_async's thread and the control plane's reader log beside the
   // main thread. The logger's sink was single-threaded: a data race (scripts/sanitize.sh
   // runs this under TSan, which halts on it).
-  TempDir dir;
-  const std::string path = (dir / "stderr.txt").string();
-  std::fflush(stderr);
-  const int saved = dup(STDERR_FILENO);
-  REQUIRE(saved >= 0);
-  {
-    FILE* file = std::fopen(path.c_str(), "w");
-    REQUIRE(file != nullptr);
-    dup2(fileno(file), STDERR_FILENO);
-    std::fclose(file);
-  }
-  configure_log(LogLevel::info, 1);
   constexpr int threads = 4;
   constexpr int lines = 200;
-  {
+  const std::string text = log_output(1, [] {
     std::vector<std::jthread> pool;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([t] {
         for (int i = 0; i < lines; ++i) spdlog::warn("thread {} line {} of the test", t, i);
       });
     }
-  }
-  spdlog::default_logger()->flush();
-  std::fflush(stderr);
-  dup2(saved, STDERR_FILENO);
-  close(saved);
-  configure_log(LogLevel::warn);
-
-  const std::string text = weightcast::test::read_file(path);
+  });
   for (int t = 0; t < threads; ++t) {
     for (int i = 0; i < lines; ++i) {
       const std::string line =
