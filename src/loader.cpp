@@ -150,6 +150,8 @@ class Pipeline {
       };
       _stop_callback.emplace(_options.stop, std::move(wake));
     }
+    // Every tensor has a digest, a plan of no chunks (only zero-size tensors) included.
+    if (discarding()) _digests.emplace(_catalogue.tensors.size());
     announce_zero_size_tensors();
     if (_plan.chunks.empty()) co_return;
     if (_transport.rank() == 0) {
@@ -170,7 +172,6 @@ class Pipeline {
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _slot_head.resize(_ring->slots());
-      if (discarding()) _digests.emplace(_catalogue.tensors.size());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
       // Registering the slots pins (and so commits) them: only worth it when some chunk is
