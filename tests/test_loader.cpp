@@ -196,6 +196,38 @@ TEST_CASE("on_tensor_ready fires once per tensor, after its bytes landed", "[loa
   }
 }
 
+TEST_CASE("an exception thrown by a hook fails the load and leaves load as thrown",
+          "[loader]") {
+  // loader.hpp: the stages stop, reads in flight are waited for, and the hook's own
+  // exception reaches the caller, whichever stage's thread called the hook.
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 30, 9);
+  struct Thrown {
+    int hook;
+  };
+  for (int hook = 0; hook < 4; ++hook) {
+    INFO("hook " << hook);
+    LoadOptions options;
+    options.chunk_bytes = 3000;
+    options.direct_io = DirectIo::off;
+    int calls = 0;
+    if (hook == 0) options.on_tensor_ready = [&](const TensorView&) { throw Thrown{0}; };
+    if (hook == 1) options.on_progress = [&](const LoadProgress&) { throw Thrown{1}; };
+    for (const Stage stage : {Stage::read, Stage::broadcast}) {
+      if (hook != 2 + static_cast<int>(stage == Stage::broadcast)) continue;
+      options.on_stage_event = [&, stage](const StageEvent& event) {
+        if (event.stage == stage && ++calls == 3) throw Thrown{hook};
+      };
+    }
+    try {
+      load(path, options);
+      FAIL("the load did not throw");
+    } catch (const Thrown& thrown) {
+      CHECK(thrown.hook == hook);
+    }
+  }
+}
+
 TEST_CASE("LoadOptions::stop ends a load in progress with interrupted (130)", "[loader][signal]") {
   TempDir dir;
   const auto path = write_random_checkpoint(dir.path(), 30, 5);

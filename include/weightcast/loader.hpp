@@ -96,13 +96,17 @@ struct LoadOptions {
   /// bytes pass through the staging ring (`LoadResult::digests`). World size 1 only.
   Destination destination = Destination::arena;
   /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
-  /// tensors first). Must not throw; must not block for long (it stalls the pipeline).
+  /// tensors first). Must not block for long (it stalls the pipeline). An exception it throws
+  /// fails the load as a failed read does (the stages stop, reads in flight are waited for)
+  /// and leaves `load` as it was thrown; the same holds for `on_progress` and
+  /// `on_stage_event`.
   std::function<void(const TensorView&)> on_tensor_ready;
   /// Called on the loader's thread after each chunk has landed on this rank (its broadcast
-  /// completed), in plan order. Must not throw; keep it cheap (rate-limit any printing).
+  /// completed), in plan order; never for a plan of no chunks (only zero-size tensors).
+  /// Keep it cheap (rate-limit any printing).
   std::function<void(const LoadProgress&)> on_progress;
   /// Called on the loader's thread when a stage finishes a chunk (one call per chunk per
-  /// stage this rank runs). Must not throw; keep it cheap: its time counts in the stage.
+  /// stage this rank runs). Keep it cheap: its time counts in the stage.
   std::function<void(const StageEvent&)> on_stage_event;
   /// Stops the load early: once a stop is requested on its `std::stop_source` (from any
   /// thread; e.g. a signal-waiting thread on SIGINT), the load cancels its stages, waits for
