@@ -175,10 +175,15 @@ void check_load_options(const LoadOptions& options);
  * Rank 0 (`transport.rank() == 0`) opens the shard files and reads them; other ranks only
  * receive. Blocks until every tensor has landed on this rank.
  *
- * @throws Error `config` (78) for options out of bounds (check_load_options); `io` (74) when
- *         a read fails or a shard shrank (names file, offset, tensor); `timeout` (75) when no
- *         stage made progress for `options.timeout`; `interrupted` (130) when `options.stop`
- *         was requested; whatever the device or transport throw.
+ * @throws Error `config` (78) for options out of bounds (check_load_options), or a
+ *         `chunk_bytes` that would cut the checkpoint into more than 2^20 chunks (names the
+ *         smallest that fits); `missing_input` (66) when a shard is gone or is no longer a
+ *         regular file; `io` (74) when a read fails or a shard shrank or changed since its
+ *         header was read (names file, offset, tensor); `unavailable` (69) when
+ *         `ReaderKind::uring` is asked for where io_uring is refused, or the arena cannot be
+ *         mapped; `timeout` (75) when no stage made progress for `options.timeout`;
+ *         `interrupted` (130) when `options.stop` was requested; whatever the device,
+ *         transport or a `LoadOptions` hook throw.
  */
 LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
                 const LoadOptions& options = {});
