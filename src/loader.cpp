@@ -16,6 +16,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
@@ -150,6 +151,8 @@ class Pipeline {
       };
       _stop_callback.emplace(_options.stop, std::move(wake));
     }
+    // Every tensor has a digest, a plan of no chunks (only zero-size tensors) included.
+    if (discarding()) _digests.emplace(_catalogue.tensors.size());
     announce_zero_size_tensors();
     if (_plan.chunks.empty()) co_return;
     if (_transport.rank() == 0) {
@@ -170,7 +173,6 @@ class Pipeline {
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _slot_head.resize(_ring->slots());
-      if (discarding()) _digests.emplace(_catalogue.tensors.size());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
       // Registering the slots pins (and so commits) them: only worth it when some chunk is
@@ -600,10 +602,10 @@ class Pipeline {
   std::optional<std::stop_callback<std::function<void()>>> _stop_callback;
 };
 
-}  // namespace
-
-awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport& transport,
-                                 LoadOptions options) {
+// The load on the calling coroutine's executor, which must run one handler at a time (the
+// stages share the pipeline's state without locks): `load`'s own io_context, or a strand.
+awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transport& transport,
+                                    LoadOptions options) {
   auto executor = co_await asio::this_coro::executor;
   check_load_options(options);
   LoadResult result;
@@ -638,12 +640,23 @@ awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport&
   co_return result;
 }
 
+}  // namespace
+
+awaitable<LoadResult> async_load(Catalogue catalogue, Device& device, Transport& transport,
+                                 LoadOptions options) {
+  // A trainer's executor may run handlers on several threads (an io_context run by a thread
+  // pool): a strand of it keeps the stages to one at a time.
+  co_return co_await asio::co_spawn(
+      asio::make_strand(co_await asio::this_coro::executor),
+      load_serially(std::move(catalogue), device, transport, std::move(options)), use_awaitable);
+}
+
 LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
                 const LoadOptions& options) {
   asio::io_context context(1);
   std::optional<LoadResult> result;
   std::exception_ptr failure;
-  asio::co_spawn(context, async_load(std::move(catalogue), device, transport, options),
+  asio::co_spawn(context, load_serially(std::move(catalogue), device, transport, options),
                  [&](std::exception_ptr e, LoadResult r) {
                    if (e) {
                      failure = e;

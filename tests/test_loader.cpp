@@ -11,6 +11,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -192,6 +193,38 @@ TEST_CASE("on_tensor_ready fires once per tensor, after its bytes landed", "[loa
   REQUIRE(seen.size() == result.catalogue.tensors.size());
   for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
     CHECK(seen[result.catalogue.tensors[i].name] == expected[i]);
+  }
+}
+
+TEST_CASE("an exception thrown by a hook fails the load and leaves load as thrown",
+          "[loader]") {
+  // loader.hpp: the stages stop, reads in flight are waited for, and the hook's own
+  // exception reaches the caller, whichever stage's thread called the hook.
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 30, 9);
+  struct Thrown {
+    int hook;
+  };
+  for (int hook = 0; hook < 4; ++hook) {
+    INFO("hook " << hook);
+    LoadOptions options;
+    options.chunk_bytes = 3000;
+    options.direct_io = DirectIo::off;
+    int calls = 0;
+    if (hook == 0) options.on_tensor_ready = [&](const TensorView&) { throw Thrown{0}; };
+    if (hook == 1) options.on_progress = [&](const LoadProgress&) { throw Thrown{1}; };
+    for (const Stage stage : {Stage::read, Stage::broadcast}) {
+      if (hook != 2 + static_cast<int>(stage == Stage::broadcast)) continue;
+      options.on_stage_event = [&, stage](const StageEvent& event) {
+        if (event.stage == stage && ++calls == 3) throw Thrown{hook};
+      };
+    }
+    try {
+      load(path, options);
+      FAIL("the load did not throw");
+    } catch (const Thrown& thrown) {
+      CHECK(thrown.hook == hook);
+    }
   }
 }
 
@@ -454,6 +487,32 @@ TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loa
   context.run();
   REQUIRE(result);
   CHECK(tensor_digests(*result) == expected);
+}
+
+TEST_CASE("the coroutine form loads on an executor that runs on several threads", "[loader]") {
+  // A trainer's io_context run by a pool of threads: the stages must still run one at a
+  // time (they share the pipeline's state), else they race and crash or lose chunks.
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 40, 9);
+  const auto expected = tensor_digests(load(path));
+  auto device = make_host_device();
+  auto transport = make_local_transport();
+  for (int round = 0; round < 5; ++round) {
+    boost::asio::thread_pool pool(4);
+    LoadOptions options;
+    options.chunk_bytes = 61;
+    std::promise<LoadResult> promise;
+    boost::asio::co_spawn(pool, async_load(open_checkpoint(path), *device, *transport, options),
+                          [&](std::exception_ptr e, LoadResult r) {
+                            if (e) {
+                              promise.set_exception(e);
+                            } else {
+                              promise.set_value(std::move(r));
+                            }
+                          });
+    pool.join();
+    CHECK(tensor_digests(promise.get_future().get()) == expected);
+  }
 }
 
 TEST_CASE("rank 0 keeps two broadcasts in flight and lands each chunk in plan order",

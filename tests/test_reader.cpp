@@ -391,6 +391,23 @@ TEST_CASE("discard: digests equal an arena load's, and no arena is allocated", "
   }
 }
 
+TEST_CASE("discard: a checkpoint of zero-size tensors only has a digest per tensor",
+          "[discard]") {
+  // No bytes, so a plan of no chunks: the digests are still one per tensor (that of nothing),
+  // as LoadResult::digests says, not an empty vector a caller would index past.
+  TempDir dir;
+  const auto path = dir / "empty-tensors.safetensors";
+  test::write_file(path, test::make_safetensors(
+                             R"({"a":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},)"
+                             R"("b":{"dtype":"BF16","shape":[3,0],"data_offsets":[0,0]}})",
+                             ""));
+  LoadOptions options;
+  options.destination = Destination::discard;
+  const LoadResult result = load(path, options);
+  REQUIRE(result.catalogue.tensors.size() == 2);
+  CHECK(result.digests == std::vector<std::uint64_t>(2, xxh3_64(nullptr, 0)));
+}
+
 TEST_CASE("discard: StreamingDigests in pieces equal the one-shot digest", "[discard]") {
   std::string bytes(100'000, '\0');
   std::mt19937_64 rng(1);

@@ -13,8 +13,12 @@
 namespace weightcast {
 
 /**
- * @brief Loads @p catalogue on the calling coroutine's executor; other work on that
- *        `io_context` keeps running while chunks stream.
+ * @brief Loads @p catalogue on a strand of the calling coroutine's executor; other work on
+ *        that `io_context` keeps running while chunks stream.
+ *
+ * The executor may run handlers on several threads (an `io_context` run by a thread pool):
+ * the strand keeps the load's stages, and so its `LoadOptions` hooks, to one at a time,
+ * though not always on the same thread.
  *
  * @p device and @p transport must outlive the returned awaitable.
  * @throws Error as the blocking `load` does.

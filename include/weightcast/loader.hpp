@@ -96,13 +96,17 @@ struct LoadOptions {
   /// bytes pass through the staging ring (`LoadResult::digests`). World size 1 only.
   Destination destination = Destination::arena;
   /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
-  /// tensors first). Must not throw; must not block for long (it stalls the pipeline).
+  /// tensors first). Must not block for long (it stalls the pipeline). An exception it throws
+  /// fails the load as a failed read does (the stages stop, reads in flight are waited for)
+  /// and leaves `load` as it was thrown; the same holds for `on_progress` and
+  /// `on_stage_event`.
   std::function<void(const TensorView&)> on_tensor_ready;
   /// Called on the loader's thread after each chunk has landed on this rank (its broadcast
-  /// completed), in plan order. Must not throw; keep it cheap (rate-limit any printing).
+  /// completed), in plan order; never for a plan of no chunks (only zero-size tensors).
+  /// Keep it cheap (rate-limit any printing).
   std::function<void(const LoadProgress&)> on_progress;
   /// Called on the loader's thread when a stage finishes a chunk (one call per chunk per
-  /// stage this rank runs). Must not throw; keep it cheap: its time counts in the stage.
+  /// stage this rank runs). Keep it cheap: its time counts in the stage.
   std::function<void(const StageEvent&)> on_stage_event;
   /// Stops the load early: once a stop is requested on its `std::stop_source` (from any
   /// thread; e.g. a signal-waiting thread on SIGINT), the load cancels its stages, waits for
@@ -171,10 +175,15 @@ void check_load_options(const LoadOptions& options);
  * Rank 0 (`transport.rank() == 0`) opens the shard files and reads them; other ranks only
  * receive. Blocks until every tensor has landed on this rank.
  *
- * @throws Error `config` (78) for options out of bounds (check_load_options); `io` (74) when
- *         a read fails or a shard shrank (names file, offset, tensor); `timeout` (75) when no
- *         stage made progress for `options.timeout`; `interrupted` (130) when `options.stop`
- *         was requested; whatever the device or transport throw.
+ * @throws Error `config` (78) for options out of bounds (check_load_options), or a
+ *         `chunk_bytes` that would cut the checkpoint into more than 2^20 chunks (names the
+ *         smallest that fits); `missing_input` (66) when a shard is gone or is no longer a
+ *         regular file; `io` (74) when a read fails or a shard shrank or changed since its
+ *         header was read (names file, offset, tensor); `unavailable` (69) when
+ *         `ReaderKind::uring` is asked for where io_uring is refused, or the arena cannot be
+ *         mapped; `timeout` (75) when no stage made progress for `options.timeout`;
+ *         `interrupted` (130) when `options.stop` was requested; whatever the device,
+ *         transport or a `LoadOptions` hook throw.
  */
 LoadResult load(Catalogue catalogue, Device& device, Transport& transport,
                 const LoadOptions& options = {});
