@@ -40,4 +40,13 @@ check() {  # check MODE_ARGS...: runs the trainer, checks what it printed
 check "$checkpoint"
 check --coroutine "$checkpoint"
 grep -q '^mode: coroutine' <<<"$("$work/build/trainer" --coroutine "$checkpoint")"
+# A failed load ends the trainer with weightcast's <sysexits.h> status (66: no such file).
+for mode in "" --coroutine; do
+  status=0
+  "$work/build/trainer" $mode "$work/no-such.safetensors" 2>/dev/null || status=$?
+  if [ "$status" -ne 66 ]; then
+    echo "install.example_trainer: trainer $mode on a missing file exited $status, not 66" >&2
+    exit 1
+  fi
+done
 echo "install.example_trainer: passed"

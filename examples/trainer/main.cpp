@@ -6,6 +6,7 @@
 //
 // It prints the tensor count, the bytes loaded, and the first bytes of one tensor.
 #include <weightcast/asio.hpp>
+#include <weightcast/error.hpp>
 #include <weightcast/loader.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -100,8 +101,13 @@ int main(int argc, char** argv) {
     std::printf("mode: coroutine (the trainer's heartbeat ticked %d times meanwhile)\n", ticks);
     print_result(*result);
     return 0;
+  } catch (const weightcast::Error& e) {
+    // Its <sysexits.h> status: 66 for a missing checkpoint, 65 for a malformed one, 74 for
+    // a failed read, ... (weightcast/error.hpp).
+    std::fprintf(stderr, "trainer: %s\n", e.what());
+    return weightcast::exit_status(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer: %s\n", e.what());
-    return 1;
+    return 70;  // EX_SOFTWARE
   }
 }
