@@ -63,6 +63,9 @@ TEST_CASE("cli: a parse error of any subcommand is one 'weightcast: error:' line
        "weightcast launch --help"},
       {{"launch", "-n", "2", "--grace", "11m"}, "launch: --grace: '11m' is out of range",
        "weightcast launch --help"},
+      // A negative grace named a duration's range (0 to 9223372036854775807 ms), not --grace's.
+      {{"launch", "-n", "2", "--grace", "-1"},
+       "launch: --grace: '-1' is out of range (0 to 600 seconds)", "weightcast launch --help"},
       {{"inspect"}, "inspect: path is required", "weightcast inspect --help"},
       {{"inspect", "a", "b"}, "inspect: The following argument was not expected: b",
        "weightcast inspect --help"},

@@ -233,7 +233,9 @@ int main(int argc, char** argv) {
             } catch (const Error& e) {
               std::string_view why = e.what();
               if (why.starts_with("--grace: ")) why.remove_prefix(9);  // CLI11 names the option
-              return std::string(why);
+              // A negative one (-1, -0) is out of --grace's range, not only a duration's.
+              if (why.find("out of range") == std::string_view::npos) return std::string(why);
+              grace = std::chrono::milliseconds::max();
             }
             if (grace > std::chrono::minutes(10)) {
               return fmt::format("'{}' is out of range (0 to 600 seconds)", text);
@@ -241,7 +243,8 @@ int main(int argc, char** argv) {
             text = fmt::format("{}", static_cast<double>(grace.count()) / 1000.0);
             return {};
           },
-          "SECONDS in [0, 600]"))
+          "0 to 10 min"))
+      ->type_name("DURATION")
       ->capture_default_str();
 
   cli::InspectArgs inspect_args;
