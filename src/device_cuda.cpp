@@ -201,8 +201,9 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
   }
   if (ordinal < 0 || ordinal >= probe.device_count) {
     throw Error(Errc::unavailable,
-                fmt::format("cuda:{}: no such device: {} visible (LOCAL_RANK picks the GPU; "
-                            "check CUDA_VISIBLE_DEVICES)",
+                fmt::format("cuda:{}: no such device: {} visible (the local rank picks the GPU: "
+                            "world.local_rank, else the launcher's; check "
+                            "CUDA_VISIBLE_DEVICES)",
                             ordinal, probe.device_count));
   }
   return std::make_unique<CudaDevice>(ordinal);

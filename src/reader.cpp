@@ -86,7 +86,8 @@ class UringReader final : public Reader {
 
   ~UringReader() override {
     // Reads still in flight write into staging slots the caller is about to free: wait for
-    // every one of them before the ring (and then the slots) go away.
+    // every one of them before the ring (and then the slots) go away. Only reads the kernel
+    // accepted complete; SQEs it never took stay unsent (waiting submits nothing).
     while (_in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
       int rc = io_uring_wait_cqe(&_ring, &cqe);
@@ -174,8 +175,12 @@ class UringReader final : public Reader {
         ++appended;
       }
     }
-    _pending -= appended;
     fill_and_submit();
+    // Requests a failed io_uring_submit never sent (this call's own included).
+    finished.insert(finished.end(), _failed.begin(), _failed.end());
+    appended += _failed.size();
+    _failed.clear();
+    _pending -= appended;
     return appended;
   }
 
@@ -196,9 +201,17 @@ class UringReader final : public Reader {
     return -1;
   }
 
+  // Prepares SQEs for the backlog and submits them. Only what io_uring_submit says the
+  // kernel took is in flight: a short submit leaves the rest in the SQ ring, offered again
+  // at once, or at the next reap where the kernel is short of resources (EAGAIN, EBUSY)
+  // while reads in flight will free some. Any other failure, or that one with nothing in
+  // flight (no completion would ever come to retry from), fails the requests not taken.
   void fill_and_submit() {
-    unsigned queued = 0;
-    while (_in_flight < _depth && !_backlog.empty()) {
+    if (_submit_error != 0) {
+      fail_unsent();
+      return;
+    }
+    while (_in_flight + _unsent.size() < _depth && !_backlog.empty()) {
       io_uring_sqe* sqe = io_uring_get_sqe(&_ring);
       if (sqe == nullptr) break;
       ReadRequest* request = _backlog.front();
@@ -217,23 +230,53 @@ class UringReader final : public Reader {
       }
       if (file >= 0) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data(sqe, request);
-      ++_in_flight;
-      ++queued;
+      _unsent.push_back(request);
     }
-    if (queued == 0) return;
-    int rc;
-    do {
-      rc = io_uring_submit(&_ring);
-    } while (rc == -EINTR || rc == -EAGAIN);
-    if (rc < 0) throw system_error(Errc::io, -rc, "io_uring_submit");
+    while (!_unsent.empty()) {
+      const int rc = io_uring_submit(&_ring);
+      if (rc == -EINTR) continue;
+      if (rc > 0) {
+        // The kernel takes SQEs in ring order.
+        const auto taken = std::min<std::size_t>(static_cast<std::size_t>(rc), _unsent.size());
+        _unsent.erase(_unsent.begin(), _unsent.begin() + static_cast<std::ptrdiff_t>(taken));
+        _in_flight += static_cast<unsigned>(taken);
+        continue;
+      }
+      const bool short_of_resources = rc == 0 || rc == -EAGAIN || rc == -EBUSY;
+      if (short_of_resources && _in_flight > 0) return;
+      _submit_error = rc == 0 ? EAGAIN : -rc;
+      spdlog::debug("io_uring_submit: {} ({} reads in flight): failing {} reads not submitted",
+                    std::strerror(_submit_error), _in_flight, _unsent.size() + _backlog.size());
+      fail_unsent();
+      return;
+    }
+  }
+
+  // After a failed io_uring_submit: the SQEs the kernel did not take stay in the SQ ring, so
+  // nothing is submitted again (it would send them too, into slots already given back). Every
+  // request not in flight fails with the submit's errno; reap() returns them, woken by the
+  // eventfd.
+  void fail_unsent() {
+    if (_unsent.empty() && _backlog.empty()) return;
+    for (std::deque<ReadRequest*>* queue : {&_unsent, &_backlog}) {
+      for (ReadRequest* request : *queue) {
+        request->error = _submit_error;
+        _failed.push_back(request);
+      }
+      queue->clear();
+    }
+    [[maybe_unused]] const int ignored = eventfd_write(_event_fd, 1);
   }
 
   io_uring _ring{};
   int _event_fd = -1;
   unsigned _depth;
   bool _read_fixed_ok = false;
-  unsigned _in_flight = 0;   // SQEs the kernel owns
+  unsigned _in_flight = 0;   // SQEs the kernel took (io_uring_submit's count), not reaped
   std::size_t _pending = 0;  // requests submitted and not yet reaped
+  int _submit_error = 0;     // errno of a failed io_uring_submit; then nothing is sent again
+  std::deque<ReadRequest*> _unsent;   // in SQEs of the SQ ring the kernel has not taken, in order
+  std::vector<ReadRequest*> _failed;  // never sent (_submit_error), for the next reap()
   std::deque<ReadRequest*> _backlog;
   std::vector<std::span<std::byte>> _buffers;  // registered, by buffer index
   std::vector<int> _files;                     // registered, by file index

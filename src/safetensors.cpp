@@ -171,16 +171,25 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
   return std::nullopt;
 }
 
+namespace {
+
+// @return the longest prefix of @p text of at most @p max_bytes that ends on a UTF-8
+// character boundary (a cut never leaves half a character behind).
+std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes) noexcept {
+  if (text.size() <= max_bytes) return text;
+  std::size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut);
+}
+
+}  // namespace
+
 std::string quote(std::string_view text) {
   // A hostile header can hold a name or dtype of megabytes; a message stays one readable
   // line. The cut backs off to a UTF-8 character boundary.
   constexpr std::size_t max_bytes = 256;
   const std::size_t whole = text.size();
-  if (whole > max_bytes) {
-    std::size_t cut = max_bytes;
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    text = text.substr(0, cut);
-  }
+  text = utf8_prefix(text, max_bytes);
   std::string out;
   out.reserve(text.size() + 2);
   out += '\'';
@@ -257,7 +266,7 @@ std::string json_brief(const json& value) {
     out = value_text(value);
   }
   if (out.size() > max_chars) {
-    out.resize(max_chars);
+    out.resize(utf8_prefix(out, max_chars).size());  // at a UTF-8 boundary, as quote() cuts
     out += "…";
   }
   return out;

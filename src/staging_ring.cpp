@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <string>
 #include <unistd.h>
@@ -35,10 +36,21 @@ StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size
                          std::uint64_t slot_bytes, weightcast::Device* device)
     : _slots(slots == 0 ? 1 : slots), _slot_freed(executor) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
-  _slot_bytes = (std::max<std::uint64_t>(slot_bytes, 1) + page - 1) / page * page;
-  _memory = HostMapping(_slots * _slot_bytes,
-                        fmt::format("the staging ring ({} slots of {} bytes)", _slots,
-                                    _slot_bytes));
+  // Near 2^64 the page rounding and the product wrap (to a ring mapping nothing, or less than
+  // its slots): no address space holds such a ring, so say so as mmap(2) would.
+  std::uint64_t rounded = 0;
+  std::uint64_t total = 0;
+  if (__builtin_add_overflow(std::max<std::uint64_t>(slot_bytes, 1), page - 1, &rounded) ||
+      __builtin_mul_overflow(static_cast<std::uint64_t>(_slots), rounded / page * page,
+                             &total)) {
+    throw system_error(Errc::unavailable, ENOMEM,
+                       fmt::format("cannot allocate the staging ring ({} slots of {} bytes): "
+                                   "more than 2^64 bytes",
+                                   _slots, slot_bytes));
+  }
+  _slot_bytes = rounded / page * page;
+  _memory = HostMapping(total, fmt::format("the staging ring ({} slots of {} bytes)", _slots,
+                                           _slot_bytes));
   if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
   _leased.assign(_slots, false);
   for (std::size_t i = 0; i < _slots; ++i) _free.push_back(i);

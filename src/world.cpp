@@ -267,6 +267,14 @@ World detect_place(const Config& config) {
                             set, rank != nullptr ? rank : size, missing, to_string(source.source),
                             source.rank, source.size));
   }
+  // A world of one still has a local rank, which picks its GPU: a launcher's local-rank
+  // variable set alone (LOCAL_RANK=1 weightcast run), the first in the order above.
+  for (const EnvSource& source : env_sources) {
+    if (const char* local = env(source.local_rank)) {
+      world.local_rank = env_int(source.local_rank, local);
+      break;
+    }
+  }
   if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
   return world;
 }

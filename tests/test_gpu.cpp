@@ -19,9 +19,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -211,6 +213,32 @@ TEST_CASE("staging ring: refused pinning retries with fewer slots, then pageable
     auto device = make_host_device();
     detail::StagingRing ring(context.get_executor(), 3, slot, device.get());
     CHECK_FALSE(ring.pinned());
+  }
+}
+
+TEST_CASE("staging ring: slots × slot size past 2^64 bytes fails with 69 naming both",
+          "[staging]") {
+  // The page rounding of the slot size and the product with the slot count wrapped: a slot
+  // of 2^64 - 1 bytes rounded to 0 and the ring mapped nothing; 2^20 slots of 2^50 bytes
+  // made 2^70, mapped as 0. Every slot then pointed at memory the ring did not hold.
+  boost::asio::io_context context;
+  const std::vector<std::pair<std::size_t, std::uint64_t>> sizes = {
+      {1, ~std::uint64_t{0}},
+      {2, ~std::uint64_t{0} - 5000},
+      {std::size_t{1} << 20, std::uint64_t{1} << 50},
+      {~std::size_t{0}, 4096},
+  };
+  for (const auto& [slots, slot_bytes] : sizes) {
+    INFO(slots << " slots of " << slot_bytes << " bytes");
+    try {
+      detail::StagingRing ring(context.get_executor(), slots, slot_bytes);
+      FAIL("a ring of " << ring.slots() << " slots of " << ring.slot_bytes() << " bytes");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::unavailable);
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format(
+                               "cannot allocate the staging ring ({} slots of {} bytes", slots,
+                               slot_bytes)));
+    }
   }
 }
 

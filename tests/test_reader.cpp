@@ -1,6 +1,7 @@
 // The read stage: io_uring and pread back ends, O_DIRECT aligned supersets, registered
 // buffers, `destination: discard`, the io_uring-refused fallback under seccomp, and rank 0's
 // memory window.
+#include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
 #include "weightcast/detail/shard_files.hpp"
 #include "weightcast/digest.hpp"
@@ -15,6 +16,7 @@
 #include "utils/safetensors_writer.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -143,18 +145,21 @@ std::string seccomp_helper() {
 }
 
 // Runs `weightcast run --set checkpoint=<checkpoint>` and @p args under the seccomp helper
-// @p helper, which refuses io_uring, and O_DIRECT as well when @p deny_o_direct.
-ProcessResult run_under_seccomp(const std::string& helper, bool deny_o_direct,
+// @p helper given @p helper_options: none refuses io_uring; "--deny-o-direct" refuses O_DIRECT
+// as well; "--deny-uring-submit=ERRNO" refuses only io_uring_submit. Killed, and FAILs, after
+// @p timeout_s seconds.
+ProcessResult run_under_seccomp(const std::string& helper,
+                                const std::vector<std::string>& helper_options,
                                 const std::string& checkpoint,
-                                const std::vector<std::string>& args) {
+                                const std::vector<std::string>& args, int timeout_s = 300) {
   std::vector<std::string> argv{helper};
-  if (deny_o_direct) argv.emplace_back("--deny-o-direct");
+  argv.insert(argv.end(), helper_options.begin(), helper_options.end());
   for (std::string item : {cli_path().string(), std::string("run"), std::string("--set"),
                            "checkpoint=" + checkpoint}) {
     argv.push_back(std::move(item));
   }
   argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv);
+  return run_process(argv, {}, timeout_s);
 }
 
 }  // namespace
@@ -477,7 +482,7 @@ TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact, u
   const auto& tensors = first.value();
   const auto checkpoint = (corpus_dir() / "real" / file).string();
   const auto report_path = dir / "report.json";
-  const auto r = run_under_seccomp(helper, false, checkpoint,
+  const auto r = run_under_seccomp(helper, {}, checkpoint,
                                    {"--set", "chunk_size=4KiB", "--report", report_path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
@@ -485,7 +490,7 @@ TEST_CASE("seccomp: with io_uring refused, auto falls back to pread bit-exact, u
   CHECK_THAT(r.out, Catch::Contains("reader pread"));
   check_report_matches_manifest(read_json(report_path), tensors);
 
-  const auto strict = run_under_seccomp(helper, false, checkpoint, {"--set", "reader=uring"});
+  const auto strict = run_under_seccomp(helper, {}, checkpoint, {"--set", "reader=uring"});
   INFO(strict.out << strict.err);
   CHECK(strict.exit_status == 69);
   CHECK_THAT(strict.err, Catch::Contains("io_uring unavailable") && Catch::Contains("reader"));
@@ -501,7 +506,7 @@ TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice
   const auto expected = expected_digests(path);
   evict(path);
   const auto report_path = dir / "report.json";
-  const auto r = run_under_seccomp(helper, true, path.string(),
+  const auto r = run_under_seccomp(helper, {"--deny-o-direct"}, path.string(),
                                    {"--set", "direct_io=auto", "--report", report_path.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
@@ -519,10 +524,36 @@ TEST_CASE("seccomp: where O_DIRECT is refused, auto reads buffered with a notice
     CHECK_THAT(r.err, Catch::Contains("refuses O_DIRECT"));
   }
 
-  const auto strict = run_under_seccomp(helper, true, path.string(), {"--set", "direct_io=on"});
+  const auto strict = run_under_seccomp(helper, {"--deny-o-direct"}, path.string(), {"--set", "direct_io=on"});
   INFO(strict.out << strict.err);
   CHECK(strict.exit_status == 74);
   CHECK_THAT(strict.err, Catch::Contains(path.string()) && Catch::Contains("O_DIRECT"));
+}
+
+TEST_CASE("seccomp: a refused io_uring_submit fails the load with 74 naming the shard, no hang",
+          "[seccomp][reader]") {
+  const std::string helper = seccomp_helper();
+  if (helper.empty()) return;
+  TempDir dir;
+  const auto path = write_odd_checkpoint(dir.path(), 20, 9, 100'000);
+  // The ring is set up, but the kernel takes none of the reads. The reader once counted them
+  // in flight all the same, and on the way out waited for their completions, which never
+  // come (EPERM); with EAGAIN and nothing in flight it retried the submit forever.
+  for (const char* err : {"EPERM", "EAGAIN"}) {
+    INFO(err);
+    const auto r = run_under_seccomp(
+        helper, {std::string("--deny-uring-submit=") + err}, path.string(),
+        {"--set", "reader=uring", "--set", "direct_io=off", "--set", "chunk_size=64KiB"}, 60);
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 74);
+    // The first chunk's read, at the start of the data section, is the first not sent.
+    const std::string first_read =
+        fmt::format("{}: read failed at offset {} (tensor '", path.filename().string(),
+                    open_checkpoint(path).shards[0].data_offset);
+    CHECK_THAT(r.err, Catch::Contains(first_read) &&
+                          Catch::Contains(std::strerror(std::string(err) == "EPERM" ? EPERM
+                                                                                     : EAGAIN)));
+  }
 }
 
 // ---- Rank 0's memory window -------------------------------------------------------------

@@ -1,7 +1,9 @@
 // `weightcast run` end to end: the report's digests match the manifest and an independent
 // reader, on real files and on a multi-GiB sharded synthetic checkpoint.
+#include "weightcast/device.hpp"
 #include "weightcast/digest.hpp"
 
+#include "utils/env.hpp"
 #include "utils/job.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
@@ -10,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -275,6 +278,45 @@ TEST_CASE("run: transport mpi or nccl in a world of one rank is a config error s
     CHECK(r.exit_status == 78);
     CHECK_THAT(r.err, Catch::Contains("transport: " + transport + ": this is a world of one rank") &&
                           Catch::Contains("weightcast launch -n N"));
+  }
+}
+
+TEST_CASE("run: a world of one picks its GPU by the world's local rank, as several ranks do",
+          "[run]") {
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a CUDA device; the [gpu] tests cover it");
+    return;
+  }
+  // Without a usable GPU, device: cuda fails naming the ordinal it was asked for: the local
+  // rank that picks the GPU. One rank took it from LOCAL_RANK alone, where several ranks
+  // (run_ranks) took the detected world's: world.local_rank, then the launcher's variable.
+  ScopedEnv clean(no_launcher_env());
+  struct Case {
+    std::vector<std::string> sets;
+    std::vector<std::string> env;
+    int local_rank;
+  };
+  const std::vector<Case> cases = {
+      {{"--set", "world.local_rank=2"}, {}, 2},
+      {{"--set", "world.local_rank=6"}, {"LOCAL_RANK=1"}, 6},
+      {{}, {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=3"}, 3},
+      {{}, {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_LOCAL_RANK=5"},
+       5},
+      {{}, {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=1"}, 1},
+      {{}, {"LOCAL_RANK=4"}, 4},  // alone, as before: a world of one whose GPU is 4
+      {{}, {"SLURM_LOCALID=7"}, 7},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"run", "--set", "checkpoint=/does/not/matter", "--set",
+                                     "device=cuda"};
+    args.insert(args.end(), c.sets.begin(), c.sets.end());
+    const auto r = run_cli(args, c.env, 60);
+    INFO(fmt::format("{} {}", fmt::join(c.sets, " "), fmt::join(c.env, " ")) << "\n"
+                                                                            << r.out << r.err);
+    CHECK(r.exit_status == 69);
+    CHECK_THAT(r.out, Catch::Contains(fmt::format("# world: rank 0 of 1 (local rank {})",
+                                                  c.local_rank)));
+    CHECK_THAT(r.err, Catch::Contains(fmt::format("cuda:{}:", c.local_rank)));
   }
 }
 

@@ -1,4 +1,5 @@
 // The safetensors header rules, one test case per rule, from hand-built bytes.
+#include "weightcast/detail/header_json.hpp"
 #include "weightcast/dtype.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/safetensors.hpp"
@@ -11,7 +12,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -622,4 +625,30 @@ TEST_CASE("a long name or dtype in a message is cut at 256 bytes", "[safetensors
   const std::string named =
       parse_failure(object({entry(name, "F7", "[1]", "[0,1]")}), 1).what();
   CHECK_THAT(named, Contains("tensor '" + kept + "…' (361 bytes)"));
+}
+
+TEST_CASE("a long shape or dtype value in a message is cut at a UTF-8 character boundary",
+          "[safetensors]") {
+  // json_brief cut its text at 160 bytes wherever that fell, once in the middle of a
+  // multibyte character: the message was no longer valid UTF-8 (and a JSON summary of it
+  // could not be written as is). Every character width at every offset against the cut:
+  for (const std::string character : {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"}) {
+    for (std::size_t pad = 0; pad < 4; ++pad) {
+      std::string text(pad, 'x');
+      for (int i = 0; i < 100; ++i) text += character;
+      const std::string quoted = "\"" + text + "\"";
+      for (const auto& [dtype_json, shape_json] :
+           std::vector<std::pair<std::string, std::string>>{
+               {"\"U8\"", "[" + quoted + "]"},  // shape and dimension 0, both cut
+               {"\"U8\"", quoted},              // a shape that is a string
+               {"[" + quoted + "]", "[1]"}}) {  // a dtype that is an array
+        const std::string json = fmt::format(
+            R"({{"w":{{"dtype":{},"shape":{},"data_offsets":[0,1]}}}})", dtype_json, shape_json);
+        const std::string e = parse_failure(json, 1).what();
+        INFO("character " << character.size() << " bytes, pad " << pad << ": " << e);
+        CHECK_THAT(e, Contains("…"));
+        CHECK(detail::find_invalid_utf8(e) == std::nullopt);
+      }
+    }
+  }
 }

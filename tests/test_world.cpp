@@ -266,7 +266,21 @@ TEST_CASE("world: a partial launcher environment is a config error naming both v
   }
   {  // LOCAL_RANK alone picks a GPU for a world of one; it is no partial world
     ScopedEnv env(std::vector<ScopedEnv::Entry>{{"LOCAL_RANK", "1"}});
-    CHECK(detect_world(Config{}).world_size == 1);
+    const World w = detect_world(Config{});
+    CHECK(w.world_size == 1);
+    CHECK(w.source == WorldSource::single);
+    CHECK(w.local_rank == 1);
+    CHECK(detect_world(with({"world.local_rank=3"})).local_rank == 3);  // the config wins
+  }
+  {  // so does another launcher's local rank alone, the first set in the order above
+    ScopedEnv env({{"SLURM_LOCALID", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "5"}});
+    CHECK(detect_world(Config{}).local_rank == 2);
+  }
+  {  // and it is checked as a complete source's is
+    ScopedEnv env(std::vector<ScopedEnv::Entry>{{"LOCAL_RANK", "x1"}});
+    const Error e = expect_world_error(Config{});
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("LOCAL_RANK='x1': not a whole number"));
   }
 }
 

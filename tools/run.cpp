@@ -53,21 +53,11 @@ std::uint64_t peak_rss_bytes() {
 
 namespace {
 
-// LOCAL_RANK (torchrun, `weightcast launch`) picks the GPU. TODO(#5): take World::local_rank
-// from weightcast/world.hpp once world detection has landed.
-int local_rank_from_env() {
-  const char* text = std::getenv("LOCAL_RANK");
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  WEIGHTCAST_EXPECT(*end == '\0' && value >= 0 && value < 1 << 20, Errc::config,
-                    fmt::format("LOCAL_RANK={}: not a rank (a non-negative integer)", text));
-  return static_cast<int>(value);
-}
-
-std::unique_ptr<Device> choose_device(const Config& config) {
+// The world's local rank picks the GPU, as in run_ranks: `world.local_rank`, else the
+// launcher's local rank (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK).
+std::unique_ptr<Device> choose_device(const Config& config, const World& world) {
   try {
-    return make_device(config.device, local_rank_from_env());
+    return make_device(config.device, world.local_rank);
   } catch (const Error& e) {
     if (e.code() != Errc::unavailable) throw;
     throw Error(e.code(), fmt::format("device: {}: {}", to_string(config.device), e.what()));
@@ -589,7 +579,7 @@ int run(const RunArgs& args) {
 
   // Before the load: a report or trace that cannot be written fails now, not after it.
   check_output_paths(args, config, 0, 1);
-  auto device = choose_device(config);
+  auto device = choose_device(config, world);
   auto transport = choose_transport(config);
   LoadOptions options = LoadOptions::from_config(config);
   // 256 B: cudaMalloc's own alignment, so every tensor view suits vectorised kernels.

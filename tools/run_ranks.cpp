@@ -255,7 +255,7 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
   TransportKind kind{};
   std::optional<ControlPlane> control;
   try {
-    // host memory travels over mpi; a cuda arena (this rank's GPU: LOCAL_RANK) over nccl.
+    // host memory travels over mpi; a cuda arena (this rank's GPU: its local rank) over nccl.
     device = make_device(config.device, world.local_rank);
     kind = transport_for_world(config, device->name() == "host", world.world_size);
     if (kind == TransportKind::mpi && !mpi_compiled_in()) MpiSession{};  // "no MPI" (69)

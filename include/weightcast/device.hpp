@@ -136,7 +136,8 @@ int cuda_device_count() noexcept;
 /**
  * @brief The CUDA device @p ordinal: `cudaMalloc` arenas, pinned staging, H2D copies on a
  *        non-blocking copy stream.
- * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`), usually `LOCAL_RANK`.
+ * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`), usually the local rank
+ *        (`World::local_rank`).
  * @throws Error `unavailable` (69) when the build has no CUDA ("this build has no CUDA"),
  *         when there is no such device, or when the CUDA runtime cannot start (names the
  *         CUDA error); `internal` (70) when creating the copy stream or event fails otherwise
@@ -151,7 +152,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal);
  *
  * `host` → host; `cuda` → `make_cuda_device(local_rank)`; `auto` → cuda when the build has
  * CUDA and `cudaGetDeviceCount` > 0, else host with a notice on the log saying why.
- * @param local_rank this process's rank on its node (`LOCAL_RANK`), the GPU it uses.
+ * @param local_rank this process's rank on its node (`World::local_rank`), the GPU it uses.
  * @throws Error as `make_cuda_device` does: for `cuda`, and for `auto` once a CUDA device was
  *         found (e.g. `local_rank` 2 on a node with 2 visible GPUs: 69, "no such device").
  */

@@ -58,13 +58,16 @@ class Reader {
   [[nodiscard]] virtual int completion_fd() const noexcept = 0;
   /// Queues @p request (not owned; must outlive its completion) and resets its `bytes_done`,
   /// `error` and `end_of_file`. Never blocks: requests past the queue depth wait in a
-  /// backlog. A failed read is the request's `error`, not an exception.
-  /// @throws Error `io` (74) (io_uring) when `io_uring_submit` itself fails.
+  /// backlog. A failed read is the request's `error`, not an exception; so is a failed
+  /// `io_uring_submit` (io_uring): the requests the kernel did not take finish with its errno
+  /// and, as SQEs cannot be taken back from the ring, so does every later request. A short
+  /// submit is not a failure: the rest is offered again (once reads in flight complete, where
+  /// the kernel answers EAGAIN or EBUSY). Only reads the kernel took are waited for by the
+  /// destructor.
   virtual void submit(ReadRequest* request) = 0;
-  /// Moves every finished request (complete, failed or ended early) into @p finished and
-  /// clears the eventfd; short reads and EINTR/EAGAIN are queued again here (io_uring).
-  /// @return the number appended.
-  /// @throws Error `io` (74) as `submit` does (io_uring queues the backlog from here).
+  /// Moves every finished request (complete, failed, ended early, or never sent because
+  /// `io_uring_submit` failed) into @p finished and clears the eventfd; short reads and
+  /// EINTR/EAGAIN are queued again here (io_uring). @return the number appended.
   virtual std::size_t reap(std::vector<ReadRequest*>& finished) = 0;
   /// @return requests submitted and not yet reaped.
   [[nodiscard]] virtual std::size_t pending() const noexcept = 0;

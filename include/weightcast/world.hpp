@@ -9,14 +9,16 @@
  *  3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`;
  *  4. Open MPI's mpirun: `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
  *     `OMPI_COMM_WORLD_LOCAL_RANK`;
- *  5. otherwise a world of one rank.
+ *  5. otherwise a world of one rank, whose local rank is the first of `LOCAL_RANK`,
+ *     `SLURM_LOCALID` and `OMPI_COMM_WORLD_LOCAL_RANK` set (alone), else 0.
  * A source counts only when both its rank and its size variables are set; when none counts but
  * one has only its rank or only its size variable set, that is a config error (except a rank
  * of 0 alone: Slurm's batch step without a task count sets `SLURM_PROCID=0` only, a world of
  * one). Where Open MPI's variables are set too and disagree, mpirun started this process:
  * against Slurm's (mpirun inside an sbatch script), Open MPI's are the world; against
  * torchrun's without `TORCHELASTIC_RUN_ID` (left over from another launcher), a config error.
- * `world.local_rank` in the config overrides the local rank of any source.
+ * `world.local_rank` in the config overrides the local rank of any source. `weightcast run`
+ * uses this local rank as the CUDA device ordinal with one rank as with several.
  */
 #pragma once
 
@@ -59,7 +61,8 @@ struct World {
  * @brief Finds the world from @p config, else from the environment (the order above), and
  *        the job id of the family it came from.
  * @throws Error `config` (78) naming the key or variable when a value is not a whole number
- *         (or negative, or past 2^20, the config's own bound), the size is below 1, the rank
+ *         (or negative, or past 2^20, the config's own bound; a local-rank variable set alone
+ *         included), the size is below 1, the rank
  *         is not below the size, `world.rank` and `world.size` are not set together, no
  *         launcher's environment is complete but one is partial (`RANK` without `WORLD_SIZE`,
  *         say: the message names both), or torchrun's variables disagree with Open MPI's

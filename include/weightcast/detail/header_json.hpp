@@ -74,7 +74,8 @@ std::optional<std::uint64_t> json_unsigned(const nlohmann::json& value) noexcept
 std::string_view json_kind(const nlohmann::json& value) noexcept;
 
 /// @return a short one-line rendering of @p value for messages ("[4, 3]", "\"F7\""), cut to
-///         160 bytes and "…" (an array stops at the element that passes 160).
+///         160 bytes (backing off to a UTF-8 character boundary) and "…" (an array stops at
+///         the element that passes 160).
 std::string json_brief(const nlohmann::json& value);
 
 }  // namespace weightcast::detail

@@ -73,7 +73,9 @@ class StagingRing {
    *        step logs a notice about pinned host memory. `slots()` says how many remain.
    *        The device must outlive the ring.
    * @throws Error `unavailable` (69) when the memory cannot be mapped (names the slots and
-   *         their size). A refused `pin` is never thrown: it is the fallback above.
+   *         their size), or the ring (`slots` × `slot_bytes` rounded up to the page size)
+   *         passes 2^64 bytes (ENOMEM, names both as given). A refused `pin` is never thrown:
+   *         it is the fallback above.
    */
   StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
               std::uint64_t slot_bytes, weightcast::Device* device = nullptr);
