@@ -251,6 +251,68 @@ std::optional<std::uint64_t> scale(std::string_view digits, std::uint64_t multip
   return static_cast<std::uint64_t>(result);
 }
 
+/// A number written with an exponent ("1.6777216e+07", "1e9": Helm's toYaml writes large
+/// numbers so), which no key reads. `value` is its value when that is a whole number from 0 to
+/// 2^64 - 1, for a message suggesting the plain spelling; nullopt otherwise.
+struct ExponentForm {
+  std::optional<std::uint64_t> value;
+};
+
+std::optional<ExponentForm> exponent_form(std::string_view text) {
+  text = trim(text);
+  bool negative = false;
+  if (!text.empty() && (text.front() == '-' || text.front() == '+')) {
+    negative = text.front() == '-';
+    text.remove_prefix(1);
+  }
+  const auto e = text.find_first_of("eE");
+  if (e == std::string_view::npos) return std::nullopt;
+  std::string_view mantissa = text.substr(0, e);
+  std::string_view exponent = text.substr(e + 1);
+  const auto point = mantissa.find('.');
+  std::string digits;  // the mantissa's digits, less the point and '_'
+  std::size_t frac_digits = 0;
+  for (std::size_t i = 0; i < mantissa.size(); ++i) {
+    const char c = mantissa[i];
+    if (c >= '0' && c <= '9') {
+      digits += c;
+      if (point != std::string_view::npos && i > point) ++frac_digits;
+    } else if (c != '_' && i != point) {
+      return std::nullopt;
+    }
+  }
+  bool exponent_negative = false;
+  if (!exponent.empty() && (exponent.front() == '-' || exponent.front() == '+')) {
+    exponent_negative = exponent.front() == '-';
+    exponent.remove_prefix(1);
+  }
+  if (digits.empty() || exponent.empty() || exponent.size() > 4 ||
+      !std::all_of(exponent.begin(), exponent.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  ExponentForm out;
+  if (negative) return out;
+  int power = std::stoi(std::string(exponent)) * (exponent_negative ? -1 : 1) -
+              static_cast<int>(frac_digits);
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+  if (digits.empty()) {
+    out.value = 0;
+    return out;
+  }
+  while (power < 0 && digits.back() == '0') {
+    digits.pop_back();
+    ++power;
+  }
+  if (power < 0 || digits.size() + static_cast<std::size_t>(power) > 20) return out;
+  unsigned __int128 value = 0;
+  for (char c : digits) value = value * 10 + static_cast<unsigned>(c - '0');
+  for (int i = 0; i < power; ++i) value *= 10;
+  if (value <= std::numeric_limits<std::uint64_t>::max()) {
+    out.value = static_cast<std::uint64_t>(value);
+  }
+  return out;
+}
+
 /// A unit whose spelling differs from a table entry's only in case ("mb", "gib", "S"): the
 /// entry, for a message suggesting it; nullptr when none does.
 template <typename Unit, std::size_t N>
@@ -263,6 +325,21 @@ const Unit* unit_in_other_case(std::string_view unit, const std::array<Unit, N>&
 }
 
 constexpr std::string_view size_hint = "use bytes or a unit: 16MiB, 1GiB";
+
+std::string print_size(std::uint64_t bytes);
+std::string print_duration(std::chrono::milliseconds d);
+
+/// The parenthesis after "is not a size": for an exponent ("1.6777216e+07"), the plain
+/// spelling of its value when that is a whole number of bytes.
+std::string size_hint_for(std::string_view text) {
+  const auto exponent = exponent_form(text);
+  if (!exponent) return std::string(size_hint);
+  if (!exponent->value) return fmt::format("an exponent is not a size: {}", size_hint);
+  const std::string bytes = fmt::format("{}", *exponent->value);
+  const std::string unit = print_size(*exponent->value);
+  return unit == bytes ? fmt::format("an exponent is not a size: write {}", bytes)
+                       : fmt::format("an exponent is not a size: write {} or {}", bytes, unit);
+}
 
 /// A size's bytes, or nullopt when it is negative or past 2^64 - 1 bytes: out of range for
 /// every key, which says its own range. Throws (without the location, which the loader adds)
@@ -304,7 +381,7 @@ std::optional<std::uint64_t> size_bytes(std::string_view text) {
                                 other->name.front())
                   : std::string()));
     }
-    bad_value(fmt::format("{} is not a size ({})", quote_value(text), size_hint));
+    bad_value(fmt::format("{} is not a size ({})", quote_value(text), size_hint_for(text)));
   }
   if (parts->negative) return std::nullopt;
   bool exact = true;
@@ -326,6 +403,20 @@ std::uint64_t parse_size_value(std::string_view text) {
 }
 
 constexpr std::string_view duration_hint = "use seconds or a unit: 300s, 5m, 250ms, 1h";
+
+/// As `size_hint_for`, for a duration: a plain number is seconds.
+std::string duration_hint_for(std::string_view text) {
+  const auto exponent = exponent_form(text);
+  if (!exponent) return std::string(duration_hint);
+  constexpr std::uint64_t max_seconds =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / 1000;
+  if (!exponent->value || *exponent->value > max_seconds) {
+    return fmt::format("an exponent is not a duration: {}", duration_hint);
+  }
+  const auto seconds = static_cast<std::int64_t>(*exponent->value);
+  return fmt::format("an exponent is not a duration: write {}",
+                     print_duration(std::chrono::milliseconds(seconds * 1000)));
+}
 
 /// A duration, or nullopt when it is negative or past 2^63 - 1 ms: out of range for every
 /// key. Throws for what is not a duration: no number, an unknown unit (units are
@@ -351,7 +442,7 @@ std::optional<std::chrono::milliseconds> duration_ms(std::string_view text) {
       bad_value(fmt::format("{} is not a duration: units are case-sensitive (write {}{})",
                             quote_value(text), parts->digits, other->name));
     }
-    bad_value(fmt::format("{} is not a duration ({})", quote_value(text), duration_hint));
+    bad_value(fmt::format("{} is not a duration ({})", quote_value(text), duration_hint_for(text)));
   }
   if (parts->negative) return std::nullopt;
   bool exact = true;
@@ -385,6 +476,11 @@ std::uint64_t parse_integer_value(std::string_view text, std::string_view what) 
     return c >= '0' && c <= '9';
   });
   if (!digits_only || ec != std::errc() || p != clean.data() + clean.size()) {
+    if (const auto exponent = exponent_form(text); exponent && exponent->value) {
+      bad_value(fmt::format("{} is not a whole number ({}; an exponent is not a whole number: "
+                            "write {})",
+                            quote_value(text), what, *exponent->value));
+    }
     bad_value(fmt::format("{} is not a whole number ({})", quote_value(text), what));
   }
   return value;
@@ -424,9 +520,10 @@ std::string print_duration(std::chrono::milliseconds d) {
 
 // What a key's value is, for the rules the loader applies to every key alike.
 enum class ValueKind {
-  setting,  // a word, size or duration: an empty value is refused ("has no value")
-  integer,  // a whole number (or auto): refuses an empty value, and takes YAML's !!int tag
-  text,     // a path or the token: "" means none, as documented (README, default.yaml)
+  setting,  // a word, size or duration: an empty or null value is refused ("has no value")
+  integer,  // a whole number (or auto): the same
+  text,     // a path or the token: "" (or a YAML null) means none, as documented (README,
+            // default.yaml)
 };
 
 struct KeySpec {
@@ -489,6 +586,9 @@ int parse_auto_int(std::string_view text, std::uint64_t lo, std::uint64_t hi, in
 std::string print_auto_int(int value, int automatic) {
   return value == automatic ? std::string("auto") : fmt::format("{}", value);
 }
+
+// What the effective config prints for a token that is set.
+constexpr std::string_view token_mask = "(set)";
 
 const std::array<KeySpec, 19>& key_table() {
   static const std::array<KeySpec, 19> table{{
@@ -590,7 +690,9 @@ const std::array<KeySpec, 19>& key_table() {
        },
        [](const Config& c) { return fmt::format("{}", c.rendezvous_port); }},
       // The token is a secret shared by the job: the effective config shows only whether
-      // one is set, so logs can be shared.
+      // one is set (`token_mask`), so logs can be shared. That printout loaded back would
+      // otherwise set the token to the mask itself, and every rank started from it to the
+      // same wrong token: the mask is refused as a token.
       // Refused here, on every rank, when too long for a hello: otherwise only the peers find
       // out as they connect, and rank 0 waits out `timeout` for them. The value, a secret, is
       // never quoted.
@@ -601,10 +703,16 @@ const std::array<KeySpec, 19>& key_table() {
            bad_value(fmt::format("{} bytes, over the {} a rank's hello to rank 0 carries",
                                  t.size(), limit));
          }
+         if (t == token_mask) {
+           bad_value(fmt::format("'{}' is the mask the printed config shows in place of the "
+                                 "token: give the token itself (or leave it empty and set "
+                                 "$WEIGHTCAST_TOKEN)",
+                                 token_mask));
+         }
          c.rendezvous_token = std::string(t);
        },
        [](const Config& c) {
-         return c.rendezvous_token.empty() ? std::string() : std::string("(set)");
+         return c.rendezvous_token.empty() ? std::string() : std::string(token_mask);
        }},
   }};
   return table;
@@ -679,6 +787,20 @@ std::string written_tag(std::string_view tag) {
   return "!!" + std::string(tag.substr(core_tag_prefix.size()));
 }
 
+/// Whether @p tag is one of the YAML core schema's scalar tags (`!!str`, `!!int`, `!!bool`,
+/// `!!float`, `!!null`), which PyYAML writes on every value with `default_style='"'` or
+/// `canonical=True` (`"chunk_size": !!int "16777216"`).
+bool is_core_scalar_tag(std::string_view tag) {
+  if (!tag.starts_with(core_tag_prefix)) return false;
+  const std::string_view name = tag.substr(core_tag_prefix.size());
+  return name == "str" || name == "int" || name == "bool" || name == "float" || name == "null";
+}
+
+/// The spellings YAML's core schema reads as null, bar the empty one.
+bool is_null_spelling(std::string_view text) {
+  return text == "~" || text == "null" || text == "Null" || text == "NULL";
+}
+
 /// Whether @p node carries a tag other than none ("?": plain; yaml-cpp gives "" to a node it
 /// built), the non-specific "!" (a quoted scalar, or `! x`), or @p core (a core tag's name:
 /// "str", "map"), which asks for what the loader does anyway.
@@ -696,6 +818,21 @@ bool has_foreign_tag(const YAML::Node& node, std::string_view core) {
                           where, what, shown(written_tag(node.Tag()))));
 }
 
+/// Applies a YAML null (`key: null`, `key: ~`, a bare `key:`, `!!null`) to one key: none for
+/// the keys where "" means none, "has no value" for the rest. @p given is the null's spelling
+/// ("null", "~", "!!null"), or "" where nothing was written.
+void apply_null(Config& config, const KeySpec& spec, const std::string& where,
+                const std::string& origin, std::string_view given) {
+  if (spec.kind != ValueKind::text) {
+    throw Error(Errc::config,
+                given.empty() ? where + "has no value"
+                              : fmt::format("{}has no value ('{}' given, which YAML reads as null)",
+                                            where, given));
+  }
+  spec.parse(config, "");
+  config.set_at.insert_or_assign(std::string(spec.name), origin);
+}
+
 /// Applies one key's value. @p where is prepended to every message ("x.yaml:7: chunk_size: "),
 /// @p origin is recorded as where the key was set ("x.yaml:7", "--set").
 void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
@@ -707,17 +844,24 @@ void apply(Config& config, const YAML::Node& value, const KeySpec& spec,
     throw Error(Errc::config,
                 fmt::format("{}expects a single value, got {}", where, node_kind(value)));
   }
-  // A tag asks for a type the loader would not honour: `!!binary aGVsbG8=` would be taken as
-  // its base64 text, `!!float 3` as 3. Only !!str (what every value is read as) is taken,
-  // and !!int on a key that holds a whole number.
-  if (has_foreign_tag(value, "str")) {
-    const bool int_tag = value.Tag() == std::string(core_tag_prefix) + "int";
-    if (!(int_tag && spec.kind == ValueKind::integer && lowercase(trim(text)) != "auto")) {
-      refuse_tag(where, "the value", value);
-    }
-  }
   const bool secret = spec.name == "rendezvous.token";  // never quoted
   const std::string shown_value = secret ? std::string("the value") : quote_value(text);
+  // A tag other than the core schema's scalar ones asks for a type the loader would not
+  // honour: `!!binary aGVsbG8=` would be taken as its base64 text. The core scalar tags are
+  // taken, and the key's own parser reads the text as written (`!!int "16777216"` is
+  // 16777216, `!!int "0x10"` is refused as it would be untagged); !!null is null.
+  if (has_foreign_tag(value, "str")) {
+    if (!is_core_scalar_tag(value.Tag())) refuse_tag(where, "the value", value);
+    if (value.Tag() == std::string(core_tag_prefix) + "null") {
+      if (!text.empty() && !is_null_spelling(text)) {
+        throw Error(Errc::config, fmt::format("{}{} has the YAML tag !!null but is not null "
+                                              "(remove the tag)",
+                                              where, shown_value));
+      }
+      apply_null(config, spec, where, origin, "!!null");
+      return;
+    }
+  }
   // No key takes a NUL byte, and a path would silently end there (`checkpoint: "a\0b"` would
   // load `a`).
   if (const auto nul = text.find('\0'); nul != std::string::npos) {
@@ -747,8 +891,25 @@ int line_of(const YAML::Node& key, const YAML::Node& value) {
 /// Walks a mapping; a key with no table entry whose value is a mapping is read as a prefix
 /// (`rendezvous: {port: 1}` is the key `rendezvous.port`), so nested and dotted spellings of
 /// future keys behave alike. @p seen holds each full key's line, across the whole file.
+/// @return how the null @p value was written in @p source ("null", "~"), or "" for nothing
+/// (`key:`), whose mark is where the next token begins.
+std::string_view null_spelling(const YAML::Node& value, std::string_view source) {
+  const auto pos = value.Mark().pos;
+  if (pos < 0 || static_cast<std::size_t>(pos) >= source.size()) return {};
+  const std::string_view rest = source.substr(static_cast<std::size_t>(pos));
+  for (std::string_view spelling : {"~", "null", "Null", "NULL"}) {
+    if (!rest.starts_with(spelling)) continue;
+    if (rest.size() == spelling.size() ||
+        std::string_view(" \t\r\n,}]#").find(rest[spelling.size()]) != std::string_view::npos) {
+      return spelling;
+    }
+  }
+  return {};
+}
+
 void apply_mapping(Config& config, const YAML::Node& mapping, const std::string& prefix,
-                   const std::string& file, std::map<std::string, int>& seen) {
+                   const std::string& file, std::string_view source,
+                   std::map<std::string, int>& seen) {
   // A key given twice in this mapping is refused even when its values are mappings (two
   // `rendezvous:` blocks), which yaml-cpp keeps both of; before any value is read, so that
   // what the first block holds does not hide it.
@@ -786,7 +947,7 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
     const KeySpec* spec = find_key(key);
     if (spec == nullptr && value.IsMap()) {
       if (has_foreign_tag(value, "map")) refuse_tag(at + shown(key) + ": ", "the mapping", value);
-      apply_mapping(config, value, key + ".", file, seen);
+      apply_mapping(config, value, key + ".", file, source, seen);
       continue;
     }
     if (spec == nullptr) {
@@ -799,7 +960,9 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
     }
     int line = line_of(key_node, value);
     if (value.IsNull()) {
-      throw Error(Errc::config, fmt::format("{}:{}: {}: has no value", file, line, key));
+      apply_null(config, *spec, fmt::format("{}:{}: {}: ", file, line, key),
+                 fmt::format("{}:{}", file, line), null_spelling(value, source));
+      continue;
     }
     apply(config, value, *spec, fmt::format("{}:{}: {}: ", file, line, key),
           fmt::format("{}:{}", file, line));
@@ -828,6 +991,39 @@ bool looks_like_safetensors(std::string_view path, std::string_view first_bytes)
               fmt::format("{}: this looks like a checkpoint, not a YAML config file: use --set "
                           "checkpoint={}",
                           path, path));
+}
+
+/// What a config in UTF-16 or UTF-32 (Notepad's "Unicode") is, from its byte-order mark or,
+/// without one, its first NULs as YAML 1.2 §5.2 tells them apart: "UTF-16 (byte-order mark
+/// FF FE)"; "" for anything else. Otherwise such a file said "holds a NUL byte (byte 3)".
+std::string utf16_or_utf32(std::string_view text) {
+  const auto bytes = [&](std::size_t n) {
+    std::string out;
+    for (std::size_t i = 0; i < n; ++i) {
+      out += fmt::format("{}{:02X}", i == 0 ? "" : " ", static_cast<unsigned char>(text[i]));
+    }
+    return out;
+  };
+  using namespace std::string_view_literals;
+  if (text.starts_with("\xff\xfe\0\0"sv) || text.starts_with("\0\0\xfe\xff"sv)) {
+    return fmt::format("UTF-32 (byte-order mark {})", bytes(4));
+  }
+  if (text.starts_with("\xff\xfe"sv) || text.starts_with("\xfe\xff"sv)) {
+    return fmt::format("UTF-16 (byte-order mark {})", bytes(2));
+  }
+  if (text.size() >= 4 && text[0] != '\0' && text.substr(1, 3) == "\0\0\0"sv) {
+    return "UTF-32 (little-endian, without a byte-order mark)";
+  }
+  if (text.size() >= 4 && text.substr(0, 3) == "\0\0\0"sv && text[3] != '\0') {
+    return "UTF-32 (big-endian, without a byte-order mark)";
+  }
+  if (text.size() >= 2 && text[0] != '\0' && text[1] == '\0') {
+    return "UTF-16 (little-endian, without a byte-order mark)";
+  }
+  if (text.size() >= 2 && text[0] == '\0' && text[1] != '\0') {
+    return "UTF-16 (big-endian, without a byte-order mark)";
+  }
+  return {};
 }
 
 std::string read_file(const std::string& path) {
@@ -875,6 +1071,9 @@ std::string read_file(const std::string& path) {
   }
   text.resize(done);
   if (looks_like_safetensors("", text)) refuse_checkpoint_as_config(path);
+  if (const auto encoding = utf16_or_utf32(text); !encoding.empty()) {
+    throw Error(Errc::config, fmt::format("{}: is {}: save it as UTF-8", path, encoding));
+  }
   // YAML allows no NUL byte in a stream (YAML 1.2 §5.1), and yaml-cpp reads a raw one as if
   // it were a backslash: `trace: my<NUL>nreport.json` wrote to "my\nreport.json".
   if (const auto nul = text.find('\0'); nul != std::string::npos && done <= max_config_bytes) {
@@ -890,6 +1089,36 @@ std::string read_file(const std::string& path) {
                             path, max_config_bytes));
   }
   return text;
+}
+
+/// @p text with every run of CRs that ends a line (before an LF, or at the end of the file)
+/// removed: CRLF, and the CRCRLF of a file converted twice, are line endings. A CR followed
+/// by other text is refused: YAML 1.2 reads it as a line break and yaml-cpp does not (a file
+/// of old Mac line endings read as "illegal map value", `trace: a<CR>b` as a path holding a
+/// CR), and either reading of `# note<CR>more` is a guess at whether `more` is content.
+std::string line_endings_to_lf(std::string text, const std::string& path) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\r') {
+      out += text[i];
+      continue;
+    }
+    const std::size_t end = std::min(text.find_first_not_of('\r', i), text.size());
+    if (end == text.size() || text[end] == '\n') {
+      i = end - 1;  // the run is part of the line ending
+      continue;
+    }
+    const auto line =
+        1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(i), '\n');
+    throw Error(Errc::config,
+                fmt::format("{}:{}: a carriage return inside the line (byte {} of the file): a CR "
+                            "inside a line is not supported (YAML would read it as a line break, "
+                            "so what follows, comment text too, would become content); use LF or "
+                            "CRLF line endings, and \"\\r\" in a double-quoted value",
+                            path, line, i));
+  }
+  return out;
 }
 
 // The line where the second document of @p text begins: its root node's mark, or, for an
@@ -921,19 +1150,7 @@ int second_document_line(std::string_view text, const std::vector<YAML::Node>& d
 }
 
 void apply_file(Config& config, const std::string& path) {
-  std::string text = read_file(path);
-  // YAML 1.2 takes a lone CR as a line break; yaml-cpp does not (a file of old Mac line
-  // endings read as "illegal map value", and `trace: a<CR>b` as a path holding a CR). Say so.
-  for (auto cr = text.find('\r'); cr != std::string::npos; cr = text.find('\r', cr + 1)) {
-    if (cr + 1 < text.size() && text[cr + 1] == '\n') continue;
-    const auto line =
-        1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(cr), '\n');
-    throw Error(Errc::config,
-                fmt::format("{}:{}: a carriage return not followed by a line feed (byte {} of the "
-                            "file): lone CR line endings are not supported (use LF or CRLF), "
-                            "and no value can hold a CR",
-                            path, line, cr));
-  }
+  std::string text = line_endings_to_lf(read_file(path), path);
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
@@ -960,7 +1177,7 @@ void apply_file(Config& config, const std::string& path) {
     refuse_tag(fmt::format("{}:{}: ", path, root.Mark().line + 1), "the top level", root);
   }
   std::map<std::string, int> seen;
-  apply_mapping(config, root, "", path, seen);
+  apply_mapping(config, root, "", path, text, seen);
 }
 
 void apply_override(Config& config, const std::string& item) {
@@ -1021,6 +1238,56 @@ void apply_override(Config& config, const std::string& item) {
   apply(config, value, *spec, where, "--set");
 }
 
+/// Whether @p text holds a C0 control (tab too), DEL, a C1 control (U+0080 to U+009F) or a
+/// line or paragraph separator (U+2028, U+2029), which `to_yaml` prints escaped.
+bool needs_escapes(std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x20 || byte == 0x7f) return true;
+    const std::string_view rest = text.substr(i);
+    if (byte == 0xc2 && rest.size() >= 2 && static_cast<unsigned char>(rest[1]) >= 0x80 &&
+        static_cast<unsigned char>(rest[1]) <= 0x9f) {
+      return true;
+    }
+    if (rest.starts_with("\xe2\x80\xa8") || rest.starts_with("\xe2\x80\xa9")) return true;
+  }
+  return false;
+}
+
+/// @p text as a YAML double-quoted scalar that reads back as @p text: `"`, `\`, and what
+/// `needs_escapes` finds as escapes (`\t`, `\n`, `\r`, `\xHH`, `\u2028`); anything else,
+/// bytes that are not UTF-8 included, as it is (YAML has no escape for a byte).
+std::string double_quoted(std::string_view text) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::string_view rest = text.substr(i);
+    if (byte == '"' || byte == '\\') {
+      out += '\\';
+      out += text[i];
+    } else if (byte == '\t') {
+      out += "\\t";
+    } else if (byte == '\n') {
+      out += "\\n";
+    } else if (byte == '\r') {
+      out += "\\r";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else if (byte == 0xc2 && rest.size() >= 2 && static_cast<unsigned char>(rest[1]) >= 0x80 &&
+               static_cast<unsigned char>(rest[1]) <= 0x9f) {
+      // `\x85`, not `\N`: yaml-cpp reads `\N` as the lone byte 0x85 rather than U+0085.
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(rest[1]));
+      ++i;
+    } else if (rest.starts_with("\xe2\x80\xa8") || rest.starts_with("\xe2\x80\xa9")) {
+      out += rest[2] == '\xa8' ? "\\u2028" : "\\u2029";
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 std::uint64_t parse_size(std::string_view text, std::string_view key) {
@@ -1061,11 +1328,17 @@ std::string format_bytes(std::uint64_t bytes) {
 }
 
 std::string Config::to_yaml() const {
-  YAML::Emitter out;
-  out << YAML::BeginMap;
+  std::string yaml;
   for (const auto& spec : key_table()) {
-    out << YAML::Key << std::string(spec.name) << YAML::Value;
-    std::string value = spec.print(*this);
+    const std::string value = spec.print(*this);
+    // A control character is printed escaped, never raw: a CR, DEL, C1 control or line
+    // separator would reach the terminal as it is, and a raw CR would not load back.
+    if (needs_escapes(value)) {
+      yaml += fmt::format("{}: {}\n", spec.name, double_quoted(value));
+      continue;
+    }
+    YAML::Emitter out;
+    out << YAML::BeginMap << YAML::Key << std::string(spec.name) << YAML::Value;
     // Quote what YAML would otherwise read as null or not at all (an empty path), and
     // anything not plain; the emitter decides the rest.
     if (value.empty() || value == "~" || lowercase(value) == "null") {
@@ -1073,9 +1346,10 @@ std::string Config::to_yaml() const {
     } else {
       out << value;
     }
+    out << YAML::EndMap;
+    yaml += std::string(out.c_str()) + "\n";
   }
-  out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  return yaml;
 }
 
 std::string_view Config::where_set(std::string_view key) const {

@@ -310,7 +310,8 @@ TEST_CASE("config: an empty value is no value, except where empty means none", "
   CHECK(from_set({"rendezvous.address=auto"}).rendezvous_address.empty());
 }
 
-TEST_CASE("config: YAML tags other than !!str are refused, naming the key and the tag",
+TEST_CASE("config: YAML tags other than the core scalar ones are refused, naming the key "
+          "and the tag",
           "[config]") {
   // `rendezvous.token: !!binary aGVsbG8=` was the token "aGVsbG8=", `!!float 3` was 3.
   test::TempDir dir;
@@ -322,10 +323,10 @@ TEST_CASE("config: YAML tags other than !!str are refused, naming the key and th
       {"rendezvous.token: !!binary aGVsbG8=\n",
        "1: rendezvous.token: the value has the YAML tag !!binary"},
       {"chunk_size: !foo 8MiB\n", "1: chunk_size: the value has the YAML tag !foo"},
-      {"buffer_depth: !!float 3\n", "1: buffer_depth: the value has the YAML tag !!float"},
-      {"direct_io: !!bool true\n", "1: direct_io: the value has the YAML tag !!bool"},
-      {"chunk_size: !!int 8\n", "1: chunk_size: the value has the YAML tag !!int"},
-      {"world.rank: !!int auto\n", "1: world.rank: the value has the YAML tag !!int"},
+      {"timeout: !!timestamp 2001-12-14\n",
+       "1: timeout: the value has the YAML tag !!timestamp"},
+      {"trace: !!binary dHJhY2U=\n", "1: trace: the value has the YAML tag !!binary"},
+      {"checkpoint: !!seq x\n", "1: checkpoint: the value has the YAML tag !!seq"},
       {"io_depth: 4\nrendezvous: !!set {port: 1}\n",
        "2: rendezvous: the mapping has the YAML tag !!set"},
       {"!!binary Y2h1bmtfc2l6ZQ==: 1\n", "1: the key 'Y2h1bmtfc2l6ZQ==' has the YAML tag !!binary"},
@@ -339,7 +340,7 @@ TEST_CASE("config: YAML tags other than !!str are refused, naming the key and th
     CHECK_THAT(e.what(), Contains(path + ":" + c.message) && Contains("remove the tag"));
     CHECK_THAT(e.what(), !Contains("aGVsbG8"));
   }
-  // The non-specific tags and !!str say what the loader does anyway; !!int on a whole number.
+  // The non-specific tags and the core scalar tags: the key's own parser reads the text.
   const Config ok = load_config(write_yaml(dir,
                                            "rendezvous.token: !!str abc\n"
                                            "chunk_size: ! 8MiB\n"
@@ -352,8 +353,264 @@ TEST_CASE("config: YAML tags other than !!str are refused, naming the key and th
   CHECK(ok.buffer_depth == 3);
   CHECK(ok.rendezvous_port == 29600);
   CHECK(ok.io_depth == 2);
+  // A core tag is no licence: the text must still be what the key reads.
+  for (const std::string bad : {"chunk_size: !!int \"0x10\"\n", "buffer_depth: !!float 3.5\n",
+                                "direct_io: !!bool maybe\n"}) {
+    INFO(bad);
+    auto e = expect_error([&] { load_config(write_yaml(dir, bad), {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), !Contains("YAML tag"));
+  }
   // --set takes its value as written: `!foo` there is text, not a tag.
   CHECK(from_set({"rendezvous.token=!!binary aGVsbG8="}).rendezvous_token == "!!binary aGVsbG8=");
+}
+
+TEST_CASE("config: PyYAML's tagged scalars (default_style='\"', canonical) load as written",
+          "[config]") {
+  // yaml.dump(cfg, default_style='"') and canonical=True tag every scalar: they were refused
+  // ("the value has the YAML tag !!int").
+  test::TempDir dir;
+  const auto quoted = write_yaml(dir,
+                                 "\"chunk_size\": !!int \"16777216\"\n"
+                                 "\"direct_io\": !!bool \"false\"\n"
+                                 "\"rendezvous\":\n"
+                                 "  \"port\": !!int \"29600\"\n"
+                                 "\"timeout\": !!int \"300\"\n"
+                                 "\"trace\": !!null \"null\"\n"
+                                 "\"verify\": !!bool \"true\"\n"
+                                 "\"world\":\n"
+                                 "  \"rank\": !!int \"0\"\n"
+                                 "  \"size\": !!int \"1\"\n"
+                                 "\"buffer_depth\": !!float \"8\"\n"
+                                 "\"checkpoint\": !!str \"/data/m\"\n");
+  const Config q = load_config(quoted, {});
+  CHECK(q.chunk_bytes == 16ull << 20);
+  CHECK(q.direct_io == DirectIo::off);
+  CHECK(q.rendezvous_port == 29600);
+  CHECK(q.timeout == 300s);
+  CHECK(q.trace.empty());
+  CHECK(q.verify == Verify::digest);
+  CHECK(q.world_rank == 0);
+  CHECK(q.world_size == 1);
+  CHECK(q.buffer_depth == 8);
+  CHECK(q.checkpoint == "/data/m");
+  const auto canonical = write_yaml(dir,
+                                    "---\n"
+                                    "!!map {\n"
+                                    "  ? !!str \"chunk_size\"\n"
+                                    "  : !!int \"16777216\",\n"
+                                    "  ? !!str \"direct_io\"\n"
+                                    "  : !!bool \"false\",\n"
+                                    "  ? !!str \"rendezvous\"\n"
+                                    "  : !!map {\n"
+                                    "    ? !!str \"port\"\n"
+                                    "    : !!int \"29600\",\n"
+                                    "  },\n"
+                                    "  ? !!str \"timeout\"\n"
+                                    "  : !!int \"300\",\n"
+                                    "  ? !!str \"trace\"\n"
+                                    "  : !!null \"null\",\n"
+                                    "  ? !!str \"verify\"\n"
+                                    "  : !!bool \"true\",\n"
+                                    "}\n",
+                                    "c.yaml");
+  const Config c = load_config(canonical, {});
+  CHECK(c.chunk_bytes == 16ull << 20);
+  CHECK(c.direct_io == DirectIo::off);
+  CHECK(c.rendezvous_port == 29600);
+  CHECK(c.timeout == 300s);
+  CHECK(c.trace.empty());
+  CHECK(c.verify == Verify::digest);
+  // `world.rank: !!int auto` reads `auto`, as without the tag.
+  CHECK(load_config(write_yaml(dir, "world.rank: !!int auto\nworld.size: !!int auto\n"), {})
+            .world_rank == -1);
+  // !!null is null: no value for a setting, none for a path; on other text it is refused.
+  auto e = expect_error([&] { load_config(write_yaml(dir, "device: !!null \"null\"\n"), {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK_THAT(e.what(), Contains("x.yaml:1: device: has no value"));
+  e = expect_error([&] { load_config(write_yaml(dir, "trace: !!null t.json\n"), {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK_THAT(e.what(), Contains("x.yaml:1: trace: ") && Contains("!!null") &&
+                           Contains("'t.json'"));
+}
+
+TEST_CASE("config: a YAML null means none for checkpoint, trace and rendezvous.token",
+          "[config]") {
+  // `trace: null` (PyYAML's None), `trace: ~` and a bare `trace:` were "has no value", though
+  // these keys take an empty value as none.
+  test::TempDir dir;
+  for (const std::string key : {"checkpoint", "trace", "rendezvous.token"}) {
+    for (const std::string value : {" null", " ~", "", " Null", " NULL", " !!null", " null # c"}) {
+      INFO(key << ":" << value);
+      const Config c = load_config(write_yaml(dir, "io_depth: 2\n" + key + ":" + value +
+                                                       "\nbuffer_depth: 3\n"),
+                                   {"checkpoint=/c", "trace=/t", "rendezvous.token=tk"});
+      CHECK(c.io_depth == 2);
+      CHECK(c.buffer_depth == 3);
+      CHECK(c.trace == "/t");
+      // The file's null is applied, then --set overrides it; without --set it is empty.
+      const Config plain = load_config(write_yaml(dir, key + ":" + value + "\n", "p.yaml"), {});
+      CHECK(plain.checkpoint.empty());
+      CHECK(plain.trace.empty());
+      CHECK(plain.rendezvous_token.empty());
+      CHECK(plain.where_set(key) == (dir / "p.yaml").string() + ":1");
+    }
+  }
+  // In flow style too, and nested.
+  const Config flow = load_config(
+      write_yaml(dir, "{trace: null, rendezvous: {token: ~}, checkpoint: }\n"), {});
+  CHECK(flow.trace.empty());
+  // Every other key has no value, and the message says what was given.
+  for (const std::string value : {"null", "~", "NULL"}) {
+    INFO(value);
+    const auto path = write_yaml(dir, "# 1\nchunk_size: " + value + "\n");
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK(std::string(e.what()) ==
+          fmt::format("{}:2: chunk_size: has no value ('{}' given, which YAML reads as null)",
+                      (dir / "x.yaml").string(), value));
+  }
+  CHECK(std::string(expect_error([&] {
+          load_config(write_yaml(dir, "device:\nio_depth: 2\n"), {});
+        }).what()) == (dir / "x.yaml").string() + ":1: device: has no value");
+  // --set takes the value as written: `null` there is a path.
+  CHECK(from_set({"trace=null"}).trace == "null");
+}
+
+TEST_CASE("config: CRs before a line feed or at the end of the file end the line", "[config]") {
+  // A file converted to CRLF twice (`\r\r\n`) was refused as "lone CR line endings".
+  test::TempDir dir;
+  const Config doubled = load_config(
+      write_yaml(dir, "chunk_size: 1MiB\r\r\ntrace: 't.json'\r\r\r\n# note\r\r\nio_depth: 3\r\r"),
+      {});
+  CHECK(doubled.chunk_bytes == 1ull << 20);
+  CHECK(doubled.trace == "t.json");
+  CHECK(doubled.io_depth == 3);
+  CHECK(load_config(write_yaml(dir, "io_depth: 5\r"), {}).io_depth == 5);
+  // A CR followed by more text: YAML 1.2 would break the line there, so `# note\rmore` would
+  // turn comment text into content. Refused, naming the line.
+  const auto in_comment = write_yaml(dir, "io_depth: 2\n# note\rchunk_size: 1MiB\n", "c.yaml");
+  auto e = expect_error([&] { load_config(in_comment, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) ==
+        in_comment + ":2: a carriage return inside the line (byte 18 of the file): a CR inside "
+                     "a line is not supported (YAML would read it as a line break, so what "
+                     "follows, comment text too, would become content); use LF or CRLF line "
+                     "endings, and \"\\r\" in a double-quoted value");
+}
+
+TEST_CASE("config: the effective config prints control characters escaped and loads back",
+          "[config]") {
+  // A CR in a value was printed raw (`trace: a^Mb`): it reached the terminal, and the printout
+  // did not load back (lone CR). DEL was printed raw too.
+  test::TempDir dir;
+  const std::vector<std::string> values{
+      "a\rb", "a\x7f" "b", "a\tb", "a\x1b[2Jb", "a\nb", "a\xc2\x85" "b", "a\xc2\x9b" "b",
+      "x\xe2\x80\xa8y", "\r\n lead", "q\"uo\\te\r", "modèle\x01", "null\r", "a\x80\xff" "b\r"};
+  for (const auto& value : values) {
+    INFO(value);
+    Config original;
+    original.checkpoint = value;
+    original.trace = value;
+    const std::string yaml = original.to_yaml();
+    INFO(yaml);
+    for (char c : yaml) {
+      const auto byte = static_cast<unsigned char>(c);
+      CHECK((byte == '\n' || (byte >= 0x20 && byte != 0x7f)));
+    }
+    CHECK(yaml.find("\xc2\x85") == std::string::npos);
+    CHECK(yaml.find("\xc2\x9b") == std::string::npos);
+    CHECK(yaml.find("\xe2\x80\xa8") == std::string::npos);
+    const Config back = load_config(write_yaml(dir, yaml), {});
+    CHECK(back.checkpoint == value);
+    CHECK(back.trace == value);
+    CHECK(back.to_yaml() == yaml);
+  }
+  Config tab;
+  tab.trace = "a\tb\r";
+  CHECK_THAT(tab.to_yaml(), Contains("trace: \"a\\tb\\r\"\n"));
+}
+
+TEST_CASE("config: a UTF-16 or UTF-32 file says so", "[config]") {
+  // Notepad's "Unicode" gave "holds a NUL byte (byte 3 of the file)".
+  test::TempDir dir;
+  const auto utf16 = [](std::string_view text, bool little) {
+    std::string out;
+    for (char c : text) {
+      out += little ? std::string{c, '\0'} : std::string{'\0', c};
+    }
+    return out;
+  };
+  struct Case {
+    std::string bytes;
+    std::string says;
+  };
+  const std::vector<Case> cases{
+      {"\xff\xfe" + utf16("io_depth: 2\r\n", true), "is UTF-16 (byte-order mark FF FE)"},
+      {"\xfe\xff" + utf16("io_depth: 2\n", false), "is UTF-16 (byte-order mark FE FF)"},
+      {std::string("\xff\xfe\0\0i\0\0\0", 8), "is UTF-32 (byte-order mark FF FE 00 00)"},
+      {std::string("\0\0\xfe\xff\0\0\0i", 8), "is UTF-32 (byte-order mark 00 00 FE FF)"},
+      {utf16("io_depth: 2\n", true), "is UTF-16 (little-endian, without a byte-order mark)"},
+      {utf16("io_depth: 2\n", false), "is UTF-16 (big-endian, without a byte-order mark)"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.says);
+    const auto path = write_yaml(dir, c.bytes);
+    auto e = expect_error([&] { load_config(path, {}); });
+    CHECK(e.code() == Errc::config);
+    CHECK(std::string(e.what()) == path + ": " + c.says + ": save it as UTF-8");
+  }
+  // A UTF-8 byte-order mark is fine.
+  CHECK(load_config(write_yaml(dir, "\xef\xbb\xbfio_depth: 2\n"), {}).io_depth == 2);
+}
+
+TEST_CASE("config: a number with an exponent is refused with the spelling to use", "[config]") {
+  // Helm's toYaml writes `chunk_size: 1.6777216e+07`.
+  auto e = expect_error([] { parse_size("1.6777216e+07", "chunk_size"); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) == "chunk_size: '1.6777216e+07' is not a size (an exponent is not "
+                                 "a size: write 16777216 or 16MiB)");
+  CHECK(std::string(expect_error([] { parse_size("1e3", "chunk_size"); }).what()) ==
+        "chunk_size: '1e3' is not a size (an exponent is not a size: write 1000)");
+  CHECK(std::string(expect_error([] { parse_size("1.5E-1", "chunk_size"); }).what()) ==
+        "chunk_size: '1.5E-1' is not a size (an exponent is not a size: use bytes or a unit: "
+        "16MiB, 1GiB)");
+  CHECK(std::string(expect_error([] { parse_size("1e30", "chunk_size"); }).what()) ==
+        "chunk_size: '1e30' is not a size (an exponent is not a size: use bytes or a unit: "
+        "16MiB, 1GiB)");
+  CHECK(std::string(expect_error([] { parse_duration("3e2", "timeout"); }).what()) ==
+        "timeout: '3e2' is not a duration (an exponent is not a duration: write 300s)");
+  auto i = expect_error([] { from_set({"buffer_depth=1.6e+01"}); });
+  CHECK(i.code() == Errc::config);
+  CHECK_THAT(i.what(), Contains("'1.6e+01' is not a whole number") &&
+                           Contains("an exponent is not a whole number: write 16"));
+  test::TempDir dir;
+  auto f = expect_error([&] { load_config(write_yaml(dir, "chunk_size: 1.6777216e+07\n"), {}); });
+  CHECK(f.code() == Errc::config);
+  CHECK_THAT(f.what(), Contains("x.yaml:1: chunk_size: '1.6777216e+07' is not a size (an "
+                                "exponent is not a size: write 16777216 or 16MiB)"));
+}
+
+TEST_CASE("config: the effective config's token mask is refused as a token", "[config]") {
+  // Loading the printed effective config set the token to the literal "(set)".
+  test::TempDir dir;
+  Config original;
+  original.rendezvous_token = "s3cret";
+  const std::string yaml = original.to_yaml();
+  REQUIRE_THAT(yaml, Contains("rendezvous.token: (set)"));
+  const auto path = write_yaml(dir, "# 1\n" + yaml);
+  const auto token_at = static_cast<std::ptrdiff_t>(yaml.find("rendezvous.token"));
+  const std::string line =
+      std::to_string(2 + std::count(yaml.begin(), yaml.begin() + token_at, '\n'));
+  auto e = expect_error([&] { load_config(path, {}); });
+  CHECK(e.code() == Errc::config);
+  CHECK(std::string(e.what()) ==
+        path + ":" + line + ": rendezvous.token: '(set)' is the mask the printed config shows in "
+                            "place of the token: give the token itself (or leave it empty and set "
+                            "$WEIGHTCAST_TOKEN)");
+  CHECK_THAT(expect_error([] { from_set({"rendezvous.token=(set)"}); }).what(),
+             Contains("--set rendezvous.token: '(set)' is the mask"));
+  CHECK(from_set({"rendezvous.token=(set)x"}).rendezvous_token == "(set)x");
 }
 
 TEST_CASE("config: a YAML merge key is refused as such, with its line", "[config]") {
@@ -382,12 +639,14 @@ TEST_CASE("config: a raw CR is refused: lone CR line endings, a CR in a value", 
   auto e = expect_error([&] { load_config(mac, {}); });
   CHECK(e.code() == Errc::config);
   CHECK(std::string(e.what()) ==
-        mac + ":1: a carriage return not followed by a line feed (byte 16 of the file): lone CR "
-              "line endings are not supported (use LF or CRLF), and no value can hold a CR");
+        mac + ":1: a carriage return inside the line (byte 16 of the file): a CR inside a line "
+              "is not supported (YAML would read it as a line break, so what follows, comment "
+              "text too, would become content); use LF or CRLF line endings, and \"\\r\" in a "
+              "double-quoted value");
   const auto in_value = write_yaml(dir, "checkpoint: x\ntrace: a\rb\n", "v.yaml");
   e = expect_error([&] { load_config(in_value, {}); });
   CHECK(e.code() == Errc::config);
-  CHECK_THAT(e.what(), Contains(in_value + ":2: a carriage return not followed by a line feed"));
+  CHECK_THAT(e.what(), Contains(in_value + ":2: a carriage return inside the line"));
   // CRLF is a line break.
   const Config crlf =
       load_config(write_yaml(dir, "chunk_size: 8MiB\r\ntrace: t.json\r\n", "w.yaml"), {});

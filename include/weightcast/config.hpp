@@ -80,8 +80,9 @@ struct Config {
   /// torchrun's `MASTER_PORT` (29500), which its own store may be using.
   std::uint16_t rendezvous_port = 29555;
   /// `rendezvous.token`: the job token every rank must present. Empty: `$WEIGHTCAST_TOKEN`,
-  /// else no token (any peer of the right world size is accepted). Printed masked. At most
-  /// `detail::max_token_bytes` (3816) bytes, what a rank's hello carries.
+  /// else no token (any peer of the right world size is accepted). Printed masked, as
+  /// `(set)`; that mask given as the token is refused (the printed config loaded back). At
+  /// most `detail::max_token_bytes` (3816) bytes, what a rank's hello carries.
   std::string rendezvous_token;
 
   /// Where `load_config` last set each key: "x.yaml:7" (file and line) or "--set"; a key left
@@ -89,7 +90,10 @@ struct Config {
   /// `world.size`: world.hpp).
   std::map<std::string, std::string, std::less<>> set_at;
 
-  /// @return the config as YAML, one `key: value` line per key (the "effective config").
+  /// @return the config as YAML, one `key: value` line per key (the "effective config"),
+  ///         which `load_config` reads back to the same config (the token aside: it is
+  ///         printed masked). A value holding a control character (C0, DEL, C1) or U+2028/
+  ///         U+2029 is printed double-quoted with YAML escapes (`"a\rb"`), never raw.
   [[nodiscard]] std::string to_yaml() const;
 
   /// @return where @p key was set ("x.yaml:7", "--set"), or "" when it has its default.
@@ -101,10 +105,17 @@ struct Config {
  *
  * @param yaml_path YAML mapping of config keys; empty for defaults only.
  * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
- * Values are read as text: a YAML tag other than none, `!` or `!!str` (and `!!int` on a
- * whole-number key) is refused, as are merge keys (`<<`), a key given twice in one mapping
- * (a nested one too), and a file with a lone CR (not part of CRLF). An empty value (`''`) is
- * "no value" except for `checkpoint`, `trace` and `rendezvous.token`, where it means none.
+ * Values are read as text: the YAML core schema's scalar tags (`!!str`, `!!int`, `!!bool`,
+ * `!!float`, `!!null`, as PyYAML writes with `default_style='"'` or `canonical=True`) are
+ * taken on any key, whose parser reads the text as written; any other tag (`!!binary`,
+ * `!!timestamp`, `!foo`) is refused naming it, as are merge keys (`<<`) and a key given
+ * twice in one mapping (a nested one too). CRs directly before an LF or at the end of the
+ * file are part of the line ending (CRLF, CRCRLF); a CR followed by other text is refused
+ * naming its line. A UTF-16 or UTF-32 file is refused as such. An empty value (`''`) or a
+ * YAML null (`null`, `~`, nothing, `!!null`; in a file, not in @p overrides, whose values
+ * are taken as written) is "no value" except for `checkpoint`, `trace` and
+ * `rendezvous.token`, where it means none. A number with an exponent (`1.6e+07`) is no
+ * key's value; the message gives the plain spelling when it is a whole number.
  * A message quotes at most the first 64 bytes of a value or key, then its length, with
  * control bytes as `\xHH`.
  *
