@@ -366,7 +366,7 @@ class Pipeline {
       const Clock::time_point begin = _posted.front().begin;
       _posted.pop_front();
       _landing = c;
-      co_await wait(std::move(pending));
+      co_await wait(std::move(pending), landing_poll_cap());
       _landing.reset();
       chunk_landed(c, begin);
     }
@@ -449,6 +449,24 @@ class Pipeline {
   // engine idle as long). 100 µs keeps that under a third of a copy for one cudaEventQuery
   // per 100 µs. (A host device's upload is a memcpy: nothing to poll.)
   static constexpr std::chrono::microseconds upload_poll_cap{100};
+
+  // The landing stage's poll: how late a completed broadcast may be noticed, and, while at
+  // most two are in flight, how late the next one is posted. A receiving rank under mpi also
+  // copies the bytes inside its polls (MpiBroadcast::test), so a long sleep between polls
+  // delays the copy's start. 3 ranks on 2 cores, the broadcast stage against plain MPI_Bcast
+  // (bench/bcast_bench, old and new binaries alternating): 0.58, 0.63, 0.64 with a 1 ms cap
+  // and 0.72, 0.71, 0.81 with 50 µs beside O_DIRECT reads; 0.56 to 0.65 either way beside
+  // buffered reads, which take the cores (bench/RESULTS.md). A 16 MiB broadcast over
+  // NVLink takes about 0.2 ms, so a 1 ms cap
+  // would bound a GPU job to two chunks per millisecond. Rank 0 with a host arena keeps
+  // 1 ms: its one thread also copies the buffered reads, and polling it every 100 µs or less
+  // made the whole load slower (2 ranks: 0.42 to 0.40 and 0.35 of MPI_Bcast).
+  [[nodiscard]] std::chrono::microseconds landing_poll_cap() const noexcept {
+    if (_transport.rank() == 0 && _arena.kind() == MemoryKind::host) {
+      return std::chrono::microseconds(1000);
+    }
+    return std::chrono::microseconds(50);
+  }
 
   // Chunk `c`'s broadcast (begun at `begin`) has completed on this rank: its bytes are in
   // the arena; tensors whose last piece it carried are ready.
