@@ -4,8 +4,9 @@
  *
  * Internal; only for translation units built with CUDA (`WEIGHTCAST_HAVE_CUDA`). Constructors
  * throw as `throw_cuda_error` does (69 for out of memory or no device, else 70), naming the
- * CUDA call. Destructors never throw: a failed release is logged. Never keep one in a static: the CUDA runtime may
- * already be torn down when static destructors run (CUDA Programming Guide, "Initialization").
+ * CUDA call. Destructors never throw: a failed release is logged. Never keep one in a
+ * static: the CUDA runtime may already be torn down when static destructors run (CUDA
+ * Programming Guide, "Initialization").
  */
 #pragma once
 

@@ -16,8 +16,8 @@ namespace weightcast::detail {
 
 /// @p argv, and this process's environment with each of @p env ("KEY=VALUE"; "KEY" alone
 /// counts as the key too) replacing any entry for KEY, as the NULL-terminated arrays `execve`
-/// takes. Allocates (build it before `fork`); throws nothing but `std::bad_alloc`. Copying or moving it would
-/// leave the pointers aimed at the source's strings, so it is neither.
+/// takes. Allocates (build it before `fork`); throws nothing but `std::bad_alloc`. Copying or
+/// moving it would leave the pointers aimed at the source's strings, so it is neither.
 class ExecImage {
  public:
   ExecImage(const std::vector<std::string>& argv, const std::vector<std::string>& env);
