@@ -127,11 +127,15 @@ class ControlPlane {
   /**
    * @brief Rank 0 sends @p bytes to every rank; the others receive what rank 0 sent.
    * Calls must match in number and order on every rank (e.g. catalogue, then NCCL id).
+   * Bytes of any length travel: over `detail::max_share_bytes` (64 MiB + 4 KiB) as pieces
+   * of that size, each frame's length checked before its payload is allocated, the whole
+   * growing only by what arrives (a catalogue is bounded by the checkpoint's headers, not by
+   * the control plane: catalogue_wire.hpp).
    * @return @p bytes on rank 0, rank 0's bytes elsewhere (@p bytes at world size 1).
    * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
-   *         `unavailable` (69) when the payload is over `detail::max_share_bytes` (64 MiB +
-   *         4 KiB) or a send to a peer fails (the peer is gone; when the reader is ending the
-   *         process with that peer's ABORT, this call waits for that exit instead).
+   *         `unavailable` (69) when a send to a peer fails (the peer is gone; when the reader
+   *         is ending the process with that peer's ABORT, this call waits for that exit
+   *         instead).
    */
   std::string share(std::string bytes);
 
