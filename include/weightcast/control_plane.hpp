@@ -16,9 +16,10 @@
  *
  * The connection then carries framed messages (type u8, length u32, payload; little-endian;
  * detail/control_wire.hpp). Each side accepts only the types the other sends and checks the
- * length against that type's limit (64 MiB + 4 KiB for the catalogue and reports, 64 KiB for
- * ABORT and the verdict) before it allocates anything:
- *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id);
+ * length against that type's limit (64 MiB + 4 KiB for a frame of shared bytes and reports,
+ * 64 KiB for ABORT and the verdict) before it allocates anything:
+ *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id), in frames of at
+ *    most that limit: longer bytes go as SHARE_PART pieces and a last SHARE;
  *  - ABORT(status, message): any failure on any rank ends every rank with that message and
  *    exit status; rank 0 relays a peer's ABORT to the others;
  *  - each rank's final report (per-tensor digests) and rank 0's verdict;
