@@ -36,8 +36,10 @@ if command -v ccache >/dev/null; then
 fi
 # --no-build-isolation: build with the venv's nanobind and scikit-build-core (no download
 # per run); the persistent build folder (pyproject.toml) makes a rebuild incremental.
-"$py" -m pip install --quiet --no-build-isolation \
-  -C cmake.define.WEIGHTCAST_CUDA="${WEIGHTCAST_CUDA:-AUTO}" .
+# A build folder per CUDA setting, so switching does not rebuild everything.
+cuda=${WEIGHTCAST_CUDA:-AUTO}
+"$py" -m pip install --quiet --no-build-isolation -C cmake.define.WEIGHTCAST_CUDA="$cuda" \
+  -C build-dir="build/py-cuda-$cuda-{wheel_tag}" .
 # Run from outside the tree so `import weightcast` is the installed package.
 cd tests/python
 exec "$py" -m pytest -q -p no:cacheprovider "$@" .

@@ -141,8 +141,10 @@ def load_into(
     """Loads a checkpoint into the caller's own tensors, in place.
 
     The destinations are ``model.state_dict()`` (parameters and persistent buffers, written
-    through the tensors it returns) or the mapping given. Each destination gets its whole
-    checkpoint tensor; a dtype that differs is cast on landing between floating dtypes (BF16/
+    through the tensors it returns) or the mapping given. A plain tensor gets its whole
+    checkpoint tensor; a DTensor (FSDP2 ``fully_shard``, tensor parallel) gets its local shard,
+    from its device mesh and placements (``Shard(d)``, ``Replicate()``), written into
+    ``to_local()``. A dtype that differs is cast on landing between floating dtypes (BF16/
     F16/F8 into FP32, FP32 into BF16/F16 with round-to-nearest-even), bit-exact with
     ``Tensor.to``. Tensors sharing memory (tied weights, ``lm_head.weight`` and
     ``embed_tokens.weight``) are one destination: the group is loaded when any of its keys is
@@ -173,8 +175,8 @@ def load_into(
         Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
             floating), or (strict) missing/unexpected keys, naming the keys; 64 for a meta
             tensor, a key_map mapping two checkpoint keys to one destination, or a destination
-            that is not a tensor; 69 for a DTensor or several ranks (not yet supported in
-            Python); and whatever ``load`` raises.
+            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(); 69 for
+            several ranks (not yet supported in Python); and whatever ``load`` raises.
     """
 
 def build_info() -> dict[str, object]:

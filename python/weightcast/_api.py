@@ -220,6 +220,42 @@ def _tie_groups(target: Mapping[str, Any]) -> list[list[str]]:
     return list(groups.values())
 
 
+@dataclass(frozen=True)
+class _LocalShard:
+    """What one rank receives of one destination: the slice ``offset``/``shape`` of the
+    global tensor (torch DTensor's ``compute_local_shape_and_global_offset``), landing in
+    ``local`` (a plain tensor itself, a DTensor's ``to_local()``). This is the placement
+    library's per-tensor want (a local slice, a destination, its capacity and dtype)."""
+
+    local: Any
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def _local_shard(owner: str, key: str, t: Any) -> _LocalShard:
+    if type(t).__name__ != "DTensor":
+        return _LocalShard(t, (0,) * t.dim(), tuple(t.shape))
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for p in t.placements:
+        # _StridedShard (FSDP2 over tensor parallel) is a Shard whose local rows are not one
+        # contiguous block of the global tensor.
+        if type(p) not in (Shard, Replicate):
+            raise Error(f"load_into: {owner} key '{key}' is a DTensor placed {p}: only Shard(d) "
+                        "and Replicate() are loaded (a Partial or strided shard has no "
+                        "checkpoint slice)", USAGE)
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    local = t.to_local()
+    if local.device.type == "meta":
+        raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
+                    "memory to load into; call model.to_empty(device=...) first", USAGE)
+    if tuple(local.shape) != tuple(shape):
+        raise Error(f"load_into: {owner} key '{key}': the DTensor's local tensor has shape "
+                    f"{list(local.shape)}, its placements give {list(shape)}", INVALID_CHECKPOINT)
+    return _LocalShard(local, tuple(offset), tuple(shape))
+
+
 def _checkpoint_shape(meta: dict) -> tuple[int, ...]:
     shape = tuple(meta["shape"])
     if meta["dtype"] == "F4" and shape:
@@ -262,13 +298,10 @@ def load_into(
         if t.device.type == "meta":
             raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
                         "memory to load into; call model.to_empty(device=...) first", USAGE)
-        if type(t).__name__ == "DTensor":
-            raise Error(f"load_into: {owner} key '{key}' is a DTensor; loading local shards "
-                        "needs the distributed entry point, which this build of the package "
-                        "does not have yet", UNAVAILABLE)
 
     config_s = os.fspath(config) if config is not None else None
     world = _single_process_world(config_s, "load_into")
+    shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     catalogue = _core.open_checkpoint(os.fspath(checkpoint))
     metas = {m["name"]: m for m in catalogue.tensors}
     mapper = _key_mapper(key_map)
@@ -286,8 +319,8 @@ def load_into(
             routes[key] = name
         else:
             unexpected.append(name)
-    missing = [k for group in _tie_groups(target) if not any(k in routes for k in group)
-               for k in group]
+    missing = [k for group in _tie_groups({k: v.local for k, v in shards.items()})
+               if not any(k in routes for k in group) for k in group]
     order = {k: i for i, k in enumerate(target)}
     missing.sort(key=order.__getitem__)
 
@@ -325,7 +358,7 @@ def load_into(
 
     if device is None and config_s is None:
         # Land where the destinations are when they all live on one GPU.
-        devices = {t.device for t in target.values()}
+        devices = {v.local.device for v in shards.values()}
         only = next(iter(devices)) if len(devices) == 1 else None
         dev = ("cuda", only.index or 0) if only is not None and only.type == "cuda" \
             else ("host", 0)
@@ -342,7 +375,12 @@ def load_into(
     tensors = _tensors(result, catalogue)
     with torch.no_grad():
         for key, name in routes.items():
-            target[key].copy_(tensors[name])
+            shard = shards[key]
+            src = tensors[name]
+            for dim, (begin, length) in enumerate(zip(shard.offset, shard.shape)):
+                if length != src.shape[dim]:
+                    src = src.narrow(dim, begin, length)
+            shard.local.copy_(src)
     del tensors
     return LoadReport(missing_keys=missing, unexpected_keys=unexpected,
                       loaded_keys=list(routes), cast_keys=casts, bytes=int(stats["bytes"]),

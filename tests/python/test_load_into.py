@@ -202,3 +202,32 @@ def test_a_missing_checkpoint_is_66(tmp_path):
     with pytest.raises(weightcast.Error) as e:
         weightcast.load_into({"x": torch.zeros(1)}, tmp_path / "nope")
     assert e.value.status == 66
+
+
+def test_fsdp2_on_a_one_rank_gloo_mesh(saved, tmp_path):
+    """fully_shard + to_empty + load_into on world size 1: DTensor parameters land through
+    to_local() (the multi-rank path's local-shard derivation, with one shard)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    path, want = saved[False]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        with torch.device("meta"):
+            model = _llama(2)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        model.to_empty(device="cpu")
+        assert isinstance(model.model.embed_tokens.weight, DTensor)
+        report = weightcast.load_into(model, path)
+        assert report.missing_keys == [] and report.unexpected_keys == []
+        for k, v in model.state_dict().items():
+            local = v.to_local() if isinstance(v, DTensor) else v
+            assert raw_bytes(local) == raw_bytes(want[k]), k
+        # A training step runs on what was loaded.
+        out = model(torch.randint(0, 256, (2, 8))).logits.float().sum()
+        out.backward()
+    finally:
+        dist.destroy_process_group()
