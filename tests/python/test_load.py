@@ -22,6 +22,15 @@ def test_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_torch_imports_after_weightcast():
+    # The extension may link a CUDA runtime and NCCL; loaded first, the system's copies would
+    # serve torch's libraries too (soname) and break `import torch` on missing symbols.
+    code = ("import weightcast, torch; "
+            "t = weightcast.load(%r)['w.a']; assert t.dtype == torch.float32" %
+            str(corpus_or_skip("malformed") / "ok_basic.safetensors"))
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_every_torch_dtype_round_trips(tmp_path):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(3, 5, generator=g)
