@@ -4,7 +4,8 @@
 #
 #   scripts/test_python.sh [pytest args...]
 #
-# Python: $WEIGHTCAST_VENV if set (a venv to create or reuse), else ./build/py-venv. On a
+# Python: $WEIGHTCAST_VENV if set (a venv to create or reuse), else the active venv
+# ($VIRTUAL_ENV), else ./build/py-venv. On a
 # fresh machine the venv is created and torch (CPU wheel), safetensors, transformers, pytest,
 # numpy, nanobind and scikit-build-core are installed from PyPI once; later runs reuse it.
 # WEIGHTCAST_CUDA=AUTO|ON|OFF is passed to CMake (default AUTO: CUDA when the toolkit and
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=${WEIGHTCAST_VENV:-build/py-venv}
+venv=${WEIGHTCAST_VENV:-${VIRTUAL_ENV:-build/py-venv}}
 python=${PYTHON:-python3}
 if [[ ! -x "$venv/bin/python" ]]; then
   echo "test_python.sh: creating $venv" >&2
