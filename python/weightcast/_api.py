@@ -328,9 +328,8 @@ def load_into(
     casts: list[str] = []
     for key, name in routes.items():
         meta, dest = metas[name], target[key]
+        _dtypes.check_representable(meta, "error")  # a dtype torch lacks raises, naming it
         src_dtype = _dtypes.torch_dtype(meta["dtype"])
-        if src_dtype is None:
-            _dtypes.check_representable(meta, "error")  # raises, naming the tensor
         shape = _checkpoint_shape(meta)
         if shape != tuple(dest.shape):
             problems.append(f"size mismatch for {key}: copying a param with shape "

@@ -117,6 +117,8 @@ def test_f4_with_an_odd_last_dimension_is_refused_as_safetensors_does(tmp_path):
     with pytest.raises(weightcast.Error, match="odd last dimension") as e:
         weightcast.load(path)
     assert e.value.status == 65 and "'odd'" in str(e.value)
+    raw = weightcast.load(path, unsupported_dtypes="bytes")["odd"]
+    assert raw.dtype == torch.uint8 and bytes(raw.numpy()) == bytes([1, 2, 3])
 
 
 def _corpus_files(sub: str) -> list[Path]:

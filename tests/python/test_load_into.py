@@ -231,3 +231,20 @@ def test_fsdp2_on_a_one_rank_gloo_mesh(saved, tmp_path):
         out.backward()
     finally:
         dist.destroy_process_group()
+
+
+def test_tensors_torch_cannot_hold_do_not_block_the_others(tmp_path):
+    from conftest import write_safetensors
+
+    path = write_safetensors(tmp_path / "mixed.safetensors", {
+        "w": ("F32", [2], b"\0\0\x80\x3f\0\0\0\x40"),
+        "six": ("F6_E3M2", [4], bytes(3)),
+        "odd": ("F4", [3, 2, 1], bytes(3)),
+    })
+    dest = {"w": torch.zeros(2)}
+    report = weightcast.load_into(dest, path, strict=False)
+    assert report.unexpected_keys == ["six", "odd"]
+    assert dest["w"].tolist() == [1.0, 2.0]
+    with pytest.raises(weightcast.Error, match="F6_E3M2") as e:
+        weightcast.load_into({"six": torch.zeros(4)}, path, strict=False)
+    assert e.value.status == 65
