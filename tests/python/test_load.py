@@ -273,6 +273,30 @@ def test_progress_callable_and_bar(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_bar_draws_by_default_on_a_terminal(tmp_path):
+    import os
+    import pty
+
+    path = tmp_path / "p.safetensors"
+    save_file({"w": torch.randn(256, 256)}, str(path))
+    code = f"import weightcast; weightcast.load({str(path)!r}, chunk_size=4096)"
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=terminal)
+    os.close(terminal)
+    out = b""
+    while True:
+        try:
+            data = os.read(controller, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    os.close(controller)
+    assert proc.wait() == 0
+    assert b"\rweightcast [" in out and b"100.0%" in out, out
+
+
 def test_a_progress_callable_that_raises_does_not_fail_the_load(tmp_path):
     path = tmp_path / "p.safetensors"
     ref = {"w": torch.randn(64, 64)}
