@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-#: The ``<sysexits.h>`` statuses weightcast uses, by name (DESIGN.md, layer 1).
+#: The ``<sysexits.h>`` statuses weightcast uses, by name (docs/DESIGN.md § Errors).
 STATUS_NAMES = {
     64: "usage",
     65: "invalid checkpoint",
