@@ -380,6 +380,9 @@ def load_into(
                 if length != src.shape[dim]:
                     src = src.narrow(dim, begin, length)
             shard.local.copy_(src)
+    if dev[0] == "cuda":
+        # The copies run on the caller's current stream; the arena goes once they are done.
+        torch.cuda.current_stream(dev[1]).synchronize()
     del tensors
     return LoadReport(missing_keys=missing, unexpected_keys=unexpected,
                       loaded_keys=list(routes), cast_keys=casts, bytes=int(stats["bytes"]),
