@@ -248,3 +248,33 @@ def test_tensors_torch_cannot_hold_do_not_block_the_others(tmp_path):
     with pytest.raises(weightcast.Error, match="F6_E3M2") as e:
         weightcast.load_into({"six": torch.zeros(4)}, path, strict=False)
     assert e.value.status == 65
+
+
+def test_the_load_hf_model_example_runs(saved):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, _ = saved[False]
+    example = Path(__file__).resolve().parents[2] / "examples" / "load_hf_model.py"
+    out = subprocess.run([sys.executable, str(example), str(path), "--dtype", "bfloat16"],
+                         check=True, capture_output=True, text=True).stdout
+    assert "missing [], unexpected []" in out and "finite: True" in out, out
+    # The same logits as transformers' own from_pretrained of the same directory.
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(ref.config, torch_dtype=torch.float32)
+    model.to_empty(device="cpu")
+    for module in model.modules():
+        persistent = set(module.state_dict(keep_vars=True))
+        transient = [n for n, _ in module.named_buffers(recurse=False) if n not in persistent]
+        if transient and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name in transient:
+                getattr(module, name).copy_(getattr(fresh, name))
+    weightcast.load_into(model, path)
+    ids = torch.arange(8).unsqueeze(0)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, ref.eval()(ids).logits)
