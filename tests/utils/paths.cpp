@@ -53,8 +53,8 @@ std::filesystem::path CorpusDir::operator/(const std::filesystem::path& part) co
   }
   // Catch2 v2 has no SKIP: the marker makes ctest report the test skipped, and throwing the
   // exception REQUIRE throws ends the test case without recording a failure.
-  WARN(corpus_skip_marker << " at " << where << ": skipped (set WEIGHTCAST_CORPUS, or fetch "
-       "the corpus with scripts/fetch_corpus.sh; docs/install.md)");
+  WARN(corpus_skip_marker << " at " << where << " (set WEIGHTCAST_CORPUS, or fetch the corpus "
+       "with scripts/fetch_corpus.sh: docs/install.md)");
   throw Catch::TestFailureException();
 }
 
