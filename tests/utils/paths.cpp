@@ -1,12 +1,18 @@
 #include "utils/paths.hpp"
 
-#include <catch2/catch.hpp>
+#include "utils/safetensors_writer.hpp"
 
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string_view>
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace weightcast::test {
 
@@ -56,6 +62,33 @@ std::filesystem::path CorpusDir::operator/(const std::filesystem::path& part) co
   WARN(corpus_skip_marker << " at " << where << " (set WEIGHTCAST_CORPUS, or fetch the corpus "
        "with scripts/fetch_corpus.sh: docs/install.md)");
   throw Catch::TestFailureException();
+}
+
+std::filesystem::path small_checkpoint() {
+  static const TempDir dir("weightcast-small-checkpoint");
+  static const std::filesystem::path path = [] {
+    const std::filesystem::path file = dir / "model.safetensors";
+    // Names in the order the safetensors writer sorts them, data in that order.
+    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors{
+        {"fc1.bias", {20}}, {"fc1.weight", {20, 10}}, {"fc2.bias", {10}}, {"fc2.weight", {10, 20}}};
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (const auto& [name, shape] : tensors) {
+      std::uint64_t elements = 1;
+      for (const auto extent : shape) elements *= extent;
+      const std::size_t begin = data.size();
+      for (std::uint64_t i = 0; i < elements; ++i) {
+        const float v = value(rng);
+        data.append(reinterpret_cast<const char*>(&v), sizeof v);  // little-endian host
+      }
+      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+    }
+    write_file(file, make_safetensors(header.dump(), data));
+    return file;
+  }();
+  return path;
 }
 
 std::string read_file(const std::filesystem::path& path) {

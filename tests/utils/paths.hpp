@@ -32,6 +32,14 @@ class CorpusDir {
 ///         `corpus_dir() / part`, which checks that part is there.
 CorpusDir corpus_dir();
 
+/// A small valid checkpoint the suite writes itself, for tests that need any checkpoint and
+/// not a particular real one: `model.safetensors`, 4 F32 tensors laid out as a two-layer MLP
+/// (fc1.bias [20], fc1.weight [20, 10], fc2.bias [10], fc2.weight [10, 20]: 1720 bytes of
+/// tensor data, fixed pseudo-random values), the shapes of the corpus's
+/// CoffeeVampir3__Model-Saving-Test-Repo/model.safetensors. Written once per test process into
+/// a temporary directory removed at exit; callers must not change it.
+std::filesystem::path small_checkpoint();
+
 /// The whole of @p path as bytes; empty when it cannot be opened (a /proc or /sys file
 /// that vanished or does not exist here). Callers that need the file REQUIRE it non-empty.
 std::string read_file(const std::filesystem::path& path);
