@@ -16,11 +16,22 @@ include(CMakePackageConfigHelpers)
 add_library(weightcast::weightcast ALIAS weightcast)
 set_target_properties(weightcast PROPERTIES EXPORT_NAME weightcast)
 
+# Only the public headers: a `detail/` folder (at any depth) holds internals that no public
+# header includes (tests/install_example.sh checks both). The headers that hand weightcast a
+# caller's communicator include mpi.h or nccl.h: installed only where the build has that
+# transport, so that every installed header compiles against the installed package.
+set(_weightcast_header_excludes PATTERN "detail" EXCLUDE)
+if(NOT MPI_CXX_FOUND)
+  list(APPEND _weightcast_header_excludes PATTERN "mpi.hpp" EXCLUDE)
+endif()
+if(NOT WEIGHTCAST_CUDA_ENABLED)
+  list(APPEND _weightcast_header_excludes PATTERN "nccl.hpp" EXCLUDE)
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/weightcast
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.hpp" ${_weightcast_header_excludes})
 install(TARGETS weightcast EXPORT weightcastTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS weightcast_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/configs/default.yaml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/weightcast)
@@ -59,19 +70,10 @@ function(weightcast_write_package_config)
       set(_code "find_dependency(yaml-cpp)")
     elseif(_lib MATCHES "^nlohmann_json::")
       set(_code "find_dependency(nlohmann_json)")
-    elseif(_lib MATCHES "^MPI::")
-      # FindMPI makes MPI::MPI_C only in projects that enable C, which a C++ trainer need
-      # not: recreate the target from what this build found (same machine, same paths).
-      set(_props "")
-      foreach(_p INTERFACE_LINK_LIBRARIES INTERFACE_INCLUDE_DIRECTORIES
-                 INTERFACE_COMPILE_OPTIONS INTERFACE_LINK_OPTIONS)
-        get_target_property(_v ${_lib} ${_p})
-        if(NOT _v)
-          set(_v "")
-        endif()
-        string(APPEND _props " \"${_v}\"")
-      endforeach()
-      set(_code "weightcast_interface_target(${_lib}${_props})")
+    elseif(_lib MATCHES "^MPI::MPI_(.+)$")
+      # The consumer's own MPI installation, found as CMake finds it (mpicxx on PATH,
+      # MPI_HOME, MPI_CXX_COMPILER): the same FindMPI component this build linked.
+      set(_code "find_dependency(MPI COMPONENTS ${CMAKE_MATCH_1})")
     elseif(_lib MATCHES "^CUDA::")
       set(_code "find_dependency(CUDAToolkit)")
     elseif(_lib MATCHES "^PkgConfig::(.+)$")
@@ -91,7 +93,7 @@ function(weightcast_write_package_config)
     elseif(_lib STREQUAL "weightcast_nccl")
       get_target_property(_nccl_lib weightcast_nccl IMPORTED_LOCATION)
       get_target_property(_nccl_inc weightcast_nccl INTERFACE_INCLUDE_DIRECTORIES)
-      set(_code "weightcast_imported_library(weightcast_nccl \"${_nccl_lib}\" \"${_nccl_inc}\")")
+      set(_code "weightcast_find_nccl(\"${_nccl_lib}\" \"${_nccl_inc}\")")
     elseif(TARGET ${_lib})
       get_target_property(_imported ${_lib} IMPORTED)
       if(_imported)
@@ -106,6 +108,12 @@ function(weightcast_write_package_config)
     endif()
   endforeach()
   set(WEIGHTCAST_FIND_DEPENDENCIES "${_deps}")
+  # The optional parts this build has: find_package(weightcast COMPONENTS mpi cuda).
+  set(WEIGHTCAST_COMPONENT_MPI OFF)
+  if(MPI_CXX_FOUND)
+    set(WEIGHTCAST_COMPONENT_MPI ON)
+  endif()
+  set(WEIGHTCAST_COMPONENT_CUDA ${WEIGHTCAST_CUDA_ENABLED})
   configure_package_config_file(
     ${PROJECT_SOURCE_DIR}/cmake/weightcastConfig.cmake.in
     ${PROJECT_BINARY_DIR}/weightcastConfig.cmake

@@ -180,7 +180,7 @@ TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for e
   // The JSON summary to a full disk was lost with exit 0; inspect's larger output became
   // "internal error" (70). /dev/full fails every write with ENOSPC.
   if (!std::filesystem::exists("/dev/full")) return;
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   // Over 4 KiB of inspect output (stdio's buffer), so fmt::print itself meets the error.
   std::string header = "{";
@@ -224,7 +224,7 @@ TEST_CASE("cli: a failed write to stdout exits 74 with one line on stderr, for e
 TEST_CASE("cli: --set takes one value, so a config path after it is the config", "[cli]") {
   // `--set device=host c.yaml` was read as two overrides, the second "c.yaml: expected
   // key=value" (64).
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   const auto config = dir / "c.yaml";
   write_file(config, "checkpoint: " + file.string() + "\ndestination: discard\n");

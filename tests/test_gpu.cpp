@@ -127,7 +127,7 @@ TEST_CASE("device: cuda without a usable GPU exits 69 saying why", "[run][gpu-in
     WARN("skipped: this machine has a CUDA device (the [gpu] tests cover device: cuda)");
     return;
   }
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "device=cuda"});
   INFO(r.out << r.err);
   CHECK(r.exit_status == 69);
@@ -144,7 +144,7 @@ TEST_CASE("device: auto without a GPU falls back to host with a notice", "[run][
     WARN("skipped: this machine has a CUDA device, so auto picks it");
     return;
   }
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "device=auto"});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);

@@ -141,7 +141,7 @@ TEST_CASE("progress: a terminal bar redraws in place at most 10 times a second",
 TEST_CASE("progress: run --json prints one JSON object on stdout, --quiet only the summary",
           "[progress][run]") {
   const auto file =
-      corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+      weightcast::test::small_checkpoint();
   auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--json"});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);

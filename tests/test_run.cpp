@@ -80,7 +80,7 @@ TEST_CASE("run: every real corpus file, report digests equal the manifest", "[ru
 }
 
 TEST_CASE("run: prints the effective config and a summary", "[run]") {
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto r = run_cli({"run", std::string(WEIGHTCAST_SOURCE_DIR) + "/configs/default.yaml",
                           "--set", "checkpoint=" + file.string(), "--set", "buffer_depth=2"});
   INFO(r.out << r.err);
@@ -127,7 +127,7 @@ TEST_CASE("run: chunk_size 1 on a 2 MB checkpoint exits 78 naming the smallest t
 TEST_CASE("run: destination discard with several ranks is refused before any rendezvous",
           "[run]") {
   // Without the early check rank 0 would wait `timeout` for a peer that never comes.
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto start = std::chrono::steady_clock::now();
   const auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set",
                           "destination=discard", "--set", "world.size=2", "--set",
@@ -139,7 +139,7 @@ TEST_CASE("run: destination discard with several ranks is refused before any ren
 }
 
 TEST_CASE("run: {rank} in --report PATH becomes 0 with one rank", "[run]") {
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   test::TempDir dir;
   for (const bool json : {false, true}) {
     std::vector<std::string> args{"run", "--quiet", "--set", "checkpoint=" + file.string(),
@@ -166,7 +166,7 @@ TEST_CASE("run: a --report or --trace that is one of the checkpoint's files is r
   test::TempDir dir;
   // A single file (a copy: this test writes near it), and a sharded synthetic checkpoint.
   const auto single = dir / "model.safetensors";
-  fs::copy_file(corpus_dir() / "malformed" / "ok_basic.safetensors", single);
+  fs::copy_file(weightcast::test::small_checkpoint(), single);
   const auto sharded = dir / "sharded";
   const auto synth = run_cli({"synth", sharded.string(), "--params", "4M", "--shard-size", "2MiB"});
   REQUIRE(synth.exit_status == 0);
@@ -215,7 +215,7 @@ TEST_CASE("run: a --report or --trace that is the config file is refused (78), t
   // The config is read like the checkpoint: `run cfg.yaml --report cfg.yaml` replaced it with
   // the report, exit 0.
   test::TempDir dir;
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto config = dir / "cfg.yaml";
   const std::string text = "checkpoint: " + file.string() + "\ndevice: host\n";
   write_file(config, text);
@@ -239,7 +239,7 @@ TEST_CASE("run: a --report or --trace that is the config file is refused (78), t
 
 TEST_CASE("run: --report and --trace naming one file through a symlink are refused", "[run]") {
   test::TempDir dir;
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   { std::ofstream(dir / "same.json") << "{}"; }
   fs::create_symlink(dir / "same.json", dir / "same_link.json");
   const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--report",
@@ -270,7 +270,7 @@ TEST_CASE("run: a checkpoint of more shards than the soft open-file limit loads"
 
 TEST_CASE("run: transport mpi or nccl in a world of one rank is a config error saying why",
           "[run]") {
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   for (const std::string transport : {"mpi", "nccl"}) {
     const auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--set",
                             "transport=" + transport});
@@ -321,7 +321,7 @@ TEST_CASE("run: a world of one picks its GPU by the world's local rank, as sever
 }
 
 TEST_CASE("run: verify none leaves the digests out of --report, discard's too", "[run]") {
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   test::TempDir dir;
   const auto report = dir / "r.json";
   for (const std::string verify : {"digest", "none"}) {
@@ -380,7 +380,7 @@ TEST_CASE("run: a multi-GiB sharded synthetic checkpoint loads bit-exact", "[run
 TEST_CASE("run: a --report or --trace path that cannot be written fails before the load",
           "[run]") {
   // Found after the load it cost the whole load and said only "cannot write the report".
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   const std::string missing = (dir / "no-such-dir" / "out.json").string();
   for (const std::string option : {"--report", "--trace"}) {
@@ -489,7 +489,7 @@ TEST_CASE("run: checking a missing --report or --trace creates no name in its di
 TEST_CASE("run: a --report or --trace through a dangling symlink writes its target and keeps "
           "the link", "[run]") {
   // The check created the target, then unlinked the path it was given: the link itself.
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   fs::create_directory(dir / "out");
   for (const std::string option : {"--report", "--trace"}) {
@@ -629,7 +629,7 @@ TEST_CASE("run: a --report or --trace that cannot be written whole leaves the pr
 TEST_CASE("run: --quiet prints the summary but not where the report went", "[run]") {
   // README: --quiet prints only errors and the summary; "# report written to" is a notice,
   // like the trace's "written to" (a log line that --quiet silences).
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   const auto report = dir / "r.json";
   auto r = run_cli({"run", "--quiet", "--set", "checkpoint=" + file.string(), "--report",
@@ -646,7 +646,7 @@ TEST_CASE("run: --quiet prints the summary but not where the report went", "[run
 
 TEST_CASE("run: --report and --trace naming the same file are refused before the load",
           "[run]") {
-  const auto file = corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   const auto path = (dir / "out.json").string();
   const auto same = (dir / "." / "out{rank}.json").string();  // r0: the same file, spelled apart
@@ -685,7 +685,7 @@ TEST_CASE("run and launch: --report and --trace that reach one file not yet crea
           "refused", "[run]") {
   // Compared only where the file existed, or spelled alike: "./x" and "x", or two dangling
   // links to one target, loaded and the report silently replaced the trace.
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   fs::create_directory(dir / "sub");
   fs::create_symlink("target.json", dir / "a.json");  // dangling, both to one target
@@ -845,7 +845,7 @@ TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited 
           "[run][fifo]") {
   // open(2) of a FIFO blocks until a writer (or reader) comes, and before `timeout` applies:
   // these hung until killed. Each run below has 20 s before run_cli kills it and fails.
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   TempDir dir;
   auto make_fifo = [&](const fs::path& path) {
     REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
@@ -914,7 +914,7 @@ TEST_CASE("run and inspect: a FIFO or a device is refused at once, never waited 
 
 TEST_CASE("run: the checkpoint named as the config file is refused with a hint", "[run]") {
   // It was read whole as YAML: a 4 GiB checkpoint ran out of memory (exit 70).
-  const auto file = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto file = weightcast::test::small_checkpoint();
   const auto r = run_cli({"run", file.string()}, {}, 30);
   CHECK(r.exit_status == 78);
   CHECK_THAT(r.err, Catch::Contains(file.string() + ": this looks like a checkpoint") &&
@@ -924,7 +924,7 @@ TEST_CASE("run: the checkpoint named as the config file is refused with a hint",
 TEST_CASE("run --json and --report: a path that is not UTF-8 is written with U+FFFD",
           "[run]") {
   // JSON strings are UTF-8; nlohmann threw type_error 316 after a successful load (exit 70).
-  const auto source = corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto source = weightcast::test::small_checkpoint();
   TempDir dir;
   const fs::path file = dir / "ok\xfe.safetensors";
   fs::copy_file(source, file);

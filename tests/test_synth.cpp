@@ -327,7 +327,7 @@ TEST_CASE("synth: rewriting a directory leaves exactly one checkpoint", "[synth]
 TEST_CASE("synth: a directory holding someone else's checkpoint is refused, nothing removed",
           "[synth]") {
   // Hugging Face's own names, which synth also writes: it used to remove them silently.
-  const auto real = test::corpus_dir() / "malformed" / "ok_basic.safetensors";
+  const auto real = weightcast::test::small_checkpoint();
   for (const std::string name : {"model.safetensors", "model-00001-of-00002.safetensors",
                                  "weights.safetensors"}) {
     INFO(name);
@@ -364,7 +364,7 @@ TEST_CASE("synth: its own shard, cut short or damaged after the header, is repla
                            !Contains("no \"generator\""));
   // Someone else's file still says what it lacks.
   test::TempDir other;
-  fs::copy_file(test::corpus_dir() / "malformed" / "ok_basic.safetensors",
+  fs::copy_file(weightcast::test::small_checkpoint(),
                 other / "model.safetensors");
   e = expect_error(
       [&] { write_synthetic_checkpoint(other.path(), {1'000'000, Dtype::BF16, 1 << 20, 0}); });

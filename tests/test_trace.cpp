@@ -136,7 +136,7 @@ TEST_CASE("trace: per-rank file names", "[trace]") {
 TEST_CASE("trace: run --trace and the trace key write a parseable trace", "[trace][run]") {
   TempDir dir;
   const auto file =
-      corpus_dir() / "real" / "CoffeeVampir3__Model-Saving-Test-Repo" / "model.safetensors";
+      weightcast::test::small_checkpoint();
   const auto path = dir / "run.trace.json";
   auto r = run_cli({"run", "--set", "checkpoint=" + file.string(), "--set", "chunk_size=4KiB",
                     "--trace", path.string()});
