@@ -11,7 +11,10 @@
  *     every rank checks that it agrees with rank 0 on the settings that shape the broadcasts
  *     (`chunk_bytes`, device kind, transport, `verify`): ranks that disagree would post
  *     broadcasts of different sizes, which MPI does not detect;
- *  3. **plan**: the load's options are checked and fixed for the device;
+ *  3. **plan**: the load's options are fixed for the device; then every rank tells rank 0 it
+ *     is ready and rank 0 answers, so that a rank that failed so far ends every rank before
+ *     any of them enters a collective (left out where the job initialises MPI itself:
+ *     `MPI_Init_thread` waits for every rank anyway);
  *  4. **transport**: the data plane is joined: `mpi` (host memory; the caller's communicator
  *     or `MPI_COMM_WORLD`), `nccl` (GPU memory; the caller's communicator or a new one, whose
  *     unique id travels over the control plane), `local` at world size 1;
@@ -26,16 +29,19 @@
  * `load.timeout`) is sent to every rank over the control plane, and each rank's `run_job`
  * ends with that rank's message and `Errc`: "rank 2: model-00002-of-00004.safetensors: ...".
  *  - Where the failure can be unwound, `run_job` **throws** `Error` on every rank: before any
- *    collective (the rendezvous, the catalogue, the settings), with the `local` transport, with
- *    `nccl` (a collective in flight is ended with `ncclCommAbort`: NCCL docs, "Error handling
- *    and communicator abort"), and in the control-plane waits after the load.
+ *    collective (the rendezvous, the catalogue, the settings, step 3's readiness), with the
+ *    `local` transport, with `nccl` while its broadcasts are in flight (they are ended with
+ *    `ncclCommAbort`: NCCL docs, "Error handling and communicator abort"), and in the
+ *    control-plane waits after the load.
  *  - Where it cannot, the `FailurePolicy` decides; by default (`end_process`) the process
  *    ends, with `_exit(exit_status(code))`, after `on_failure` and `before_exit`. That is: a
  *    failure while an `MPI_Ibcast` is in flight (a non-blocking collective cannot be cancelled,
  *    MPI 4.0 §5.12: MPI may still write into the arena and will hang any later collective or
  *    `MPI_Finalize`), and a calling thread that does not come back at all (stuck in
- *    `MPI_Init_thread`, `MPI_Comm_dup` or `MPI_Finalize` past the timeout, or in a hook of the
- *    caller's for more than 2 s after another rank's failure). With `throw_error` the first
+ *    `MPI_Init_thread`, `MPI_Comm_dup` or `MPI_Finalize` past the timeout; or, 2 s after
+ *    another rank's failure, still in a hook of the caller's or inside NCCL's own polling,
+ *    which is bounded only by `load.timeout`: creating the communicator, enqueueing a
+ *    broadcast group). With `throw_error` the first
  *    case throws too, and MPI must not be used again in this process; the second always ends
  *    the process, as nothing else returns control.
  *
