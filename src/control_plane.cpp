@@ -3,6 +3,7 @@
 #include "weightcast/control_plane.hpp"
 
 #include "weightcast/detail/control_wire.hpp"
+#include "weightcast/detail/running_time.hpp"
 #include "weightcast/log.hpp"
 
 #include <boost/asio/connect.hpp>
@@ -269,9 +270,10 @@ struct ControlPlane::Impl {
   bool terminating = false;  // an ABORT is being spread; hang-ups are expected now
   bool sent_abort = false;
   std::atomic<bool> ending{false};  // an ABORT was sent or received, or a peer was lost
-  bool reader_terminating = false;  // the reader thread ends the process (not the main thread)
-  std::optional<asio::steady_timer> grace_timer;
-  std::pair<int, std::string> termination;  // status, message, while terminating
+  // Another rank's ABORT or a lost peer (status, message), set by the reader thread: the
+  // main thread's waits throw it as a RemoteAbort (throw_if_remote_failure). Guarded by
+  // `mutex`.
+  std::optional<std::pair<int, std::string>> remote_failure;
   // Heartbeat: every connection carries a PROGRESS frame (this rank's chunks landed) each
   // `heartbeat_interval`, sent by the reader thread, which runs whatever the main thread is
   // blocked in. A peer silent for `silence_after` is stopped or hung, not merely slow.
@@ -284,6 +286,7 @@ struct ControlPlane::Impl {
   Clock::time_point last_tick;  // the reader's last heartbeat; guarded by `mutex`
   std::optional<asio::steady_timer> heartbeat_timer;
   std::function<void()> ending_hook;  // on_ending's; guarded by `mutex`
+  std::mutex ending_hook_mutex;       // held while the hook runs
 
   Impl(const World& w, const RendezvousOptions& o)
       : world(w),
@@ -313,17 +316,9 @@ struct ControlPlane::Impl {
   // holds `mutex` through @p lock. @return whether @p done() holds.
   template <class Done>
   bool wait_running(std::unique_lock<std::mutex>& lock, Clock::duration most, Done done) {
-    Clock::duration left = most;
-    while (!done()) {
-      if (left <= Clock::duration::zero()) return false;
-      const Clock::duration step = std::min<Clock::duration>(left, heartbeat_interval);
-      const auto begin = Clock::now();
-      changed.wait_for(lock, step);
-      const Clock::duration took = Clock::now() - begin;
-      left -= std::min(took, step);
-      if (left <= Clock::duration::zero() && took > step + suspended_after) left = step;
-    }
-    return true;
+    return detail::wait_running(
+        most, heartbeat_interval, suspended_after,
+        [&](Clock::duration step) { changed.wait_for(lock, step); }, done);
   }
 
   // Whether every connection is closed. Caller holds `mutex`.
@@ -663,7 +658,8 @@ struct ControlPlane::Impl {
                                   host_port(options.address, options.port), reply->second));
         case Frame::abort: {
           auto [status, message] = decode_status(reply->second, "abort from rank 0");
-          throw RemoteAbort(static_cast<Errc>(status == 0 ? 69 : status), message);
+          throw RemoteAbort(status == 0 ? Errc::unavailable : errc_for_exit_status(status),
+                            message);
         }
         default:
           throw Error(Errc::unavailable, "rendezvous: rank 0 answered with an unknown message");
@@ -722,8 +718,6 @@ struct ControlPlane::Impl {
       open = true;
       send_heartbeat(*connection, frame);
     }
-    // Rank 0 ending the job: a stopped rank never hangs up; only the others are waited for.
-    if (world.rank == 0 && reader_terminating) maybe_exit();
     if (!open) return;
     heartbeat_timer->expires_after(heartbeat_interval);
     heartbeat_timer->async_wait([this](boost::system::error_code ec) {
@@ -854,32 +848,31 @@ struct ControlPlane::Impl {
     // that thread reads it, and free the number for the next file or socket the process
     // opens. ~ControlPlane closes it after joining this thread.
     ::shutdown(c.socket.native_handle(), SHUT_RDWR);
-    if (reader_terminating) {
-      maybe_exit();
-      return;
-    }
     if (expected) return;
     terminate(exit_status(Errc::unavailable), fmt::format("rank {} is gone: {}", c.rank, why),
               c.rank);
   }
 
-  // Ends this process with @p status: on rank 0 after telling every other rank (except
-  // @p origin) and waiting a bounded grace for them to hang up.
+  // Another rank's failure (@p status, @p message; from rank @p origin) ends the job: on rank
+  // 0 after telling every other rank but @p origin. Nothing here ends the process: the main
+  // thread's waits throw it (throw_if_remote_failure), and the ending hook (on_ending) stops
+  // the load; the caller decides what then (weightcast/job.hpp's failure policy).
   void terminate(int status, const std::string& message, int origin) {
     ending = true;
     if (world.rank != 0) {
-      // Print, then hang up (rank 0 counts that as "told"), then linger a moment before the
-      // exit: the first non-zero exit makes mpirun tear the job down and drop output it has
-      // not forwarded yet, and every rank's message should reach the user.
-      std::fflush(stdout);
-      std::fprintf(stderr, "weightcast: error: %s\n", printable(message).c_str());
-      std::fflush(stderr);
+      {
+        std::lock_guard lock(mutex);
+        if (remote_failure) return;
+        remote_failure.emplace(status, message);
+        terminating = true;  // rank 0's hang-up is expected now
+      }
+      changed.notify_all();
+      // Hang up at once: rank 0 counts that as "told" and need not wait for this rank.
       for (auto& connection : connections) {
         if (connection) ::shutdown(connection->socket.native_handle(), SHUT_RDWR);
       }
       run_ending_hook();
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      ::_exit(status);
+      return;
     }
     {
       std::lock_guard lock(mutex);
@@ -890,25 +883,20 @@ struct ControlPlane::Impl {
       }
       if (terminating) return;  // the main thread is already spreading its own failure
       terminating = true;
-      reader_terminating = true;
-      termination = {status, message};
+      remote_failure.emplace(status, message);
     }
     const std::string frame = frame_bytes(Frame::abort, encode_status(status, message));
     for (auto& connection : connections) {
       if (!connection || connection->rank == origin) continue;
       send_quietly(*connection, frame);
     }
-    std::fflush(stdout);
-    std::fprintf(stderr, "weightcast: error: %s\n", printable(message).c_str());
-    std::fflush(stderr);
+    changed.notify_all();
     run_ending_hook();
-    grace_timer.emplace(io, std::min<Clock::duration>(options.timeout, abort_grace));
-    grace_timer->async_wait([this](auto) { ::_exit(termination.first); });
-    maybe_exit();
   }
 
-  // The caller's last words before the reader thread ends the process (on_ending), once.
+  // The ending hook (on_ending), once.
   void run_ending_hook() noexcept {
+    std::lock_guard running(ending_hook_mutex);  // on_ending waits for it
     std::function<void()> hook;
     {
       std::lock_guard lock(mutex);
@@ -917,11 +905,11 @@ struct ControlPlane::Impl {
     if (hook) hook();
   }
 
-  // Rank 0 ending the job: exits once every rank has hung up, or fell silent (a stopped
-  // process never hangs up; waiting for it would only hold the job for the grace).
-  void maybe_exit() {
-    std::lock_guard lock(mutex);
-    if (none_to_wait_for(Clock::now())) ::_exit(termination.first);
+  // Throws another rank's failure, once the reader has recorded one. Caller holds `mutex`.
+  void throw_if_remote_failure() const {
+    if (remote_failure) {
+      throw RemoteAbort(errc_for_exit_status(remote_failure->first), remote_failure->second);
+    }
   }
 
   void send_quietly(Connection& c, const std::string& frame) noexcept {
@@ -942,21 +930,14 @@ struct ControlPlane::Impl {
       // A peer that failed sends its ABORT and hangs up: a send to it may fail (EPIPE) before
       // the reader has read that ABORT. Give the reader a moment; when it is ending the
       // process with the peer's message and status, that is the job's cause, not this send.
-      {
-        std::unique_lock lock(mutex);
-        wait_running(lock, std::chrono::seconds(1), [&] { return c.closed || ending.load(); });
-      }
-      if (ending && !sent_abort_locked()) {
-        std::this_thread::sleep_for(abort_grace + std::chrono::seconds(1));  // it _exits
-      }
+      std::unique_lock lock(mutex);
+      wait_running(lock, std::chrono::seconds(1),
+                   [&] { return c.closed || remote_failure.has_value(); });
+      if (!sent_abort) throw_if_remote_failure();
       throw;
     }
   }
 
-  bool sent_abort_locked() {
-    std::lock_guard lock(mutex);
-    return sent_abort;
-  }
 };
 
 ControlPlane::ControlPlane(const World& world, const RendezvousOptions& options)
@@ -1068,6 +1049,7 @@ void ControlPlane::await_hangups(std::chrono::milliseconds most) {
 }
 
 void ControlPlane::on_ending(std::function<void()> hook) {
+  std::lock_guard running(_impl->ending_hook_mutex);  // a hook in progress returns first
   std::lock_guard lock(_impl->mutex);
   _impl->ending_hook = std::move(hook);
 }
@@ -1086,9 +1068,10 @@ void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
   if (impl.world.rank == 0 || impl.connections.empty() || !impl.connections[0]) return;
   std::unique_lock lock(impl.mutex);
   const Connection& root = *impl.connections[0];
-  // An ABORT or a lost connection ends this process on the reader thread; a silent rank 0
-  // will send neither.
-  impl.wait_running(lock, most, [&] { return root.closed || impl.silent(root, Clock::now()); });
+  // Rank 0's ABORT or a lost connection (remote_failure); a silent rank 0 will send neither.
+  impl.wait_running(lock, most, [&] {
+    return root.closed || impl.remote_failure.has_value() || impl.silent(root, Clock::now());
+  });
 }
 
 void ControlPlane::join_finished_reader() noexcept {
@@ -1101,6 +1084,22 @@ int ControlPlane::world_size() const noexcept { return _impl->world.world_size; 
 bool ControlPlane::aborted() const noexcept {
   std::lock_guard lock(_impl->mutex);
   return _impl->sent_abort;
+}
+
+std::optional<RemoteAbort> ControlPlane::remote_failure() const {
+  std::lock_guard lock(_impl->mutex);
+  if (!_impl->remote_failure) return std::nullopt;
+  return RemoteAbort(errc_for_exit_status(_impl->remote_failure->first),
+                     _impl->remote_failure->second);
+}
+
+void ControlPlane::await_told() noexcept {
+  Impl& impl = *_impl;
+  if (impl.world.rank != 0 || impl.world.world_size <= 1) return;
+  std::unique_lock lock(impl.mutex);
+  // A silent rank (stopped) is not waited for; the wait wakes each heartbeat to see.
+  impl.wait_running(lock, std::min<Clock::duration>(impl.options.timeout, abort_grace),
+                    [&] { return impl.none_to_wait_for(Clock::now()); });
 }
 
 std::string ControlPlane::share(std::string bytes) {
@@ -1121,11 +1120,14 @@ std::string ControlPlane::share(std::string bytes) {
     return bytes;
   }
   std::unique_lock lock(impl.mutex);
-  if (!impl.wait_running(lock, impl.options.timeout, [&] { return !impl.shared.empty(); })) {
+  if (!impl.wait_running(lock, impl.options.timeout, [&] {
+        return !impl.shared.empty() || impl.remote_failure.has_value();
+      })) {
     throw Error(Errc::timeout, fmt::format("control plane: nothing from rank 0 within {} "
                                            "(rank 0 stalled?)",
                                            milliseconds(impl.options.timeout)));
   }
+  impl.throw_if_remote_failure();
   std::string front = std::move(impl.shared.front());
   impl.shared.pop_front();
   return front;
@@ -1142,10 +1144,7 @@ void ControlPlane::abort(const Error& error) noexcept {
     if (impl.sent_abort) return;
     impl.sent_abort = true;
     if (impl.world.rank == 0 && impl.terminating) return;  // the reader is already on it
-    if (impl.world.rank == 0) {
-      impl.terminating = true;
-      impl.termination = {exit_status(error.code()), error.what()};
-    }
+    if (impl.world.rank == 0) impl.terminating = true;
   }
   for (auto& connection : impl.connections) {
     if (connection) impl.send_quietly(*connection, frame);
@@ -1158,7 +1157,7 @@ void ControlPlane::abort(const Error& error) noexcept {
                     [&] { return impl.none_to_wait_for(Clock::now()); });
 }
 
-std::vector<RankReport> ControlPlane::gather(RankReport mine) {
+std::vector<RankReport> ControlPlane::gather(RankReport mine, std::string_view what) {
   Impl& impl = *_impl;
   mine.rank = impl.world.rank;
   if (impl.world.rank != 0) {
@@ -1176,22 +1175,25 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine) {
   impl.reports.resize(impl.world.world_size);
   impl.reports[0] = std::move(mine);
   const bool all = impl.wait_running(lock, impl.options.timeout, [&] {
+    if (impl.remote_failure) return true;
     for (auto& r : impl.reports) {
       if (!r) return false;
     }
     return true;
   });
+  impl.throw_if_remote_failure();
   if (!all) {
     std::vector<int> missing;
     for (int r = 1; r < impl.world.world_size; ++r) {
       if (!impl.reports[r]) missing.push_back(r);
     }
-    throw Error(Errc::timeout, fmt::format("no final report from rank(s) {} within {} "
-                                           "(stalled?)",
+    throw Error(Errc::timeout, fmt::format("no {} from rank(s) {} within {} (stalled?)", what,
                                            rank_list(missing), milliseconds(impl.options.timeout)));
   }
   std::vector<RankReport> out;
   for (auto& r : impl.reports) out.push_back(std::move(*r));
+  // Under the lock: a report that arrives from now on is the next gather's.
+  impl.reports.assign(impl.reports.size(), std::nullopt);
   return out;
 }
 
@@ -1211,11 +1213,13 @@ Verdict ControlPlane::finish(Verdict verdict) {
     return verdict;
   }
   std::unique_lock lock(impl.mutex);
-  if (!impl.wait_running(lock, impl.options.timeout,
-                         [&] { return impl.verdict.has_value(); })) {
+  if (!impl.wait_running(lock, impl.options.timeout, [&] {
+        return impl.verdict.has_value() || impl.remote_failure.has_value();
+      })) {
     throw Error(Errc::timeout, fmt::format("no verdict from rank 0 within {} (rank 0 stalled?)",
                                            milliseconds(impl.options.timeout)));
   }
+  if (!impl.verdict) impl.throw_if_remote_failure();
   return *impl.verdict;
 }
 

@@ -93,7 +93,8 @@ class UringReader final : public Reader {
       int rc = io_uring_wait_cqe(&_ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) {
-        std::fprintf(stderr, "weightcast: io_uring_wait_cqe during shutdown: %d\n", rc);
+        // The log facility, never stderr directly (an embedder may have replaced the sink).
+        spdlog::error("io_uring_wait_cqe during shutdown: {}", rc);
         break;
       }
       io_uring_cqe_seen(&_ring, cqe);

@@ -111,7 +111,7 @@ boost::asio::awaitable<SlotLease> StagingRing::acquire() {
 void StagingRing::give_back(std::size_t index) noexcept {
   // Each slot has at most one lease: a second return is a bug in the caller.
   if (index >= _slots || !_leased[index]) {
-    std::fprintf(stderr, "weightcast: internal error: staging slot %zu returned twice\n", index);
+    spdlog::error("internal error: staging slot {} returned twice", index);
     return;
   }
   _leased[index] = false;

@@ -59,6 +59,17 @@ std::unique_ptr<Transport> make_nccl_transport(int, int, int, const NcclUniqueId
   throw Error(Errc::unavailable,
               "transport: nccl: this build has no CUDA (rebuild with -DWEIGHTCAST_CUDA=ON)");
 }
+
+std::pair<int, int> nccl_rank_and_size(const NcclCommunicator&) {
+  throw Error(Errc::unavailable,
+              "transport: nccl: this build has no CUDA (rebuild with -DWEIGHTCAST_CUDA=ON)");
+}
+
+std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator&,
+                                               std::chrono::milliseconds) {
+  throw Error(Errc::unavailable,
+              "transport: nccl: this build has no CUDA (rebuild with -DWEIGHTCAST_CUDA=ON)");
+}
 #endif
 
 }  // namespace weightcast

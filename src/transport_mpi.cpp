@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 #endif
 
@@ -26,8 +27,12 @@ namespace {
 }  // namespace
 
 bool mpi_compiled_in() noexcept { return false; }
+bool mpi_initialized() noexcept { return false; }
 MpiSession::MpiSession() { no_mpi(); }
+MpiSession::MpiSession(const MpiCommunicator&) { no_mpi(); }
 MpiSession::~MpiSession() = default;
+void MpiSession::open(const MpiCommunicator*) { no_mpi(); }
+std::pair<int, int> mpi_rank_and_size(const MpiCommunicator&) { no_mpi(); }
 std::unique_ptr<Transport> make_mpi_transport(MpiSession&) { no_mpi(); }
 
 #else
@@ -35,6 +40,19 @@ std::unique_ptr<Transport> make_mpi_transport(MpiSession&) { no_mpi(); }
 namespace {
 
 constexpr std::chrono::microseconds progress_budget{1000};
+
+MPI_Comm to_comm(std::uintptr_t handle) {
+  MPI_Comm comm;
+  static_assert(sizeof comm <= sizeof handle);
+  std::memcpy(&comm, &handle, sizeof comm);
+  return comm;
+}
+
+std::uintptr_t to_handle(MPI_Comm comm) {
+  std::uintptr_t handle = 0;
+  std::memcpy(&handle, &comm, sizeof comm);
+  return handle;
+}
 
 std::string mpi_error(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -103,7 +121,8 @@ class MpiTransport final : public Transport {
     for (std::uint64_t offset = 0; offset < bytes; offset += max_count) {
       const auto count = static_cast<int>(std::min(max_count, bytes - offset));
       MPI_Request request = MPI_REQUEST_NULL;
-      const int rc = MPI_Ibcast(data + offset, count, MPI_BYTE, root, MPI_COMM_WORLD, &request);
+      const int rc = MPI_Ibcast(data + offset, count, MPI_BYTE, root,
+                                to_comm(_session.communicator()), &request);
       if (rc != MPI_SUCCESS) {
         throw Error(Errc::unavailable,
                     fmt::format("transport mpi: MPI_Ibcast of {} bytes from rank {} failed: {}",
@@ -123,23 +142,103 @@ class MpiTransport final : public Transport {
 
 bool mpi_compiled_in() noexcept { return true; }
 
-MpiSession::MpiSession() {
-  int provided = 0;
-  int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-  if (rc != MPI_SUCCESS) {
-    throw Error(Errc::unavailable, fmt::format("transport mpi: MPI_Init_thread failed: {}",
-                                               mpi_error(rc)));
+bool mpi_initialized() noexcept {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+MpiSession::MpiSession() { open(nullptr); }
+
+MpiSession::MpiSession(const MpiCommunicator& communicator) { open(&communicator); }
+
+void MpiSession::open(const MpiCommunicator* base) {
+  auto fail = [](std::string what) {
+    throw Error(Errc::unavailable, "transport mpi: " + std::move(what));
+  };
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized != 0) fail("MPI was finalised already in this process; it cannot be used again");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized == 0) {
+    if (base != nullptr) {
+      fail("a communicator was handed in but MPI is not initialised (MPI_Init_thread first)");
+    }
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", mpi_error(rc)));
+    _owns_mpi = true;
+    // Ours to set: errors on MPI_COMM_WORLD (MPI_Comm_dup's) come back as return codes
+    // instead of MPI's default of aborting the whole job with its own message.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  } else {
+    // The caller's MPI: below MPI_THREAD_SERIALIZED only the thread that initialised it may
+    // call MPI (MPI 4.0 §11.2.1), so run_job on any other thread would be undefined.
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    int main_thread = 0;
+    MPI_Is_thread_main(&main_thread);
+    if (provided < MPI_THREAD_SERIALIZED && main_thread == 0) {
+      fail(fmt::format("MPI was initialised with thread level {} (below MPI_THREAD_SERIALIZED) "
+                       "by another thread, so only that thread may call MPI; run the job on "
+                       "it (run_job, not run_job_async), or initialise MPI with "
+                       "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE",
+                       provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED"));
+    }
   }
-  // Errors come back as return codes, so they become Errors naming the operation instead of
-  // MPI's default of aborting the whole job with its own message.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &_world_size);
+  const MPI_Comm from = base != nullptr ? to_comm(base->handle) : MPI_COMM_WORLD;
+  MPI_Comm ours = MPI_COMM_NULL;
+  const int rc = MPI_Comm_dup(from, &ours);
+  if (rc != MPI_SUCCESS) {
+    if (_owns_mpi) MPI_Finalize();
+    fail(fmt::format("MPI_Comm_dup of {} failed: {}",
+                     base != nullptr ? "the communicator handed in" : "MPI_COMM_WORLD",
+                     mpi_error(rc)));
+  }
+  MPI_Comm_set_errhandler(ours, MPI_ERRORS_RETURN);
+  _comm = to_handle(ours);
+  _have_comm = true;
+  MPI_Comm_rank(ours, &_rank);
+  MPI_Comm_size(ours, &_world_size);
 }
 
 MpiSession::~MpiSession() {
   if (_abandoned) return;
-  MPI_Finalize();
+  if (_have_comm) {
+    MPI_Comm comm = to_comm(_comm);
+    MPI_Comm_free(&comm);
+  }
+  if (_owns_mpi) MPI_Finalize();
+}
+
+std::pair<int, int> mpi_rank_and_size(const MpiCommunicator& communicator) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (initialized == 0 || finalized != 0) {
+    throw Error(Errc::unavailable,
+                fmt::format("transport mpi: a communicator was handed in but MPI is {}",
+                            finalized != 0 ? "finalised already" : "not initialised"));
+  }
+  const MPI_Comm comm = to_comm(communicator.handle);
+  if (comm == MPI_COMM_NULL) {
+    throw Error(Errc::unavailable, "transport mpi: the communicator handed in is MPI_COMM_NULL");
+  }
+  int rank = 0;
+  int size = 0;
+  int rc = MPI_Comm_rank(comm, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+  if (rc != MPI_SUCCESS) {
+    throw Error(Errc::unavailable,
+                fmt::format("transport mpi: the communicator handed in: MPI_Comm_rank/size "
+                            "failed: {}",
+                            mpi_error(rc)));
+  }
+  return {rank, size};
 }
 
 std::unique_ptr<Transport> make_mpi_transport(MpiSession& session) {

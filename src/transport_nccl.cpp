@@ -51,6 +51,9 @@ class Communicator {
   Communicator() = default;
   ~Communicator() {
     if (_comm == nullptr) return;
+    // The caller's (make_nccl_transport of an NcclCommunicator): left as it was, unless a
+    // failure makes an abort the only way to end what is in flight.
+    if (!_owned && _healthy) return;
     if (_healthy) {
       // ncclCommFinalize flushes outstanding work; on a non-blocking communicator it may
       // return ncclInProgress: poll, bounded, then destroy (NCCL docs, "Finalizing a
@@ -83,6 +86,11 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   ncclComm_t* out() noexcept { return &_comm; }
+  /// Takes the caller's @p comm, which is never finalised or destroyed (only aborted).
+  void adopt(ncclComm_t comm) noexcept {
+    _comm = comm;
+    _owned = false;
+  }
   [[nodiscard]] ncclComm_t get() const noexcept { return _comm; }
 
   /// @return the communicator's state: ncclSuccess, ncclInProgress or an error.
@@ -108,6 +116,7 @@ class Communicator {
  private:
   ncclComm_t _comm = nullptr;
   bool _healthy = true;
+  bool _owned = true;
 };
 
 /// A group of broadcasts in flight on the comm stream: NCCL has enqueued its kernels, and
@@ -180,6 +189,14 @@ class NcclTransport final : public Transport {
     }
     wait_ready("ncclCommInitRankConfig", "the communicator was not ready",
                "a peer did not join");
+  }
+  // The caller's communicator, as it is.
+  NcclTransport(ncclComm_t comm, int rank, int world_size, int local_rank,
+                std::chrono::milliseconds timeout)
+      : _rank(rank), _world_size(world_size), _local_rank(local_rank), _timeout(timeout) {
+    detail::set_cuda_device(local_rank);
+    _stream.emplace();
+    _comm.adopt(comm);
   }
   // Members release in reverse order: the communicator (finalise or abort) before the stream.
 
@@ -292,6 +309,24 @@ std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int loc
   WEIGHTCAST_EXPECT(world_size >= 1 && rank >= 0 && rank < world_size, Errc::internal,
                     fmt::format("nccl: rank {} of world size {}", rank, world_size));
   return std::make_unique<NcclTransport>(rank, world_size, local_rank, unique_id, timeout);
+}
+
+std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator) {
+  WEIGHTCAST_EXPECT(communicator.comm != nullptr, Errc::unavailable,
+                    "transport nccl: the communicator handed in is null");
+  const auto comm = static_cast<ncclComm_t>(communicator.comm);
+  int rank = 0;
+  int size = 0;
+  WEIGHTCAST_NCCL_TRY(ncclCommUserRank(comm, &rank), comm);
+  WEIGHTCAST_NCCL_TRY(ncclCommCount(comm, &size), comm);
+  return {rank, size};
+}
+
+std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
+                                               std::chrono::milliseconds timeout) {
+  const auto [rank, size] = nccl_rank_and_size(communicator);
+  return std::make_unique<NcclTransport>(static_cast<ncclComm_t>(communicator.comm), rank, size,
+                                         communicator.cuda_device, timeout);
 }
 
 }  // namespace weightcast

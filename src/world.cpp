@@ -18,6 +18,7 @@ std::string_view to_string(WorldSource source) noexcept {
     case WorldSource::slurm: return "slurm";
     case WorldSource::openmpi: return "openmpi";
     case WorldSource::single: return "single";
+    case WorldSource::communicator: return "communicator";
   }
   return "single";
 }
@@ -109,6 +110,7 @@ std::string World::describe() const {
       where = "Open MPI's environment (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)";
       break;
     case WorldSource::single: where = "no launcher (a world of one rank)"; break;
+    case WorldSource::communicator: where = "the communicator handed to run_job"; break;
   }
   return fmt::format("rank {} of {} (local rank {}) from {}", rank, world_size, local_rank, where);
 }
@@ -143,6 +145,7 @@ void find_job_id(World& world) {
       return;
     case WorldSource::config:
     case WorldSource::single:
+    case WorldSource::communicator:
       return;
   }
 }

@@ -5,6 +5,7 @@
 #include "weightcast/transport_mpi.hpp"
 
 #include "utils/job.hpp"
+#include "utils/mpirun.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
@@ -36,41 +37,9 @@ namespace {
 // this (rank timeout + abort grace + launcher grace).
 constexpr int job_timeout_s = 120;
 
-// mpirun's absolute path (run_process execs without a PATH search), or "" when missing.
-std::string mpirun_path() {
-  static const std::string path = [] {
-    auto r = run_process({"/bin/sh", "-c", "command -v mpirun"}, {}, 30);
-    std::string p = r.out.substr(0, r.out.find('\n'));
-    return r.exit_status == 0 ? p : std::string();
-  }();
-  return path;
-}
-
-bool have_mpirun() { return mpi_compiled_in() && !mpirun_path().empty(); }
-
-#define REQUIRE_MPI()                                                                     \
-  do {                                                                                    \
-    if (!have_mpirun()) {                                                                 \
-      WARN("skipped: this build has no MPI or mpirun is not on PATH (scripts/install-deps.sh)"); \
-      return;                                                                             \
-    }                                                                                     \
-  } while (0)
-
 std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-// mpirun and its options, before the "-np N program args" groups (several, separated by
-// ":", for MPMD).
-std::vector<std::string> mpirun_options() {
-  std::vector<std::string> argv{mpirun_path(), "--oversubscribe"};
-  if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
-  return argv;
-}
-
-std::vector<std::string> mpirun_prefix(int ranks) {
-  return cat(mpirun_options(), {"-np", std::to_string(ranks)});
 }
 
 // `mpirun -np <ranks> weightcast run --set checkpoint=<checkpoint>` followed by @p args.

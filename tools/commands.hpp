@@ -50,6 +50,7 @@ int run(const RunArgs& args);
 
 namespace weightcast {
 struct Config;
+struct JobOptions;
 struct World;
 struct LoadResult;
 struct LoadOptions;
@@ -67,8 +68,15 @@ class InterruptHandler;
 int run_ranks(const RunArgs& args, const Config& config, const World& world,
               InterruptHandler& interrupts);
 
-/// @return the milliseconds a test hook's environment variable @p env asks for; 0 when it is
-///         unset, not a number or not positive. Test hooks are not user features.
+/// @return the value of the test hook variable @p env (`WEIGHTCAST_TEST_*`, read by the tests
+///         to act on a run at a known point), or nullptr when it is unset or this build has
+///         no test hooks: they are compiled in only with the test suite
+///         (`WEIGHTCAST_BUILD_TESTS`, which defines WEIGHTCAST_TEST_HOOKS for the CLI). Test
+///         hooks are not user features.
+const char* test_hook(const char* env);
+
+/// @return the milliseconds test hook @p env asks for (test_hook); 0 when it is unset, not a
+///         number or not positive.
 long test_hook_ms(const char* env);
 
 /// Flushes stdout (tools/run.cpp). A flush whose result is ignored loses the reason: the
@@ -167,28 +175,26 @@ void write_report(const std::string& path, const LoadResult& result,
                   std::uint64_t peak_rss);
 
 /**
- * @brief `load` with the config's `trace` (if set) recorded and written to its path for
- *        @p rank, also when the load fails: a trace of a failed or stalled load shows which
- *        stage stopped (tools/run.cpp). A SIGINT or SIGTERM during it (@p interrupts) stops
- *        the load, which then fails like any other.
+ * @brief Adds the CLI's part of a load to @p job (tools/run.cpp): the config's `trace` (if
+ *        set) recorded and written to its path for @p rank, also when the load fails (a trace
+ *        of a failed or stalled load shows which stage stopped); a SIGINT or SIGTERM during
+ *        the load (@p interrupts) stops it, and the job then fails with `interrupted_error`
+ *        (130, 143: "interrupted by SIGTERM during the load"); the chunk-delay test hook.
+ *        Sets `on_load_start`, `on_load_end`, `load.on_stage_event` and `load.stop`, and
+ *        wraps `load.on_progress` (set it first).
  * @param end_display called once the load has ended, either way, before the trace is written
  *        (`run` ends its progress bar there); may be empty.
- * @throws what `load` throws (a trace that cannot be written then only warns); Error `io`
- *         (74) when the load succeeded but the trace cannot be written; `interrupted_error`
- *         (130, 143: "interrupted by SIGTERM during the load") on an interrupt.
  */
-LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
-                       LoadOptions options, const Config& config, int rank, int world_size,
-                       InterruptHandler& interrupts,
-                       const std::function<void()>& end_display = {});
+void add_load_hooks(JobOptions& job, const Config& config, int rank, int world_size,
+                    InterruptHandler& interrupts, std::function<void()> end_display = {});
 
 /// @return this process's peak resident set size so far, bytes (getrusage; Linux reports KiB).
 std::uint64_t peak_rss_bytes();
 
 /**
  * @brief The data plane a world of @p world_size > 1 ranks uses with @p config, on a device
- *        that is host memory (@p host_device) or a GPU (tools/run_ranks.cpp). Every rank of
- *        `run` applies it before the rendezvous, and `launch` before it starts any rank.
+ *        that is host memory (@p host_device) or a GPU (`resolve_transport`, job.hpp): every
+ *        rank's `run_job` applies it, and `launch` before it starts any rank.
  * @return `mpi` or `nccl` (`auto` resolved: mpi for host memory, nccl for a GPU).
  * @throws Error `config` (78) for transport local (it moves no bytes between processes),
  *         mpi with a GPU device, or nccl with host memory; the message names both keys.

@@ -17,9 +17,8 @@ namespace weightcast::cli {
 
 Error interrupted_error(int sig, const char* when) {
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : ::strsignal(sig);
-  const Errc code = sig == SIGINT    ? Errc::interrupted
-                    : sig == SIGTERM ? Errc::terminated
-                                     : static_cast<Errc>(128 + sig);
+  // Only SIGINT and SIGTERM are taken (InterruptHandler).
+  const Errc code = sig == SIGINT ? Errc::interrupted : Errc::terminated;
   return Error(code, fmt::format("interrupted by {}{}", name, when));
 }
 

@@ -262,7 +262,7 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   }
   // Throws for local, mpi on a GPU, nccl on host memory: what each rank would say.
   const TransportKind kind = transport_for_world(config, *host_device, args.ranks);
-  if (!mpirun && kind == TransportKind::mpi && std::getenv(local_mpi_hook_env) == nullptr) {
+  if (!mpirun && kind == TransportKind::mpi && test_hook(local_mpi_hook_env) == nullptr) {
     throw Error(Errc::config,
                 fmt::format("launch --spawner {}: transport {} needs its ranks started by mpirun "
                             "(MPI joins them), but the local spawner starts them as plain "

@@ -7,6 +7,7 @@
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/job.hpp"
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
 #include "weightcast/trace.hpp"
@@ -24,7 +25,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <exception>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,8 +41,17 @@
 
 namespace weightcast::cli {
 
+const char* test_hook(const char* env) {
+#ifdef WEIGHTCAST_TEST_HOOKS
+  return std::getenv(env);
+#else
+  static_cast<void>(env);
+  return nullptr;
+#endif
+}
+
 long test_hook_ms(const char* env) {
-  const char* text = std::getenv(env);
+  const char* text = test_hook(env);
   if (text == nullptr) return 0;
   long ms = 0;
   auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), ms);
@@ -52,22 +65,6 @@ std::uint64_t peak_rss_bytes() {
 }
 
 namespace {
-
-// The world's local rank picks the GPU, as in run_ranks: `world.local_rank`, else the
-// launcher's local rank (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK).
-std::unique_ptr<Device> choose_device(const Config& config, const World& world) {
-  try {
-    return make_device(config.device, world.local_rank);
-  } catch (const Error& e) {
-    if (e.code() != Errc::unavailable) throw;
-    throw Error(e.code(), fmt::format("device: {}: {}", to_string(config.device), e.what()));
-  }
-}
-
-std::unique_ptr<Transport> choose_transport(const Config& config) {
-  check_world_of_one(config);  // a world of one rank (run_ranks handles more)
-  return make_local_transport();
-}
 
 // Paths are bytes, not necessarily UTF-8; JSON strings are UTF-8. Invalid bytes become
 // U+FFFD, as in the header's error messages, rather than nlohmann's type_error 316 after a
@@ -93,18 +90,7 @@ std::filesystem::path output_target(const std::filesystem::path& path) {
 }  // namespace
 
 void check_world_of_one(const Config& config) {
-  switch (config.transport) {
-    case TransportKind::mpi:
-    case TransportKind::nccl:
-      throw Error(Errc::config,
-                  fmt::format("transport: {}: this is a world of one rank, so there is no "
-                              "other rank to broadcast to; use transport: local or auto, or "
-                              "start several ranks (weightcast launch -n N, mpirun, torchrun)",
-                              to_string(config.transport)));
-    case TransportKind::automatic:
-    case TransportKind::local:
-      break;
-  }
+  resolve_transport(config.transport, true, 1);  // a world of one rank (run_ranks handles more)
 }
 
 void check_output_file(const std::filesystem::path& path, std::string_view what) {
@@ -523,33 +509,31 @@ bool is_stop(const std::exception_ptr& failure) {
 
 }  // namespace
 
-LoadResult load_traced(Catalogue catalogue, Device& device, Transport& transport,
-                       LoadOptions options, const Config& config, int rank, int world_size,
-                       InterruptHandler& interrupts, const std::function<void()>& end_display) {
-  std::optional<TraceRecorder> trace;
+void add_load_hooks(JobOptions& job, const Config& config, int rank, int world_size,
+                    InterruptHandler& interrupts, std::function<void()> end_display) {
+  struct State {
+    std::optional<TraceRecorder> trace;
+    std::optional<InterruptHandler::LoadScope> scope;
+  };
+  auto state = std::make_shared<State>();
   if (!config.trace.empty()) {
-    trace.emplace(rank);
-    options.on_stage_event = trace->hook();
+    state->trace.emplace(rank);
+    job.load.on_stage_event = state->trace->hook();
   }
-  honour_chunk_delay_hook(options);
-  LoadResult result;
-  std::exception_ptr failure;
-  InterruptHandler::LoadScope scope(interrupts);
-  options.stop = interrupts.stop_token();
-  try {
-    result = load(std::move(catalogue), device, transport, options);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  // A signal during the load (even one that came as it ended) is this load's end; but a
-  // failure of its own that beat the stop is the cause.
-  const int sig = scope.end();
-  if (end_display) end_display();
-  write_trace(trace, config, rank, world_size, failure || sig != 0);
-  interrupts.load_finished();
-  if (sig != 0 && (!failure || is_stop(failure))) throw interrupted_error(sig, " during the load");
-  if (failure) std::rethrow_exception(failure);
-  return result;
+  honour_chunk_delay_hook(job.load);
+  // A SIGINT or SIGTERM during the load stops it (InterruptHandler::LoadScope).
+  job.load.stop = interrupts.stop_token();
+  job.on_load_start = [state, &interrupts] { state->scope.emplace(interrupts); };
+  job.on_load_end = [state, &interrupts, &config, rank, world_size,
+                     end_display = std::move(end_display)](std::exception_ptr failure) {
+    // A signal during the load (even one that came as it ended) is this load's end; but a
+    // failure of its own that beat the stop is the cause.
+    const int sig = state->scope ? state->scope->end() : 0;
+    if (end_display) end_display();
+    write_trace(state->trace, config, rank, world_size, failure || sig != 0);
+    interrupts.load_finished();
+    if (sig != 0 && (!failure || is_stop(failure))) throw interrupted_error(sig, " during the load");
+  };
 }
 
 int run(const RunArgs& args) {
@@ -577,31 +561,32 @@ int run(const RunArgs& args) {
   WEIGHTCAST_EXPECT(!config.checkpoint.empty(), Errc::config,
                     "checkpoint: not set (give it in the config or with --set checkpoint=PATH)");
 
+  // The job of one rank (run_job): the device (its GPU: the world's local rank, as with
+  // several ranks), the local transport, the checkpoint, the load.
+  JobOptions job = JobOptions::from_config(config, world);
+  job.on_failure = [](const Error&) {};  // main() prints the error it throws
   // Before the load: a report or trace that cannot be written fails now, not after it.
-  check_output_paths(args, config, 0, 1);
-  auto device = choose_device(config, world);
-  auto transport = choose_transport(config);
-  LoadOptions options = LoadOptions::from_config(config);
-  // 256 B: cudaMalloc's own alignment, so every tensor view suits vectorised kernels.
-  if (device->name() != "host") options.tensor_alignment = 256;
-
-  Catalogue catalogue = open_checkpoint(config.checkpoint);
-  check_outputs_spare_checkpoint(args, config, catalogue, 0, 1);
-  const std::size_t shards = catalogue.shards.size();
+  job.on_control_plane = [&](ControlPlane* control) {
+    if (control != nullptr) check_output_paths(args, config, 0, 1);
+  };
+  std::size_t shards = 0;
+  job.on_catalogue = [&](const Catalogue& catalogue) {
+    check_outputs_spare_checkpoint(args, config, catalogue, 0, 1);
+    shards = catalogue.shards.size();
+  };
   std::optional<ProgressRenderer> progress;
-  if (!args.quiet && transport->rank() == 0) {
+  if (!args.quiet) {
     progress.emplace(stderr, ProgressRenderer::mode_for(stderr));
-    options.on_progress = [&progress](const LoadProgress& p) { progress->update(p); };
+    job.load.on_progress = [&progress](const LoadProgress& p) { progress->update(p); };
   }
-  const LoadResult result =
-      load_traced(std::move(catalogue), *device, *transport, std::move(options), config,
-                  transport->rank(), transport->world_size(), interrupts, [&progress] {
-                    if (progress) progress->finish();
-                  });
+  add_load_hooks(job, config, 0, 1, interrupts, [&progress] {
+    if (progress) progress->finish();
+  });
+  const JobResult outcome = run_job(job);
+  const LoadResult& result = outcome.load;
   const std::uint64_t peak_rss = peak_rss_bytes();
   // "{rank}" in --report PATH becomes the rank, as with several ranks (here 0).
-  const std::string report_path =
-      report_path_for_rank(args.report_path, transport->rank(), transport->world_size());
+  const std::string report_path = report_path_for_rank(args.report_path, 0, 1);
   // `verify: none` skips hashing (the arena, or with `destination: discard` the stream).
   std::vector<std::uint64_t> digests;
   if (!report_path.empty() && config.verify == Verify::digest) {
@@ -609,20 +594,16 @@ int run(const RunArgs& args) {
   }
 
   if (args.json) {
-    print_json_summary(result, config, shards, transport->rank(), transport->world_size(),
-                       peak_rss);
-    if (!report_path.empty()) {
-      write_report(report_path, result, digests, transport->rank(), transport->world_size(),
-                   peak_rss);
-    }
+    print_json_summary(result, config, shards, 0, 1, peak_rss);
+    if (!report_path.empty()) write_report(report_path, result, digests, 0, 1, peak_rss);
     return 0;
   }
 
   const std::size_t tensors = result.catalogue.tensors.size();
-  fmt::print("# rank {} of {}: {} tensor{}, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
-             transport->rank(), transport->world_size(), tensors, tensors == 1 ? "" : "s", shards,
-             shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
-             result.stats.seconds, result.stats.gbps());
+  fmt::print("# rank 0 of 1: {} tensor{}, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} GB/s\n",
+             tensors, tensors == 1 ? "" : "s", shards, shards == 1 ? "" : "s",
+             format_bytes(result.stats.bytes), result.stats.bytes, result.stats.seconds,
+             result.stats.gbps());
   const std::string how_read =
       result.stats.reader.empty()
           ? std::string("none (nothing to read)")
@@ -636,8 +617,7 @@ int run(const RunArgs& args) {
              config.buffer_depth);
   fmt::print("# peak RSS {} ({} B)\n", format_bytes(peak_rss), peak_rss);
   if (!report_path.empty()) {
-    write_report(report_path, result, digests, transport->rank(), transport->world_size(),
-                   peak_rss);
+    write_report(report_path, result, digests, 0, 1, peak_rss);
     if (!args.quiet) fmt::print("# report written to {}\n", report_path);
   }
   return 0;

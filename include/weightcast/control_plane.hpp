@@ -29,10 +29,12 @@
  *    (`defer_to_root`).
  *
  * From the end of the rendezvous a background thread reads every connection. An ABORT, or a
- * connection lost before the verdict (a dead process), ends the process at once with
- * `_exit(status)` after printing `weightcast: error: MESSAGE`: a rank blocked in an MPI or
- * NCCL call cannot be unwound (an `MPI_Ibcast` in flight cannot be cancelled), so the exit is
- * the only bounded way out; the launcher or mpirun then reaps the rest. Every wait is bounded
+ * connection lost before the verdict (a dead process), is this job's end: rank 0 passes it on
+ * to every other rank, every wait of the control plane's on the main thread throws it as a
+ * `RemoteAbort` (`remote_failure`), and the ending hook (`on_ending`) runs on the reader
+ * thread, to stop a load in progress. The control plane never ends the process: a rank blocked
+ * in a call that cannot be unwound (an `MPI_Ibcast` in flight cannot be cancelled) is the
+ * caller's to end (weightcast/job.hpp, "The failure model"). Every wait is bounded
  * by `timeout` (or the bound it names) of the time this process ran: a rank stopped (SIGSTOP,
  * a debugger) and resumed does not count the time it was stopped, and looks at what arrived
  * meanwhile (the catalogue, a verdict, an ABORT, the heartbeats) before it gives up or calls
@@ -49,7 +51,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -134,9 +138,9 @@ class ControlPlane {
    * the control plane: catalogue_wire.hpp).
    * @return @p bytes on rank 0, rank 0's bytes elsewhere (@p bytes at world size 1).
    * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
-   *         `unavailable` (69) when a send to a peer fails (the peer is gone; when the reader
-   *         is ending the process with that peer's ABORT, this call waits for that exit
-   *         instead).
+   *         `unavailable` (69) when a send to a peer fails (the peer is gone); `RemoteAbort`
+   *         once another rank's failure has ended the job (`remote_failure`: a send that
+   *         failed because the peer hung up after its ABORT throws that ABORT).
    */
   std::string share(std::string bytes);
 
@@ -148,14 +152,19 @@ class ControlPlane {
   void abort(const Error& error) noexcept;
 
   /**
-   * @brief Sends this rank's report to rank 0; on rank 0 collects everyone's.
+   * @brief Sends this rank's report to rank 0; on rank 0 collects everyone's. May be called
+   *        more than once (each call collects one report per rank), provided no rank sends
+   *        its next report before rank 0 has collected this call's (e.g. rank 0 `share`s
+   *        between them).
+   * @param what names the report in a timeout's message ("final report").
    * @return on rank 0 the reports of every rank, indexed by rank; elsewhere empty. The
    *         report's `rank` is set to this rank.
    * @throws Error `timeout` (75) on rank 0 naming the ranks whose report did not arrive in
    *         `timeout`; elsewhere `unavailable` (69) when the encoded report is over
-   *         `detail::max_share_bytes`, and as `share` does when the send fails or stalls.
+   *         `detail::max_share_bytes`, and as `share` does when the send fails or stalls;
+   *         `RemoteAbort` once another rank's failure has ended the job (`remote_failure`).
    */
-  std::vector<RankReport> gather(RankReport mine);
+  std::vector<RankReport> gather(RankReport mine, std::string_view what = "final report");
 
   /**
    * @brief Rank 0 tells every rank the outcome; the others wait for it.
@@ -192,7 +201,7 @@ class ControlPlane {
   /**
    * @brief On a rank other than 0 about to fail with a timeout: rank 0, when it still answers
    *        on the control plane, meets the same stall and can name the rank behind it; waits
-   *        up to @p most for rank 0's ABORT, which ends this process with rank 0's message.
+   *        up to @p most for rank 0's ABORT (then `remote_failure` holds rank 0's message).
    *        Returns at once on rank 0, or when rank 0 is silent or gone. Never throws.
    */
   void defer_to_root(std::chrono::milliseconds most) noexcept;
@@ -210,11 +219,23 @@ class ControlPlane {
 
   /**
    * @brief Sets what the reader thread does, once, when another rank's ABORT or a lost peer
-   *        ends this process: after the message is printed, before the exit (e.g. stop the
-   *        load and wait, at most a second, for its trace to be written). Empty: nothing.
-   *        The hook must not throw; clear it before what it refers to goes away.
+   *        ends the job (`remote_failure` is set by then; on rank 0 the ABORT has been passed
+   *        on): e.g. stop the load in progress. Empty: nothing. The hook must not throw and
+   *        should return promptly (the reader thread waits for it); clear it before what it
+   *        refers to goes away (a call waits for a hook in progress to return).
    */
   void on_ending(std::function<void()> hook);
+
+  /// @return the failure another rank's ABORT, or a lost peer, ended the job with (its
+  ///         status as the `Errc`, and its message, which names the failing rank), once the
+  ///         reader thread has received it; nullopt otherwise. Safe from any thread.
+  [[nodiscard]] std::optional<RemoteAbort> remote_failure() const;
+
+  /// @brief Rank 0, after a `remote_failure`: waits until every other rank has been told
+  ///        (has hung up, sent the ABORT itself, or fell silent), at most `timeout` and
+  ///        10 s, so that no rank learns of the failure only as a lost rank 0. Returns at
+  ///        once elsewhere. Never throws.
+  void await_told() noexcept;
 
   /**
    * @brief Rank 0, after the verdict (`finish`): waits until every other rank has hung up
@@ -229,13 +250,13 @@ class ControlPlane {
   /// @return true once an ABORT from this rank has been sent (the caller should not resend).
   [[nodiscard]] bool aborted() const noexcept;
 
-  /// @return true once this process is ending over the control plane: an ABORT was sent or
+  /// @return true once the job is ending over the control plane: an ABORT was sent or
   ///         received, or a peer was lost. Safe from any thread.
   [[nodiscard]] bool ending() const noexcept;
 
-  /// For a caller about to `_exit` (no destructors run): joins the control plane's reader
-  /// thread if it has already returned (its peers hung up), so that no finished thread is
-  /// left unjoined (ThreadSanitizer reports one as leaked); a running reader is left alone.
+  /// For a caller about to end the process with `_exit` (no destructors run): joins the
+  /// control plane's reader thread if it has already returned (its peers hung up), so that no
+  /// finished thread is left unjoined (ThreadSanitizer reports one as leaked); a running reader is left alone.
   /// Must not run concurrently with the destructor.
   void join_finished_reader() noexcept;
 

@@ -2,10 +2,11 @@
  * @file error.hpp
  * @brief weightcast's one exception type and its mapping onto process exit statuses.
  *
- * Every failure weightcast reports is a `weightcast::Error` carrying an `Errc`. The launcher
- * turns the `Errc` into an exit status from `<sysexits.h>` (docs/DESIGN.md § Errors), so a job
- * scheduler or a shell script can tell a bad checkpoint (65) from a dead peer (69) from a
- * stalled job (75) without parsing the message.
+ * Every failure weightcast reports is a `weightcast::Error` carrying an `Errc`, a library
+ * error code. `exit_status` is the one mapping onto `<sysexits.h>` process exit statuses
+ * (the CLI's, and Python's `weightcast.Error.status`), so a job scheduler or a shell script
+ * can tell a bad checkpoint (65) from a dead peer (69) from a stalled job (75) without
+ * parsing the message (docs/DESIGN.md § Errors).
  */
 #pragma once
 
@@ -16,7 +17,9 @@
 
 namespace weightcast {
 
-/// What went wrong, in the coarse classes a caller acts on. Values are the exit statuses.
+/// What went wrong, in the coarse classes a caller acts on. Use `exit_status` for a process
+/// status; the enumerators' values equal those statuses only so that the control plane's
+/// wire format (which carries statuses) stays as it was, and are not to be relied on.
 enum class Errc : int {
   usage = 64,               ///< EX_USAGE: wrong command line.
   invalid_checkpoint = 65,  ///< EX_DATAERR: a checkpoint, shard or index breaks the format.
@@ -33,8 +36,34 @@ enum class Errc : int {
   terminated = 143,
 };
 
-/// @return the `<sysexits.h>` process exit status for @p code (the enum's value).
-constexpr int exit_status(Errc code) noexcept { return static_cast<int>(code); }
+/// @return the `<sysexits.h>` process exit status for @p code (128 + signal for
+///         `interrupted` and `terminated`, as a shell reports them).
+constexpr int exit_status(Errc code) noexcept {
+  switch (code) {
+    case Errc::usage: return 64;               // EX_USAGE
+    case Errc::invalid_checkpoint: return 65;  // EX_DATAERR
+    case Errc::missing_input: return 66;       // EX_NOINPUT
+    case Errc::unavailable: return 69;         // EX_UNAVAILABLE
+    case Errc::internal: return 70;            // EX_SOFTWARE
+    case Errc::io: return 74;                  // EX_IOERR
+    case Errc::timeout: return 75;             // EX_TEMPFAIL
+    case Errc::config: return 78;              // EX_CONFIG
+    case Errc::interrupted: return 130;        // 128 + SIGINT
+    case Errc::terminated: return 143;         // 128 + SIGTERM
+  }
+  return 70;
+}
+
+/// @return the `Errc` whose `exit_status` is @p status; `unavailable` for any other status
+///         (another rank's ABORT carries a status: control_plane.hpp).
+constexpr Errc errc_for_exit_status(int status) noexcept {
+  for (const Errc code : {Errc::usage, Errc::invalid_checkpoint, Errc::missing_input,
+                          Errc::unavailable, Errc::internal, Errc::io, Errc::timeout,
+                          Errc::config, Errc::interrupted, Errc::terminated}) {
+    if (exit_status(code) == status) return code;
+  }
+  return Errc::unavailable;
+}
 
 /// @return a short lowercase name for @p code, e.g. "invalid checkpoint".
 std::string_view to_string(Errc code) noexcept;

@@ -12,6 +12,7 @@
  */
 #pragma once
 
+#include "weightcast/communicators.hpp"
 #include "weightcast/pending.hpp"
 
 #include <array>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
 namespace weightcast {
 
@@ -113,6 +115,27 @@ NcclUniqueId nccl_unique_id();
  */
 std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
                                                const NcclUniqueId& unique_id,
+                                               std::chrono::milliseconds timeout);
+
+/// @return the rank and the size of the caller's NCCL @p communicator (`ncclCommUserRank`,
+///         `ncclCommCount`: local calls).
+/// @throws Error `unavailable` (69) when the build has no CUDA or NCCL fails (a null or
+///         invalid communicator).
+std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator);
+
+/**
+ * @brief Broadcasts on the caller's NCCL @p communicator as it is (none is created): its rank
+ *        and size are the transport's, its CUDA device (`NcclCommunicator::cuda_device`) the
+ *        one the arena must be on. Works with a blocking or a non-blocking communicator; a
+ *        non-blocking one is polled as `make_nccl_transport` above says, bounded by @p timeout.
+ *
+ * On success the communicator is left as it was (never finalised or destroyed). After a
+ * failure, and when the transport is destroyed with a broadcast in flight, it is aborted
+ * (`ncclCommAbort`: NCCL docs, "Error handling and communicator abort"), the only way to end
+ * a collective that waits for a lost peer; the caller must not use it again.
+ * @throws Error as `make_nccl_transport` above, and `unavailable` (69) for a null communicator.
+ */
+std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
                                                std::chrono::milliseconds timeout);
 
 }  // namespace weightcast

@@ -30,9 +30,18 @@
 namespace weightcast {
 
 /// Where the world came from.
-enum class WorldSource { config, torchrun, slurm, openmpi, single };
+enum class WorldSource {
+  config,
+  torchrun,
+  slurm,
+  openmpi,
+  single,
+  /// The rank and size of the MPI or NCCL communicator handed to `run_job` (job.hpp), where
+  /// they differ from the environment's (a communicator split from the launcher's world).
+  communicator,
+};
 
-/// @return "config", "torchrun", "slurm", "openmpi" or "single".
+/// @return "config", "torchrun", "slurm", "openmpi", "single" or "communicator".
 std::string_view to_string(WorldSource source) noexcept;
 
 /// This process's place in the job.
