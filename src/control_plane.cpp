@@ -1177,6 +1177,9 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine) {
   }
   std::vector<RankReport> out;
   for (auto& r : impl.reports) out.push_back(std::move(*r));
+  // Emptied for the next gather (the placement's wants, then the final reports): a peer
+  // sends its next report only after rank 0 has answered this one.
+  for (auto& r : impl.reports) r.reset();
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
 #include "weightcast/log.hpp"
+#include "weightcast/placement_agreement.hpp"
 #include "weightcast/transport_mpi.hpp"
 
 #include <fmt/core.h>
@@ -239,6 +240,50 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
   return Verdict{exit_status(Errc::internal), message};
 }
 
+// Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
+// of each rank's bytes as they passed through its staging ring.
+Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
+  std::size_t wants = 0;
+  for (const RankWants& r : placement.all) wants += r.tensors.size();
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{} ranks, {} local shards loaded, not compared (verify: "
+                                  "none)",
+                                  reports.size(), wants)};
+  }
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    const auto& mine = expected.at(report.rank);
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
+                                       report.rank, report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t w = 0; w < mine.size(); ++w) {
+      if (report.digests[w] == mine[w]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
+                                         "sent bytes of xxh3 {}",
+                                         report.rank, placement.all[report.rank].tensors[w].tensor,
+                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{} ranks, {} local shards bit-exact (XXH3-64 of every rank's "
+                                  "local shards matches the bytes rank 0 sent it)",
+                                  reports.size(), wants)};
+  }
+  std::string message = fmt::format("{} local shard mismatch(es) against the bytes rank 0 sent: ",
+                                    count);
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
 }  // namespace
 
 namespace {
@@ -345,8 +390,17 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
                                       config.timeout);
     }
 
+    // Placement (issue 18): each rank resolves its own wants from its config (ranks may run
+    // different ones), rank 0 checks them all and every rank gets them back; null when every
+    // rank wants the whole checkpoint (one broadcast per chunk, as before). After the data
+    // plane is up, so that a rank stalled in MPI_Init_thread is still named by its watchdog.
+    const std::shared_ptr<const LoadPlacement> placement = agree_placement(
+        *control, catalogue,
+        resolve_placement(config.placement, catalogue, rank, world.world_size),
+        config.verify == Verify::digest);
     LoadOptions options = LoadOptions::from_config(config);
     if (device->name() != "host") options.tensor_alignment = 256;
+    options.placement = placement;
     // The control plane's heartbeat carries this rank's progress, so that a stall's message
     // can say which rank is behind. Rank 0 shows the load's progress as `run` does alone, as
     // plain lines whatever stderr is: the other ranks' lines would break a redrawn bar.
@@ -378,7 +432,9 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     // that landed in GPU memory, not a host copy of them. `verify: none` skips it.
     const auto digests_begin = std::chrono::steady_clock::now();
     std::vector<std::uint64_t> digests;
-    if (config.verify == Verify::digest) digests = tensor_digests(result);
+    if (config.verify == Verify::digest) {
+      digests = result.placed ? local_digests(result) : tensor_digests(result);
+    }
     const double digest_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - digests_begin).count();
     honour_corrupt_hook(rank, digests);
@@ -402,8 +458,10 @@ int run_ranks_or_throw(const RunArgs& args, const Config& config, const World& w
     RankReport report{rank, result.stats.bytes, result.stats.seconds, digests};
     Verdict verdict;
     if (rank == 0) {
-      verdict = judge(control->gather(std::move(report)), result.catalogue, config.verify,
-                      digest_seconds);
+      verdict = placement ? judge_placed(control->gather(std::move(report)), *placement,
+                                         result.expected_digests, config.verify)
+                          : judge(control->gather(std::move(report)), result.catalogue,
+                                  config.verify, digest_seconds);
     } else {
       control->gather(std::move(report));
     }

@@ -20,8 +20,8 @@
 #pragma once
 
 #include "weightcast/checkpoint.hpp"
-#include "weightcast/device.hpp"
 #include "weightcast/dtype.hpp"
+#include "weightcast/memory_kind.hpp"
 
 #include <cstddef>
 #include <cstdint>
