@@ -923,12 +923,24 @@ std::string_view null_spelling(const YAML::Node& value, std::string_view source)
 constexpr std::string_view rules_key = "placement_rules";
 
 std::vector<PlacementRule> parse_placement_rules(const YAML::Node& node,
-                                                 const std::string& file) {
+                                                 const std::string& file,
+                                                 const std::string& set_where = {}) {
   auto at = [&](const YAML::Node& n) {
     return file.empty() ? fmt::format("--set {}: ", rules_key)
                         : fmt::format("{}:{}: {}: ", file, n.Mark().line + 1, rules_key);
   };
-  if (node.IsNull()) return {};
+  // The whole value's place, as every key's messages say it.
+  const std::string where = file.empty() ? set_where : at(node);
+  if (node.IsNull()) throw Error(Errc::config, where + "has no value");
+  if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    if (const auto nul = text.find('\0'); nul != std::string::npos) {
+      throw Error(Errc::config, fmt::format("{}{} holds a NUL byte at byte {}: no setting can "
+                                            "hold one, and a path would end there",
+                                            where, quote_value(text), nul));
+    }
+    if (trim(text).empty()) throw Error(Errc::config, where + "has no value");
+  }
   if (!node.IsSequence()) {
     throw Error(Errc::config, fmt::format("{}expects a list of rules, got {}", at(node),
                                           node_kind(node)));
@@ -1106,6 +1118,15 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
       if (auto [it, inserted] = seen.emplace(key, key_line); !inserted) {
         throw Error(Errc::config, fmt::format("{}:{}: {}: given twice (first at line {})", file,
                                               key_line, key, it->second));
+      }
+      if (value.IsNull()) {
+        const std::string_view given = null_spelling(value, source);
+        const std::string where = fmt::format("{}:{}: {}: ", file, line_of(key_node, value), key);
+        throw Error(Errc::config,
+                    given.empty() ? where + "has no value"
+                                  : fmt::format("{}has no value ('{}' given, which YAML reads "
+                                                "as null)",
+                                                where, given));
       }
       config.placement.rules = parse_placement_rules(value, file);
       config.set_at.insert_or_assign(key, fmt::format("{}:{}", file, key_line));
@@ -1362,13 +1383,14 @@ void apply_override(Config& config, const std::string& item) {
   }
   if (key == rules_key) {
     // A list: the value is read as YAML (flow style: [{match: "*.o_proj.*", shard: {dim: 1}}]).
+    if (trim(raw).empty()) throw Error(Errc::config, where + "has no value");
     YAML::Node value;
     try {
       value = YAML::Load(raw);
     } catch (const YAML::ParserException& e) {
       throw Error(Errc::config, fmt::format("{}not valid YAML ({})", where, e.msg));
     }
-    config.placement.rules = parse_placement_rules(value, "");
+    config.placement.rules = parse_placement_rules(value, "", where);
     config.set_at.insert_or_assign(key, "--set");
     return;
   }

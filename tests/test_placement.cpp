@@ -167,7 +167,7 @@ void check_exact_cover(const Catalogue& catalogue, const std::vector<RankWants>&
 
 }  // namespace
 
-TEST_CASE("chunk_rows follows torch.chunk: c = ceil(n / W), trailing ranks fewer or none",
+TEST_CASE("chunk_rows follows torch.chunk: c = ceil(n / W) - trailing ranks fewer or none",
           "[placement]") {
   const std::uint64_t expect54[] = {2, 2, 1, 0};
   for (std::uint32_t r = 0; r < 4; ++r) REQUIRE(chunk_rows(5, 4, r).count == expect54[r]);
@@ -183,7 +183,7 @@ TEST_CASE("chunk_rows follows torch.chunk: c = ceil(n / W), trailing ranks fewer
   REQUIRE(chunk_rows(10, 4, 3).begin == 9);
 }
 
-TEST_CASE("fsdp: Shard(0) covers every byte exactly once; 0-dim tensors whole on every rank",
+TEST_CASE("fsdp: Shard(0) covers every byte exactly once - 0-dim tensors whole on every rank",
           "[placement]") {
   std::mt19937_64 rng(18);
   for (int trial = 0; trial < 60; ++trial) {
@@ -218,7 +218,7 @@ TEST_CASE("fsdp: Shard(0) covers every byte exactly once; 0-dim tensors whole on
   }
 }
 
-TEST_CASE("fsdp on 5 rows over 4 ranks gives 2, 2, 1, 0 rows with their offsets",
+TEST_CASE("fsdp on 5 rows over 4 ranks gives 2/2/1/0 rows with their offsets",
           "[placement]") {
   const Catalogue catalogue = make_catalogue({make_tensor("w", Dtype::BF16, {5, 3}),
                                               make_tensor("s", Dtype::F32, {})});
@@ -237,7 +237,7 @@ TEST_CASE("fsdp on 5 rows over 4 ranks gives 2, 2, 1, 0 rows with their offsets"
   }
 }
 
-TEST_CASE("rules: first match wins; shard dim 1, a TP group inside the world, ranks, skip",
+TEST_CASE("rules: first match wins - shard dim 1 - a TP group inside the world - ranks - skip",
           "[placement]") {
   const Catalogue catalogue = make_catalogue({
       make_tensor("layers.0.q.weight", Dtype::BF16, {6, 4}),
@@ -285,7 +285,7 @@ TEST_CASE("rules: first match wins; shard dim 1, a TP group inside the world, ra
   }
 }
 
-TEST_CASE("a dim-1 slice is gathered: one delivery per chunk and piece, its runs counted",
+TEST_CASE("a dim-1 slice is gathered: one delivery per chunk and piece - its runs counted",
           "[placement]") {
   const Catalogue catalogue = make_catalogue({make_tensor("w", Dtype::F32, {64, 30})});
   PlacementSpec spec;
@@ -301,7 +301,7 @@ TEST_CASE("a dim-1 slice is gathered: one delivery per chunk and piece, its runs
   check_placed_plan(catalogue, wants, plan, 1 << 20);
 }
 
-TEST_CASE("replicate: every chunk is broadcast, no deliveries", "[placement]") {
+TEST_CASE("replicate: every chunk is broadcast - no deliveries", "[placement]") {
   const Catalogue catalogue = make_catalogue({make_tensor("a", Dtype::U8, {100}),
                                               make_tensor("b", Dtype::U8, {0}),
                                               make_tensor("c", Dtype::F32, {})});
@@ -332,7 +332,7 @@ TEST_CASE("rules that cannot apply are config errors naming the rule and the ten
   REQUIRE_THAT(e.what(), Contains("rank 1 is listed twice"));
 }
 
-TEST_CASE("validate_wants: each bad want names the rank, the tensor and the key",
+TEST_CASE("validate_wants: each bad want names the rank - the tensor and the key",
           "[placement]") {
   const Catalogue catalogue = make_catalogue({make_tensor("w", Dtype::BF16, {4, 6}),
                                               make_tensor("f4", Dtype::F4, {3, 3})});
@@ -382,7 +382,7 @@ TEST_CASE("validate_wants: each bad want names the rank, the tensor and the key"
   REQUIRE(local_bytes(even.tensors[0], ok[0].tensors[0]) == 4);
 }
 
-TEST_CASE("wants round-trip the wire; truncated or corrupt bytes are refused, never trusted",
+TEST_CASE("wants round-trip the wire - truncated or corrupt bytes are refused - never trusted",
           "[placement]") {
   std::vector<RankWants> wants(3);
   wants[0].tensors.push_back({"a", {}, {}, {}});
@@ -429,7 +429,7 @@ TEST_CASE("wants round-trip the wire; truncated or corrupt bytes are refused, ne
   REQUIRE_THROWS_AS(decode_wants(huge, "w"), Error);
 }
 
-TEST_CASE("casts at the receiver: BF16/F16 to F32 exact, F32 to BF16/F16 round to nearest even",
+TEST_CASE("casts at the receiver: BF16/F16 to F32 exact - F32 to BF16/F16 round to nearest even",
           "[placement]") {
   auto f32_bits = [](float f) {
     std::uint32_t b;
@@ -482,7 +482,7 @@ TEST_CASE("casts at the receiver: BF16/F16 to F32 exact, F32 to BF16/F16 round t
           }).code() == Errc::config);
 }
 
-TEST_CASE("layout_wants sizes arena wants in the destination dtype; in-place ones take none",
+TEST_CASE("layout_wants sizes arena wants in the destination dtype - in-place ones take none",
           "[placement]") {
   const Catalogue catalogue = make_catalogue({make_tensor("a", Dtype::BF16, {3}),
                                               make_tensor("b", Dtype::U8, {5})});

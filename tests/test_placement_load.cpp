@@ -62,7 +62,7 @@ LoadResult load_placed(const std::filesystem::path& path, RankWants mine,
 
 }  // namespace
 
-TEST_CASE("a placed load on one rank lands every local shard bit-exact, any chunking",
+TEST_CASE("a placed load on one rank lands every local shard bit-exact - any chunking",
           "[placement][loader]") {
   TempDir dir;
   const auto path = dir / "model.safetensors";
@@ -102,7 +102,7 @@ TEST_CASE("a placed load on one rank lands every local shard bit-exact, any chun
   }
 }
 
-TEST_CASE("in-place destinations, with casts at the receiver, even across chunk cuts",
+TEST_CASE("in-place destinations - with casts at the receiver - even across chunk cuts",
           "[placement][loader]") {
   TempDir dir;
   const auto path = dir / "model.safetensors";
@@ -149,7 +149,7 @@ TEST_CASE("in-place destinations, with casts at the receiver, even across chunk 
   }
 }
 
-TEST_CASE("a placed load refuses bad wants before reading, naming rank, tensor and key",
+TEST_CASE("a placed load refuses bad wants before reading - naming rank - tensor and key",
           "[placement][loader]") {
   TempDir dir;
   const auto path = dir / "model.safetensors";

@@ -126,7 +126,7 @@ Expected cols(const TypedTensor& t, int parts, int part) {
 
 }  // namespace
 
-TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows, bit-exact",
+TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows - bit-exact",
           "[placement][multirank]") {
   REQUIRE_MPI();
   TempDir dir;
@@ -149,7 +149,7 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows,
   }
 }
 
-TEST_CASE("placement: rules on 3 ranks: dim-1 slices, a TP group of 2, a stage, skip",
+TEST_CASE("placement: rules on 3 ranks: dim-1 slices - a TP group of 2 - a stage - skip",
           "[placement][multirank]") {
   REQUIRE_MPI();
   TempDir dir;
