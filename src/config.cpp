@@ -548,6 +548,9 @@ constexpr std::array<std::pair<std::string_view, ReaderKind>, 4> reader_names{{
     {"io_uring", ReaderKind::uring}, {"pread", ReaderKind::pread}}};
 constexpr std::array<std::pair<std::string_view, Destination>, 2> destination_names{{
     {"arena", Destination::arena}, {"discard", Destination::discard}}};
+constexpr std::array<std::pair<std::string_view, PlacementMode>, 2> placement_names{{
+    {"replicate", PlacementMode::replicate}, {"fsdp", PlacementMode::fsdp}}};
+
 // As for direct_io, `verify: false` is what people write.
 constexpr std::array<std::pair<std::string_view, Verify>, 8> verify_names{{
     {"none", Verify::none}, {"digest", Verify::digest}, {"true", Verify::digest},
@@ -590,8 +593,8 @@ std::string print_auto_int(int value, int automatic) {
 // What the effective config prints for a token that is set.
 constexpr std::string_view token_mask = "(set)";
 
-const std::array<KeySpec, 19>& key_table() {
-  static const std::array<KeySpec, 19> table{{
+const std::array<KeySpec, 20>& key_table() {
+  static const std::array<KeySpec, 20> table{{
       {"checkpoint", ValueKind::text,
        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
        [](const Config& c) { return c.checkpoint; }},
@@ -655,6 +658,11 @@ const std::array<KeySpec, 19>& key_table() {
       {"verify", ValueKind::setting,
        [](Config& c, std::string_view t) { c.verify = parse_choice(t, verify_names, "none, digest"); },
        [](const Config& c) { return std::string(to_string(c.verify)); }},
+      {"placement", ValueKind::setting,
+       [](Config& c, std::string_view t) {
+         c.placement.mode = parse_choice(t, placement_names, "replicate, fsdp");
+       },
+       [](const Config& c) { return std::string(to_string(c.placement.mode)); }},
       {"trace", ValueKind::text,
        [](Config& c, std::string_view t) { c.trace = std::string(t); },
        [](const Config& c) { return c.trace; }},
@@ -717,6 +725,7 @@ const std::array<KeySpec, 19>& key_table() {
   }};
   return table;
 }
+
 
 const KeySpec* find_key(std::string_view name) {
   for (const auto& spec : key_table()) {
@@ -907,6 +916,167 @@ std::string_view null_spelling(const YAML::Node& value, std::string_view source)
   return {};
 }
 
+// `placement_rules`: a list of mappings, each `match: GLOB` and exactly one action
+// (`shard: {dim: D[, ranks: [...]][, group: G]}`, `replicate: true`, `skip: true`,
+// `ranks: [...]`). A list, so not in the table of scalar keys. @p where names the place
+// ("x.yaml:12: " or "--set placement_rules=...: ").
+constexpr std::string_view rules_key = "placement_rules";
+
+std::vector<PlacementRule> parse_placement_rules(const YAML::Node& node,
+                                                 const std::string& file,
+                                                 const std::string& set_where = {}) {
+  auto at = [&](const YAML::Node& n) {
+    return file.empty() ? fmt::format("--set {}: ", rules_key)
+                        : fmt::format("{}:{}: {}: ", file, n.Mark().line + 1, rules_key);
+  };
+  // The whole value's place, as every key's messages say it.
+  const std::string where = file.empty() ? set_where : at(node);
+  if (node.IsNull()) throw Error(Errc::config, where + "has no value");
+  if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    if (const auto nul = text.find('\0'); nul != std::string::npos) {
+      throw Error(Errc::config, fmt::format("{}{} holds a NUL byte at byte {}: no setting can "
+                                            "hold one, and a path would end there",
+                                            where, quote_value(text), nul));
+    }
+    if (trim(text).empty()) throw Error(Errc::config, where + "has no value");
+  }
+  if (!node.IsSequence()) {
+    throw Error(Errc::config, fmt::format("{}expects a list of rules, got {}", at(node),
+                                          node_kind(node)));
+  }
+  auto integer = [&](const YAML::Node& n, std::string_view what, long long lo, long long hi) {
+    long long value = 0;
+    const std::string text = n.IsScalar() ? n.Scalar() : std::string();
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (!n.IsScalar() || ec != std::errc() || end != text.data() + text.size() || value < lo ||
+        value > hi) {
+      throw Error(Errc::config, fmt::format("{}{}: {} is not an integer from {} to {}", at(n),
+                                            what, n.IsScalar() ? quote_value(text)
+                                                               : std::string(node_kind(n)),
+                                            lo, hi));
+    }
+    return value;
+  };
+  auto rank_list = [&](const YAML::Node& n, std::string_view what) {
+    if (!n.IsSequence()) {
+      throw Error(Errc::config, fmt::format("{}{}: expects a list of ranks, got {}", at(n),
+                                            what, node_kind(n)));
+    }
+    std::vector<int> ranks;
+    for (const auto& r : n) ranks.push_back(static_cast<int>(integer(r, what, 0, 1 << 24)));
+    return ranks;
+  };
+  auto yes = [&](const YAML::Node& n, std::string_view what) {
+    if (!n.IsScalar() || (n.Scalar() != "true" && n.Scalar() != "True" && n.Scalar() != "yes")) {
+      throw Error(Errc::config, fmt::format("{}{}: write `{}: true`", at(n), what, what));
+    }
+  };
+  std::vector<PlacementRule> rules;
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& item = node[i];
+    const std::string name = fmt::format("rule {}", i + 1);
+    if (!item.IsMap()) {
+      throw Error(Errc::config, fmt::format("{}{}: expects a mapping (match: GLOB and an "
+                                            "action), got {}",
+                                            at(item), name, node_kind(item)));
+    }
+    PlacementRule rule;
+    int actions = 0;
+    bool matched = false;
+    for (const auto& entry : item) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string();
+      const YAML::Node& value = entry.second;
+      if (key == "match") {
+        if (!value.IsScalar() || value.Scalar().empty()) {
+          throw Error(Errc::config, fmt::format("{}{}: match: expects a glob of tensor names",
+                                                at(value), name));
+        }
+        rule.pattern = value.Scalar();
+        matched = true;
+      } else if (key == "replicate" || key == "skip") {
+        yes(value, key);
+        rule.action = key == "skip" ? PlacementRule::Action::skip
+                                    : PlacementRule::Action::replicate;
+        ++actions;
+      } else if (key == "ranks") {
+        rule.action = PlacementRule::Action::ranks;
+        rule.ranks = rank_list(value, "ranks");
+        ++actions;
+      } else if (key == "shard") {
+        rule.action = PlacementRule::Action::shard;
+        ++actions;
+        if (!value.IsMap()) {
+          throw Error(Errc::config, fmt::format("{}{}: shard: expects {{dim: D}} (and "
+                                                "optionally ranks: [...] or group: G), got {}",
+                                                at(value), name, node_kind(value)));
+        }
+        bool dim = false;
+        for (const auto& s : value) {
+          const std::string k = s.first.IsScalar() ? s.first.Scalar() : std::string();
+          if (k == "dim") {
+            rule.dim = static_cast<std::uint32_t>(integer(s.second, "shard.dim", 0, 63));
+            dim = true;
+          } else if (k == "ranks") {
+            rule.ranks = rank_list(s.second, "shard.ranks");
+          } else if (k == "group") {
+            rule.group = static_cast<std::uint32_t>(integer(s.second, "shard.group", 1, 1 << 24));
+          } else {
+            throw Error(Errc::config, fmt::format("{}{}: shard: unknown key {} (known: dim, "
+                                                  "ranks, group)",
+                                                  at(s.first), name, quote_value(k)));
+          }
+        }
+        if (!dim) {
+          throw Error(Errc::config, fmt::format("{}{}: shard: needs dim", at(value), name));
+        }
+      } else {
+        throw Error(Errc::config, fmt::format("{}{}: unknown key {} (known: match, shard, "
+                                              "replicate, skip, ranks)",
+                                              at(entry.first), name, quote_value(key)));
+      }
+    }
+    if (!matched) throw Error(Errc::config, fmt::format("{}{}: needs match: GLOB", at(item), name));
+    if (actions != 1) {
+      throw Error(Errc::config, fmt::format("{}{}: needs exactly one of shard, replicate, skip, "
+                                            "ranks (has {})",
+                                            at(item), name, actions));
+    }
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+std::string print_placement_rules(const std::vector<PlacementRule>& rules) {
+  YAML::Emitter out;
+  out << YAML::Flow << YAML::BeginSeq;
+  for (const PlacementRule& rule : rules) {
+    out << YAML::BeginMap << YAML::Key << "match" << YAML::Value << YAML::DoubleQuoted
+        << rule.pattern;
+    switch (rule.action) {
+      case PlacementRule::Action::replicate:
+        out << YAML::Key << "replicate" << YAML::Value << "true";
+        break;
+      case PlacementRule::Action::skip:
+        out << YAML::Key << "skip" << YAML::Value << "true";
+        break;
+      case PlacementRule::Action::ranks:
+        out << YAML::Key << "ranks" << YAML::Value << YAML::Flow << rule.ranks;
+        break;
+      case PlacementRule::Action::shard:
+        out << YAML::Key << "shard" << YAML::Value << YAML::BeginMap << YAML::Key << "dim"
+            << YAML::Value << rule.dim;
+        if (!rule.ranks.empty()) out << YAML::Key << "ranks" << YAML::Value << YAML::Flow << rule.ranks;
+        if (rule.group > 1) out << YAML::Key << "group" << YAML::Value << rule.group;
+        out << YAML::EndMap;
+        break;
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+  return out.c_str();
+}
+
 void apply_mapping(Config& config, const YAML::Node& mapping, const std::string& prefix,
                    const std::string& file, std::string_view source,
                    std::map<std::string, int>& seen) {
@@ -944,6 +1114,24 @@ void apply_mapping(Config& config, const YAML::Node& mapping, const std::string&
                                             at));
     }
     std::string key = prefix + key_node.Scalar();
+    if (key == rules_key) {
+      if (auto [it, inserted] = seen.emplace(key, key_line); !inserted) {
+        throw Error(Errc::config, fmt::format("{}:{}: {}: given twice (first at line {})", file,
+                                              key_line, key, it->second));
+      }
+      if (value.IsNull()) {
+        const std::string_view given = null_spelling(value, source);
+        const std::string where = fmt::format("{}:{}: {}: ", file, line_of(key_node, value), key);
+        throw Error(Errc::config,
+                    given.empty() ? where + "has no value"
+                                  : fmt::format("{}has no value ('{}' given, which YAML reads "
+                                                "as null)",
+                                                where, given));
+      }
+      config.placement.rules = parse_placement_rules(value, file);
+      config.set_at.insert_or_assign(key, fmt::format("{}:{}", file, key_line));
+      continue;
+    }
     const KeySpec* spec = find_key(key);
     if (spec == nullptr && value.IsMap()) {
       if (has_foreign_tag(value, "map")) refuse_tag(at + shown(key) + ": ", "the mapping", value);
@@ -1193,6 +1381,19 @@ void apply_override(Config& config, const std::string& item) {
   if (key.empty()) {
     throw Error(Errc::usage, fmt::format("{}the key is empty (expected key=value)", where));
   }
+  if (key == rules_key) {
+    // A list: the value is read as YAML (flow style: [{match: "*.o_proj.*", shard: {dim: 1}}]).
+    if (trim(raw).empty()) throw Error(Errc::config, where + "has no value");
+    YAML::Node value;
+    try {
+      value = YAML::Load(raw);
+    } catch (const YAML::ParserException& e) {
+      throw Error(Errc::config, fmt::format("{}not valid YAML ({})", where, e.msg));
+    }
+    config.placement.rules = parse_placement_rules(value, "", where);
+    config.set_at.insert_or_assign(key, "--set");
+    return;
+  }
   const KeySpec* spec = find_key(key);
   if (spec == nullptr) throw Error(Errc::config, where + unknown_key_reason(key));
   // The job token is a secret: its messages name the key alone.
@@ -1348,6 +1549,9 @@ std::string Config::to_yaml() const {
     }
     out << YAML::EndMap;
     yaml += std::string(out.c_str()) + "\n";
+    if (spec.name == "placement") {
+      yaml += fmt::format("{}: {}\n", rules_key, print_placement_rules(placement.rules));
+    }
   }
   return yaml;
 }

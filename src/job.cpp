@@ -9,6 +9,7 @@
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/log.hpp"
+#include "weightcast/placement_agreement.hpp"
 #include "weightcast/transport_mpi.hpp"
 
 #include <fmt/core.h>
@@ -333,6 +334,50 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
   return Verdict{exit_status(Errc::internal), message};
 }
 
+// Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
+// of each rank's bytes as they passed through its staging ring.
+Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
+  std::size_t wants = 0;
+  for (const RankWants& r : placement.all) wants += r.tensors.size();
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{} ranks, {} local shards loaded, not compared (verify: "
+                                  "none)",
+                                  reports.size(), wants)};
+  }
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    const auto& mine = expected.at(report.rank);
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
+                                       report.rank, report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t w = 0; w < mine.size(); ++w) {
+      if (report.digests[w] == mine[w]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
+                                         "sent bytes of xxh3 {}",
+                                         report.rank, placement.all[report.rank].tensors[w].tensor,
+                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{} ranks, {} local shards bit-exact (XXH3-64 of every rank's "
+                                  "local shards matches the bytes rank 0 sent it)",
+                                  reports.size(), wants)};
+  }
+  std::string message = fmt::format("{} local shard mismatch(es) against the bytes rank 0 sent: ",
+                                    count);
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
 // ---- the world ----------------------------------------------------------------------------
 
 World resolve_world(const JobOptions& options) {
@@ -368,13 +413,12 @@ class Job {
     meet();
     try {
       Catalogue catalogue = share_catalogue();
-      // ---- SEAM (placement, issue 18): here, after the catalogue is shared and before the
-      // plan, every rank sends what it wants (its placement: which tensors, which local
-      // shards) to rank 0 over the control plane, and rank 0 answers with the plan's inputs.
-      // The step goes between share_catalogue() and plan(). --------------------------------
       LoadOptions options = plan();
       confirm_ready();
       open_transport();
+      // After the data plane is up, so that a rank stalled in MPI_Init_thread is still named
+      // by its watchdog.
+      agree_wants(catalogue, options);
       JobResult result = run_load(std::move(catalogue), std::move(options));
       reach_verdict(result);
       close();
@@ -599,6 +643,31 @@ class Job {
     }
   }
 
+  // ---- step 4b: the placement: every rank's wants, checked on rank 0 -------------------
+  // Each rank resolves its own wants (from its placement, or the caller's in-place
+  // destinations), rank 0 checks them all against the catalogue and every rank gets them
+  // back; null when every rank wants the whole checkpoint (one broadcast per chunk). Every
+  // rank of several takes part, whatever its own placement, so that ranks whose configs
+  // differ still meet at the same step.
+  void agree_wants(const Catalogue& catalogue, LoadOptions& options) {
+    const bool custom = static_cast<bool>(_options.wants);
+    if (!several() && !custom && _options.placement.replicates_all()) return;
+    RankWants mine = custom ? _options.wants(catalogue, rank(), _world.world_size)
+                            : resolve_placement(_options.placement, catalogue, rank(),
+                                                _world.world_size);
+    if (several()) {
+      _placement = agree_placement(*_control, catalogue, std::move(mine),
+                                   _options.verify == Verify::digest);
+    } else {
+      auto placement = std::make_shared<LoadPlacement>();
+      placement->all = {std::move(mine)};
+      validate_wants(catalogue, placement->all);
+      placement->mine = placement->all.front();
+      _placement = std::move(placement);
+    }
+    options.placement = _placement;
+  }
+
   // ---- step 5: the load -------------------------------------------------------------------
   JobResult run_load(Catalogue catalogue, LoadOptions options) {
     JobResult result;
@@ -616,7 +685,8 @@ class Job {
     // that landed in GPU memory, not a host copy of them. Alone, there is nothing to compare.
     if (several() && _options.verify == Verify::digest) {
       const auto begin = Clock::now();
-      result.digests = tensor_digests(result.load);
+      result.digests =
+          result.load.placed ? local_digests(result.load) : tensor_digests(result.load);
       result.digest_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     }
     if (_options.test_hooks.before_report) _options.test_hooks.before_report(result.digests);
@@ -634,8 +704,11 @@ class Job {
                         result.digests};
       Verdict verdict;
       if (rank() == 0) {
-        verdict = judge(_control->gather(std::move(report)), result.load.catalogue,
-                        _options.verify, result.digest_seconds);
+        verdict = _placement ? judge_placed(_control->gather(std::move(report)), *_placement,
+                                            result.load.expected_digests, _options.verify)
+                             : judge(_control->gather(std::move(report)),
+                                     result.load.catalogue, _options.verify,
+                                     result.digest_seconds);
       } else {
         _control->gather(std::move(report));
       }
@@ -772,6 +845,7 @@ class Job {
   bool _host = true;
   TransportKind _kind = TransportKind::local;
   std::optional<ControlPlane> _control;
+  std::shared_ptr<const LoadPlacement> _placement;  // null: every rank wants every tensor
   std::optional<Watchdog> _watchdog;  // after _control: gone before it
   std::stop_source _stop;             // the load's: the caller's stop, or another rank's failure
   std::optional<std::stop_callback<std::function<void()>>> _caller_stop;
@@ -829,6 +903,7 @@ JobOptions JobOptions::from_config(const Config& config, const World& world) {
   options.transport = config.transport;
   options.verify = config.verify;
   options.load = LoadOptions::from_config(config);
+  options.placement = config.placement;
   return options;
 }
 

@@ -24,7 +24,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <deque>
+#include <unordered_map>
 #include <span>
 #include <cerrno>
 #include <fcntl.h>
@@ -100,7 +102,48 @@ std::string_view to_string(Stage stage) noexcept {
   return "read";
 }
 
+TensorView LoadResult::local(std::size_t index) const {
+  const TensorWant& want = wants.tensors.at(index);
+  const TensorInfo* info = nullptr;
+  for (const TensorInfo& t : catalogue.tensors) {
+    if (t.name == want.tensor) info = &t;
+  }
+  if (info == nullptr) throw std::out_of_range("LoadResult::local: want of no tensor");
+  const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
+                                                             : arena->kind();
+  return TensorView{info, want_data.at(index), memory, &want};
+}
+
+std::vector<std::uint64_t> local_digests(const LoadResult& result) {
+  std::vector<std::uint64_t> digests;
+  digests.reserve(result.wants.tensors.size());
+  for (std::size_t w = 0; w < result.wants.tensors.size(); ++w) {
+    const TensorView view = result.local(w);
+    const TensorWant& want = *view.want;
+    const bool cast = want.destination.dtype && *want.destination.dtype != view.info->dtype;
+    const std::uint64_t bytes = local_bytes(*view.info, want);
+    if (cast || (want.destination.data != nullptr && view.memory != MemoryKind::host)) {
+      digests.push_back(result.received_digests.at(w));
+    } else if (want.destination.data != nullptr || bytes == 0) {
+      digests.push_back(xxh3_64(view.data, bytes));
+    } else {
+      StreamingDigests one(1);
+      result.arena->read_back(static_cast<std::uint64_t>(view.data - result.arena->data()),
+                              bytes, [&](const std::byte* data, std::size_t n) {
+                                one.update(0, data, n);
+                              });
+      one.finish(0);
+      digests.push_back(one.digests()[0]);
+    }
+  }
+  return digests;
+}
+
 std::optional<TensorView> LoadResult::find(std::string_view name) const {
+  for (std::size_t w = 0; w < wants.tensors.size(); ++w) {
+    if (wants.tensors[w].tensor == name) return local(w);
+  }
+  if (placed) return std::nullopt;
   for (std::size_t i = 0; i < catalogue.tensors.size(); ++i) {
     if (catalogue.tensors[i].name == name) return tensor(i);
   }
@@ -119,6 +162,23 @@ using IndexChannel = asio::experimental::channel<void(boost::system::error_code,
 struct InFlight {
   std::unique_ptr<Pending> pending;  ///< null: already complete (or nothing to send)
   Clock::time_point begin;           ///< when it was posted
+  // A placed plan only: rank 0's slot the sends read from, the packed slices they send, and
+  // on a receiving rank the windows that cast wants land in before their cast.
+  detail::SlotLease lease;
+  std::vector<std::vector<std::byte>> buffers;
+  struct Window {
+    std::uint32_t want;
+    std::uint64_t local_offset;
+    std::uint64_t bytes;
+    std::size_t buffer;
+  };
+  std::vector<Window> windows;
+};
+
+/// Rank 0's slot between a placed chunk's upload (its own copies) and its sends.
+struct HeldSlot {
+  detail::SlotLease lease;
+  const std::byte* source = nullptr;  ///< The chunk's first byte in the slot.
 };
 
 class Pipeline {
@@ -137,7 +197,9 @@ class Pipeline {
         _landed(catalogue.tensors.size(), 0),
         _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
         _to_land(executor, broadcasts_in_flight - 2),
-        _last_progress(Clock::now()) {}
+        _last_progress(Clock::now()) {
+    _placement = options.placement.get();
+  }
 
   awaitable<void> run() {
     if (_options.stop.stop_requested()) throw stopped();
@@ -154,6 +216,7 @@ class Pipeline {
     }
     // Every tensor has a digest, a plan of no chunks (only zero-size tensors) included.
     if (discarding() && _options.digest_discarded) _digests.emplace(_catalogue.tensors.size());
+    if (_placement) set_up_placement();
     announce_zero_size_tensors();
     if (_plan.chunks.empty()) co_return;
     if (_transport.rank() == 0) {
@@ -214,7 +277,318 @@ class Pipeline {
   /// Frees the reader before the ring: in-flight reads must finish before slots go away.
   void shut_down() noexcept { _reader.reset(); }
 
+  // ---- placement (a placed plan): each rank receives exactly its wants ----
+
+  /// Where this rank's wants land (`LoadResult::want_data`); call before `run`.
+  void use_destinations(std::vector<std::byte*> want_data) { _want_data = std::move(want_data); }
+
+  /// Rank 0, `LoadPlacement::expect_digests`: per rank, per want, the digest of what it
+  /// should have received.
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> expected_digests() const {
+    std::vector<std::vector<std::uint64_t>> out;
+    if (!_expected) return out;
+    const auto& digests = _expected->digests();
+    for (std::size_t r = 0; r < _placement->all.size(); ++r) {
+      out.emplace_back();
+      for (std::size_t w = 0; w < _placement->all[r].tensors.size(); ++w) {
+        out.back().push_back(digests[expected_index(r, w)]);
+      }
+    }
+    return out;
+  }
+  /// Per want of this rank: the digest of the bytes received (cast or device wants only).
+  [[nodiscard]] std::vector<std::uint64_t> received_digests() const {
+    std::vector<std::uint64_t> out(_want_data.size(), 0);
+    if (!_received) return out;
+    for (std::size_t w = 0; w < out.size(); ++w) {
+      if (_hash_received[w]) out[w] = _received->digests()[w];
+    }
+    return out;
+  }
+
  private:
+  void set_up_placement() {
+    const LoadPlacement& placement = *_placement;
+    _me = _transport.rank();
+    std::unordered_map<std::string_view, std::uint32_t> index;
+    for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
+      index.emplace(_catalogue.tensors[t].name, t);
+    }
+    const std::size_t ranks = placement.all.size();
+    _want_tensor.assign(ranks, {});
+    _runs.assign(ranks, {});
+    _whole.assign(ranks, {});
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const bool keep = _me == 0 || static_cast<int>(r) == _me;
+      for (const TensorWant& want : placement.all[r].tensors) {
+        const std::uint32_t t = index.at(want.tensor);
+        _want_tensor[r].push_back(t);
+        _whole[r].push_back(wants_whole(_catalogue.tensors[t], want) ? 1 : 0);
+        if (keep) _runs[r].emplace_back(_catalogue.tensors[t], want);
+      }
+    }
+    const RankWants& mine = placement.mine;
+    _want_of_tensor.assign(_catalogue.tensors.size(), -1);
+    _want_left.assign(mine.tensors.size(), 0);
+    _cast_to.assign(mine.tensors.size(), std::nullopt);
+    _cast.assign(mine.tensors.size(), CastState{});
+    _hash_received.assign(mine.tensors.size(), 0);
+    bool any_received = false;
+    for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
+      const TensorWant& want = mine.tensors[w];
+      const std::uint32_t t = _want_tensor[_me][w];
+      const TensorInfo& info = _catalogue.tensors[t];
+      _want_of_tensor[t] = static_cast<std::int32_t>(w);
+      _want_left[w] = local_bytes(info, want);
+      if (want.destination.dtype && *want.destination.dtype != info.dtype) {
+        _cast_to[w] = want.destination.dtype;
+      }
+      // What cannot be hashed afterwards in the checkpoint's dtype is hashed as it lands.
+      const bool device_in_place =
+          want.destination.data != nullptr && want.destination.memory != MemoryKind::host;
+      if (_cast_to[w] || device_in_place) {
+        _hash_received[w] = 1;
+        any_received = true;
+      }
+    }
+    if (any_received) _received.emplace(mine.tensors.size());
+    if (_me == 0 && placement.expect_digests) {
+      // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
+      // one per (rank, want) for the slices.
+      _tensor_whole_wanted.assign(_catalogue.tensors.size(), 0);
+      _expected_base.assign(ranks + 1, _catalogue.tensors.size());
+      for (std::size_t r = 0; r < ranks; ++r) {
+        _expected_base[r + 1] = _expected_base[r] + placement.all[r].tensors.size();
+        for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
+          if (_whole[r][w]) _tensor_whole_wanted[_want_tensor[r][w]] = 1;
+        }
+      }
+      _expected.emplace(_expected_base.back());
+      _expected_left.assign(_expected_base.back(), 0);
+      for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
+        _expected_left[t] = _catalogue.tensors[t].bytes;
+      }
+      for (std::size_t r = 0; r < ranks; ++r) {
+        for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
+          if (!_whole[r][w]) _expected_left[_expected_base[r] + w] = _runs[r][w].bytes();
+        }
+      }
+    }
+  }
+
+  [[nodiscard]] std::size_t expected_index(std::size_t rank, std::size_t want) const {
+    return _whole[rank][want] ? _want_tensor[rank][want] : _expected_base[rank] + want;
+  }
+
+  void expect(std::size_t index, const std::byte* data, std::uint64_t bytes) {
+    _expected->update(static_cast<std::uint32_t>(index), data, bytes);
+    if ((_expected_left[index] -= bytes) == 0) _expected->finish(static_cast<std::uint32_t>(index));
+  }
+
+  // The chunk offset of tensor byte `tensor_byte` of piece `piece`.
+  [[nodiscard]] std::uint64_t chunk_offset(const Piece& piece, std::uint64_t tensor_byte) const {
+    return piece.chunk_offset + (tensor_byte - piece.tensor_offset);
+  }
+
+  // Delivery `d`'s bytes in local order: straight from the chunk when they are one run, else
+  // gathered into `buffer` (a strided slice: one message, never one per row).
+  const std::byte* gather(const Delivery& d, const std::byte* source,
+                          std::vector<std::byte>& buffer) const {
+    const Piece& piece = _plan.pieces[d.piece];
+    const detail::ShardRuns& runs = _runs[d.rank][d.want];
+    if (d.runs == 1) {
+      const std::byte* at = nullptr;
+      runs.for_each_stretch(d.local_offset, d.local_offset + 1,
+                            [&](std::uint64_t tb, std::uint64_t, std::uint64_t) {
+                              at = source + chunk_offset(piece, tb);
+                            });
+      return at;
+    }
+    buffer.resize(d.bytes);
+    runs.for_each_stretch(d.local_offset, d.local_offset + d.bytes,
+                          [&](std::uint64_t tb, std::uint64_t lb, std::uint64_t n) {
+                            std::memcpy(buffer.data() + (lb - d.local_offset),
+                                        source + chunk_offset(piece, tb), n);
+                          });
+    return buffer.data();
+  }
+
+  // Casts received bytes [local_offset, + bytes) of want `w` (checkpoint dtype) into its
+  // destination. Bytes arrive in local order; an element cut by a chunk boundary waits in a
+  // carry of under 8 bytes for the rest.
+  void cast_into(std::uint32_t w, const std::byte* data, std::uint64_t local_offset,
+                 std::uint64_t bytes) {
+    CastState& state = _cast[w];
+    if (local_offset != state.next) {
+      throw Error(Errc::internal, fmt::format("cast of tensor '{}': bytes at {} arrived, {} "
+                                              "expected",
+                                              _placement->mine.tensors[w].tensor, local_offset,
+                                              state.next));
+    }
+    state.next += bytes;
+    const Dtype from = _catalogue.tensors[_want_tensor[_me][w]].dtype;
+    const Dtype to = *_cast_to[w];
+    const std::uint64_t in = dtype_bits(from) / 8;
+    const std::uint64_t out = dtype_bits(to) / 8;
+    std::byte* target = _want_data[w];
+    std::uint64_t element = (local_offset - state.carried) / in;
+    if (state.carried != 0) {
+      const std::uint64_t take = std::min(in - state.carried, bytes);
+      std::memcpy(state.carry + state.carried, data, take);
+      state.carried += take;
+      data += take;
+      bytes -= take;
+      if (state.carried < in) return;
+      cast_elements(from, to, state.carry, target + element * out, 1);
+      ++element;
+      state.carried = 0;
+    }
+    const std::uint64_t elements = bytes / in;
+    cast_elements(from, to, data, target + element * out, elements);
+    state.carried = bytes - elements * in;
+    std::memcpy(state.carry, data + elements * in, state.carried);
+  }
+
+  // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk.
+  awaitable<void> copy_to_mine(std::uint32_t w, const std::byte* data,
+                               std::uint64_t local_offset, std::uint64_t bytes) {
+    if (_hash_received[w]) _received->update(w, data, bytes);
+    if (_cast_to[w]) {
+      cast_into(w, data, local_offset, bytes);
+      co_return;
+    }
+    co_await wait(_device.upload(data, _want_data[w] + local_offset, bytes), upload_poll_cap);
+  }
+
+  // Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
+  // every rank's expected digests; the slot stays held for the sends.
+  awaitable<void> upload_placed(std::size_t c, const std::byte* source) {
+    const Chunk& chunk = _plan.chunks[c];
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = _plan.pieces[p];
+      if (_expected && _tensor_whole_wanted[piece.tensor]) {
+        expect(piece.tensor, source + piece.chunk_offset, piece.bytes);
+      }
+      if (!_plan.chunk_broadcast[c]) continue;
+      const std::int32_t w = _want_of_tensor[piece.tensor];
+      co_await copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
+                            piece.tensor_offset, piece.bytes);
+    }
+    if (_plan.chunk_broadcast[c]) co_return;
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      const Delivery& d = _plan.deliveries[i];
+      if (_expected && !_whole[d.rank][d.want]) {
+        const Piece& piece = _plan.pieces[d.piece];
+        _runs[d.rank][d.want].for_each_stretch(
+            d.local_offset, d.local_offset + d.bytes,
+            [&](std::uint64_t tb, std::uint64_t, std::uint64_t n) {
+              expect(expected_index(d.rank, d.want), source + chunk_offset(piece, tb), n);
+            });
+      }
+      if (d.rank != 0) continue;
+      const std::byte* data = gather(d, source, _scratch);
+      co_await copy_to_mine(d.want, data, d.local_offset, d.bytes);
+    }
+  }
+
+  // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
+  // 0's sends (each rank's slice of the chunk as one message) and this rank's receives.
+  InFlight post_placed(std::size_t c, bool root) {
+    InFlight posted;
+    const Chunk& chunk = _plan.chunks[c];
+    const std::byte* source = nullptr;
+    if (root) {
+      if (_held.empty()) throw Error(Errc::internal, "a placed chunk reached its post unread");
+      posted.lease = std::move(_held.front().lease);
+      source = _held.front().source;
+      _held.pop_front();
+    }
+    // A cast want lands in a window first; the cast follows once the chunk has landed.
+    auto destination = [&](std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+      if (!_cast_to[w]) return _want_data[w] + local_offset;
+      posted.buffers.emplace_back(bytes);
+      posted.windows.push_back({w, local_offset, bytes, posted.buffers.size() - 1});
+      return posted.buffers.back().data();
+    };
+    if (_plan.chunk_broadcast[c]) {
+      if (_transport.world_size() == 1) return posted;
+      _ranges.clear();
+      for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+        const Piece& piece = _plan.pieces[p];
+        if (root) {
+          _ranges.push_back({const_cast<std::byte*>(source) + piece.chunk_offset, piece.bytes});
+        } else {
+          const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
+          _ranges.push_back({destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
+        }
+      }
+      posted.pending = _transport.broadcast_group(_ranges, 0, nullptr);
+      return posted;
+    }
+    _sends.clear();
+    _receives.clear();
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      const Delivery& d = _plan.deliveries[i];
+      if (root) {
+        if (d.rank == 0) continue;
+        std::vector<std::byte> packed;
+        const std::byte* data = gather(d, source, packed);
+        if (!packed.empty()) posted.buffers.push_back(std::move(packed));
+        _sends.push_back({d.rank, const_cast<std::byte*>(data), d.bytes});
+      } else if (d.rank == _me) {
+        _receives.push_back({0, destination(d.want, d.local_offset, d.bytes), d.bytes});
+      }
+    }
+    posted.pending = _transport.exchange(_sends, _receives, static_cast<int>(c % 32768));
+    return posted;
+  }
+
+  // A placed chunk has landed on this rank: casts from their windows, wants completed.
+  void placed_landed(std::size_t c, InFlight& landed) {
+    for (const InFlight::Window& window : landed.windows) {
+      if (_hash_received[window.want]) {
+        _received->update(window.want, landed.buffers[window.buffer].data(), window.bytes);
+      }
+      cast_into(window.want, landed.buffers[window.buffer].data(), window.local_offset,
+                window.bytes);
+    }
+    _last_progress = Clock::now();
+    stage_event(Stage::broadcast, c, landed.begin);
+    const Chunk& chunk = _plan.chunks[c];
+    if (_plan.chunk_broadcast[c]) {
+      for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+        const Piece& piece = _plan.pieces[p];
+        land(static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]), piece.bytes);
+      }
+    } else {
+      for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+        const Delivery& d = _plan.deliveries[i];
+        if (d.rank == _me) land(d.want, d.bytes);
+      }
+    }
+    report_progress(c);
+  }
+
+  void land(std::uint32_t w, std::uint64_t bytes) {
+    if ((_want_left[w] -= bytes) == 0) want_ready(w);
+  }
+
+  void want_ready(std::uint32_t w) {
+    if (_received && _hash_received[w]) _received->finish(w);
+    if (!_options.on_tensor_ready) return;
+    const TensorWant& want = _placement->mine.tensors[w];
+    const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
+                                                               : _arena.kind();
+    _options.on_tensor_ready(
+        TensorView{&_catalogue.tensors[_want_tensor[_me][w]], _want_data[w], memory, &want});
+  }
+
+  struct CastState {
+    std::uint64_t next = 0;     // the local byte expected next
+    std::uint64_t carried = 0;  // bytes of a cut element in `carry`
+    std::byte carry[8]{};
+  };
+
   // Read stage: lease a slot, queue its read, hand it to the upload stage in plan order.
   awaitable<void> read_stage() {
     for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
@@ -286,7 +660,10 @@ class Pipeline {
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = lease.data() + _slot_head[slot];
-      if (reads_into_arena(chunk)) {
+      if (_placement) {
+        co_await upload_placed(c, source);
+        _held.push_back(HeldSlot{std::move(lease), source});
+      } else if (reads_into_arena(chunk)) {
         // The read put the chunk in its place already.
       } else if (discarding()) {
         // destination: discard: hash the pieces as they pass (unless verify: none); nothing
@@ -334,6 +711,13 @@ class Pipeline {
       }
       const Chunk& chunk = _plan.chunks[c];
       const auto broadcast_begin = Clock::now();
+      if (_placement) {
+        InFlight posted = post_placed(c, root);
+        posted.begin = broadcast_begin;
+        _posted.push_back(std::move(posted));
+        co_await _to_land.async_send(boost::system::error_code{}, c, use_awaitable);
+        continue;
+      }
       // On rank 0 the upload stage hands a chunk over only once its own copies have completed
       // (polled), so the broadcast needs no stream wait: waiting on the device's latest upload
       // event would also wait for the next chunk's H2D.
@@ -348,7 +732,10 @@ class Pipeline {
       }
       std::unique_ptr<Pending> pending;
       if (!discarding()) pending = _transport.broadcast_group(_ranges, 0, nullptr);
-      _posted.push_back(InFlight{std::move(pending), broadcast_begin});
+      InFlight posted;
+      posted.pending = std::move(pending);
+      posted.begin = broadcast_begin;
+      _posted.push_back(std::move(posted));
       co_await _to_land.async_send(boost::system::error_code{}, c, use_awaitable);
     }
   }
@@ -364,13 +751,17 @@ class Pipeline {
       if (posted != c || _posted.empty()) {
         throw Error(Errc::internal, "broadcasts landed out of order");
       }
-      std::unique_ptr<Pending> pending = std::move(_posted.front().pending);
-      const Clock::time_point begin = _posted.front().begin;
+      // The slot, packed slices and windows stay alive until the exchange has completed.
+      InFlight in_flight = std::move(_posted.front());
       _posted.pop_front();
       _landing = c;
-      co_await wait(std::move(pending), landing_poll_cap());
+      co_await wait(std::move(in_flight.pending), landing_poll_cap());
       _landing.reset();
-      chunk_landed(c, begin);
+      if (_placement) {
+        placed_landed(c, in_flight);
+      } else {
+        chunk_landed(c, in_flight.begin);
+      }
     }
     // The last stage to finish ends the watchdog (`||` would not cancel it on failure:
     // it waits for one success; `&&` cancels every operand as soon as one fails).
@@ -503,6 +894,12 @@ class Pipeline {
   }
 
   void announce_zero_size_tensors() {
+    if (_placement) {
+      for (std::uint32_t w = 0; w < _want_left.size(); ++w) {
+        if (_want_left[w] == 0) want_ready(w);
+      }
+      return;
+    }
     for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
       if (_plan.tensor_piece_counts[t] == 0) tensor_ready(t);
     }
@@ -515,8 +912,8 @@ class Pipeline {
   // A buffered chunk whose pieces tile one range of a host arena is read into that range:
   // no slot, no copy. O_DIRECT chunks are staged: their aligned superset spills past them.
   [[nodiscard]] bool reads_into_arena(const Chunk& chunk) const {
-    return !discarding() && _device.reads_into_arena() && chunk.arena_contiguous &&
-           _files->alignment(chunk.shard) == 1;
+    return !discarding() && !_placement && _device.reads_into_arena() &&
+           chunk.arena_contiguous && _files->alignment(chunk.shard) == 1;
   }
 
   void tensor_ready(std::uint32_t t) {
@@ -610,6 +1007,27 @@ class Pipeline {
   IndexChannel _to_land;                              // posted chunks, plan order
   std::deque<InFlight> _posted;                       // their broadcasts, not yet landing
   std::vector<Transport::Range> _ranges;              // the chunk being broadcast
+  // A placed plan (LoadOptions::placement); see set_up_placement.
+  const LoadPlacement* _placement = nullptr;
+  int _me = 0;
+  std::vector<std::byte*> _want_data;                        // my wants' destinations
+  std::vector<std::vector<std::uint32_t>> _want_tensor;      // [rank][want]: tensor
+  std::vector<std::vector<std::uint8_t>> _whole;             // [rank][want]: wants it whole
+  std::vector<std::vector<detail::ShardRuns>> _runs;         // [rank][want] (rank 0: all)
+  std::vector<std::int32_t> _want_of_tensor;                 // my want per tensor, or -1
+  std::vector<std::uint64_t> _want_left;                     // my wants' bytes to land
+  std::vector<std::optional<Dtype>> _cast_to;                // my wants' casts
+  std::vector<CastState> _cast;
+  std::vector<std::uint8_t> _hash_received;                  // my wants hashed as they land
+  std::optional<StreamingDigests> _received;
+  std::optional<StreamingDigests> _expected;                 // rank 0, expect_digests
+  std::vector<std::uint8_t> _tensor_whole_wanted;
+  std::vector<std::size_t> _expected_base;
+  std::vector<std::uint64_t> _expected_left;
+  std::deque<HeldSlot> _held;                                // rank 0: uploaded, not posted
+  std::vector<std::byte> _scratch;                           // rank 0: its own gathers
+  std::vector<Transport::Message> _sends;
+  std::vector<Transport::Message> _receives;
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring
   Clock::time_point _last_progress;
   asio::steady_timer _watchdog_timer{_executor};
@@ -622,6 +1040,67 @@ class Pipeline {
   std::optional<std::stop_callback<std::function<void()>>> _stop_callback;
 };
 
+// A placed load's plan, arena and destinations (result.wants, want_data, arena).
+Plan plan_placed_load(LoadResult& result, Device& device, Transport& transport,
+                      const LoadOptions& options) {
+  const LoadPlacement& placement = *options.placement;
+  const int rank = transport.rank();
+  WEIGHTCAST_EXPECT(options.destination != Destination::discard, Errc::config,
+                    "destination: discard keeps nothing; it cannot be combined with a placement");
+  WEIGHTCAST_EXPECT(placement.all.size() == static_cast<std::size_t>(transport.world_size()) &&
+                        placement.all[rank].tensors.size() == placement.mine.tensors.size(),
+                    Errc::internal,
+                    fmt::format("LoadPlacement: wants of {} ranks for a world of {}, this rank's "
+                                "{} against {}",
+                                placement.all.size(), transport.world_size(),
+                                placement.mine.tensors.size(),
+                                placement.all.size() > static_cast<std::size_t>(rank)
+                                    ? placement.all[rank].tensors.size()
+                                    : 0));
+  std::vector<RankWants> checked = placement.all;
+  checked[rank] = placement.mine;
+  validate_wants(result.catalogue, checked);
+  for (const TensorWant& want : placement.mine.tensors) {
+    const TensorDestination& d = want.destination;
+    WEIGHTCAST_EXPECT(!d.in_place || d.data != nullptr, Errc::config,
+                      fmt::format("placement: rank {}: tensor '{}': destination.data: null for "
+                                  "an in-place destination",
+                                  rank, want.tensor));
+    const MemoryKind device_memory =
+        device.name() == "host" ? MemoryKind::host : MemoryKind::cuda;
+    WEIGHTCAST_EXPECT(d.data == nullptr || d.memory == device_memory, Errc::config,
+                      fmt::format("placement: rank {}: tensor '{}': destination.memory: {} "
+                                  "memory, but the load's device is {}",
+                                  rank, want.tensor,
+                                  d.memory == MemoryKind::host ? "host" : "device",
+                                  device.name()));
+    WEIGHTCAST_EXPECT(d.data == nullptr || d.memory == MemoryKind::host ||
+                          transport.world_size() == 1 || transport.name() == "nccl",
+                      Errc::config,
+                      fmt::format("placement: rank {}: tensor '{}': destination.memory: device "
+                                  "memory, which transport {} cannot receive into",
+                                  rank, want.tensor, transport.name()));
+  }
+  Plan plan = make_placed_plan(result.catalogue, placement.all, options.chunk_bytes,
+                               rank == 0 ? -1 : rank);
+  const WantLayout layout =
+      layout_wants(result.catalogue, placement.mine, options.tensor_alignment);
+  result.arena = device.allocate_arena(layout.arena_bytes);
+  result.placed = true;
+  result.wants = placement.mine;
+  for (std::size_t w = 0; w < layout.offsets.size(); ++w) {
+    const TensorDestination& d = placement.mine.tensors[w].destination;
+    if (layout.offsets[w] == no_arena_offset) {
+      result.want_data.push_back(d.data);
+    } else {
+      result.want_data.push_back(result.arena->data() == nullptr
+                                     ? nullptr
+                                     : result.arena->data() + layout.offsets[w]);
+    }
+  }
+  return plan;
+}
+
 // The load on the calling coroutine's executor, which must run one handler at a time (the
 // stages share the pipeline's state without locks): `load`'s own io_context, or a strand.
 awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transport& transport,
@@ -630,15 +1109,24 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   check_load_options(options);
   LoadResult result;
   result.catalogue = std::move(catalogue);
-  result.layout = layout_arena(result.catalogue, options.tensor_alignment);
-  const Plan plan = make_plan(result.catalogue, result.layout, options.chunk_bytes);
   const bool discard = options.destination == Destination::discard;
   check_destination(options.destination, transport.world_size());
-  result.arena = discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
+  Plan plan;
+  std::vector<std::byte*> want_data;
+  if (options.placement) {
+    plan = plan_placed_load(result, device, transport, options);
+    want_data = result.want_data;
+  } else {
+    result.layout = layout_arena(result.catalogue, options.tensor_alignment);
+    plan = make_plan(result.catalogue, result.layout, options.chunk_bytes);
+    result.arena =
+        discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
+  }
 
   const auto start = Clock::now();
   Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
                     transport, options);
+  if (options.placement) pipeline.use_destinations(std::move(want_data));
   std::exception_ptr failure;
   try {
     co_await pipeline.run();
@@ -648,11 +1136,21 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   result.stats.reader = pipeline.reader_name();
   result.stats.io_mode = pipeline.io_mode();
   result.digests = pipeline.digests();
+  if (options.placement) {
+    result.expected_digests = pipeline.expected_digests();
+    result.received_digests = pipeline.received_digests();
+  }
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);
 
   result.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.stats.bytes = plan.total_bytes;
+  if (result.placed) {
+    result.stats.bytes = 0;
+    for (std::size_t w = 0; w < result.wants.tensors.size(); ++w) {
+      result.stats.bytes += local_bytes(*result.local(w).info, result.wants.tensors[w]);
+    }
+  }
   result.stats.chunks = plan.chunks.size();
   result.stats.staging_bytes = pipeline.staging_bytes();
   result.stats.device = std::string(device.name());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 namespace weightcast {
 
@@ -183,6 +184,104 @@ Plan make_plan(const Catalogue& catalogue, const ArenaLayout& layout,
                     fmt::format("plan of {} chunks and {} pieces, counted {} and {}",
                                 plan.chunks.size(), plan.pieces.size(), size.chunks, size.pieces));
   return plan;
+}
+
+namespace {
+
+std::unordered_map<std::string_view, std::uint32_t> tensor_index(const Catalogue& catalogue) {
+  std::unordered_map<std::string_view, std::uint32_t> index;
+  index.reserve(catalogue.tensors.size());
+  for (std::uint32_t t = 0; t < catalogue.tensors.size(); ++t) {
+    index.emplace(catalogue.tensors[t].name, t);
+  }
+  return index;
+}
+
+}  // namespace
+
+Plan make_placed_plan(const Catalogue& catalogue, std::span<const RankWants> wants,
+                      std::uint64_t chunk_bytes, int keep_rank) {
+  Plan plan = make_plan(catalogue, layout_arena(catalogue), chunk_bytes);
+  const auto index = tensor_index(catalogue);
+  // Per tensor, its receivers: (rank, want index) and the want's runs in the tensor's bytes.
+  struct Receiver {
+    std::int32_t rank;
+    std::uint32_t want;
+    detail::ShardRuns runs;
+  };
+  std::vector<std::vector<Receiver>> receivers(catalogue.tensors.size());
+  std::vector<std::uint32_t> whole_count(catalogue.tensors.size(), 0);
+  for (std::size_t r = 0; r < wants.size(); ++r) {
+    for (std::uint32_t w = 0; w < wants[r].tensors.size(); ++w) {
+      const TensorWant& want = wants[r].tensors[w];
+      const auto found = index.find(want.tensor);
+      WEIGHTCAST_EXPECT(found != index.end(), Errc::internal,
+                        fmt::format("make_placed_plan: rank {} wants unknown tensor '{}' (not "
+                                    "validated)",
+                                    r, want.tensor));
+      const TensorInfo& tensor = catalogue.tensors[found->second];
+      if (wants_whole(tensor, want)) ++whole_count[found->second];
+      receivers[found->second].push_back(
+          Receiver{static_cast<std::int32_t>(r), w, detail::ShardRuns(tensor, want)});
+    }
+  }
+  plan.chunk_broadcast.assign(plan.chunks.size(), 0);
+  plan.chunk_first_delivery.assign(plan.chunks.size() + 1, 0);
+  for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
+    const Chunk& chunk = plan.chunks[c];
+    plan.chunk_first_delivery[c] = plan.deliveries.size();
+    bool broadcast = wants.size() > 0;
+    for (std::uint32_t p = 0; p < chunk.piece_count && broadcast; ++p) {
+      broadcast = whole_count[plan.pieces[chunk.first_piece + p].tensor] == wants.size();
+    }
+    plan.chunk_broadcast[c] = broadcast ? 1 : 0;
+    if (broadcast) continue;
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = plan.pieces[p];
+      for (const Receiver& receiver : receivers[piece.tensor]) {
+        if (keep_rank >= 0 && receiver.rank != keep_rank) continue;
+        const std::uint64_t begin = receiver.runs.local_before(piece.tensor_offset);
+        const std::uint64_t end = receiver.runs.local_before(piece.tensor_offset + piece.bytes);
+        if (end <= begin) continue;
+        const std::uint64_t run = receiver.runs.run_bytes();
+        const std::uint64_t runs = (end - 1) / run - begin / run + 1;
+        plan.deliveries.push_back(
+            Delivery{begin, end - begin, p, receiver.want, receiver.rank,
+                     static_cast<std::uint32_t>(std::min<std::uint64_t>(runs, 0xFFFF'FFFFu))});
+      }
+    }
+  }
+  plan.chunk_first_delivery.back() = plan.deliveries.size();
+  return plan;
+}
+
+WantLayout layout_wants(const Catalogue& catalogue, const RankWants& wants,
+                        std::uint64_t alignment) {
+  WEIGHTCAST_EXPECT(alignment != 0 && (alignment & (alignment - 1)) == 0, Errc::internal,
+                    fmt::format("arena alignment {} is not a power of two", alignment));
+  const auto index = tensor_index(catalogue);
+  WantLayout layout;
+  layout.offsets.reserve(wants.tensors.size());
+  std::uint64_t offset = 0;
+  for (const TensorWant& want : wants.tensors) {
+    const auto found = index.find(want.tensor);
+    WEIGHTCAST_EXPECT(found != index.end(), Errc::config,
+                      fmt::format("placement: tensor '{}': no tensor of that name in the "
+                                  "checkpoint",
+                                  want.tensor));
+    if (want.destination.in_place || want.destination.data != nullptr) {
+      layout.offsets.push_back(no_arena_offset);
+      continue;
+    }
+    const std::uint64_t bytes = destination_bytes(catalogue.tensors[found->second], want);
+    const std::uint64_t aligned = (offset + alignment - 1) & ~(alignment - 1);
+    WEIGHTCAST_EXPECT(aligned >= offset && aligned + bytes >= aligned, Errc::internal,
+                      fmt::format("arena size overflows 64 bits at tensor '{}'", want.tensor));
+    layout.offsets.push_back(aligned);
+    offset = aligned + bytes;
+  }
+  layout.arena_bytes = offset;
+  return layout;
 }
 
 }  // namespace weightcast

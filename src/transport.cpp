@@ -2,6 +2,8 @@
 
 #include "weightcast/error.hpp"
 
+#include <fmt/core.h>
+
 #include <vector>
 
 namespace weightcast {
@@ -32,6 +34,14 @@ class AllOf final : public Pending {
 };
 
 }  // namespace
+
+std::unique_ptr<Pending> Transport::exchange(std::span<const Message> sends,
+                                             std::span<const Message> receives, int) {
+  if (sends.empty() && receives.empty()) return nullptr;
+  throw Error(Errc::config, fmt::format("transport {}: cannot deliver slices point to point "
+                                        "(placement other than replicate needs transport mpi)",
+                                        name()));
+}
 
 std::unique_ptr<Pending> Transport::broadcast_group(std::span<const Range> ranges, int root,
                                                     void* /*ready_event*/) {

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <vector>
 #endif
 
@@ -61,12 +62,17 @@ std::string mpi_error(int code) {
   return std::string(text, static_cast<std::size_t>(length));
 }
 
-/// One or more `MPI_Ibcast` requests of one broadcast.
+/// One or more `MPI_Ibcast` requests of one broadcast, or the sends and receives of one
+/// exchange.
 class MpiBroadcast final : public Pending {
  public:
   MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes,
-               bool receiving)
-      : _session(session), _requests(std::move(requests)), _bytes(bytes), _receiving(receiving) {}
+               bool receiving, const char* what = "MPI_Ibcast")
+      : _session(session),
+        _requests(std::move(requests)),
+        _bytes(bytes),
+        _receiving(receiving),
+        _what(what) {}
   ~MpiBroadcast() override {
     for (MPI_Request request : _requests) {
       if (request != MPI_REQUEST_NULL) {
@@ -92,9 +98,8 @@ class MpiBroadcast final : public Pending {
       const int rc = MPI_Testall(static_cast<int>(_requests.size()), _requests.data(), &done,
                                  MPI_STATUSES_IGNORE);
       if (rc != MPI_SUCCESS) {
-        throw Error(Errc::unavailable, fmt::format("transport mpi: MPI_Ibcast of {} bytes "
-                                                   "failed: {}",
-                                                   _bytes, mpi_error(rc)));
+        throw Error(Errc::unavailable, fmt::format("transport mpi: {} of {} bytes failed: {}",
+                                                   _what, _bytes, mpi_error(rc)));
       }
     } while (done == 0 && std::chrono::steady_clock::now() < until);
     return done != 0;
@@ -105,6 +110,7 @@ class MpiBroadcast final : public Pending {
   std::vector<MPI_Request> _requests;
   std::uint64_t _bytes;
   bool _receiving;  // this rank is not the broadcast's root
+  const char* _what;
 };
 
 class MpiTransport final : public Transport {
@@ -132,6 +138,48 @@ class MpiTransport final : public Transport {
     }
     return std::make_unique<MpiBroadcast>(_session, std::move(requests), bytes,
                                           _session.rank() != root);
+  }
+
+  // Placement's point-to-point deliveries. A message over INT_MAX bytes goes as several of
+  // at most INT_MAX, which both sides cut alike and MPI keeps in order (non-overtaking).
+  std::unique_ptr<Pending> exchange(std::span<const Message> sends,
+                                    std::span<const Message> receives, int tag) override {
+    std::vector<MPI_Request> requests;
+    std::uint64_t total = 0;
+    // Requests already posted are left to the session if a later post fails (as a broadcast's).
+    struct Guard {
+      MpiSession& session;
+      std::vector<MPI_Request>& requests;
+      bool armed = true;
+      ~Guard() {
+        if (armed && !requests.empty()) session.abandon();
+      }
+    } guard{_session, requests};
+    auto post = [&](const Message& m, bool send) {
+      constexpr std::uint64_t max_count = INT_MAX;
+      total += m.bytes;
+      for (std::uint64_t offset = 0; offset < m.bytes; offset += max_count) {
+        const auto count = static_cast<int>(std::min(max_count, m.bytes - offset));
+        MPI_Request request = MPI_REQUEST_NULL;
+        const int rc = send ? MPI_Isend(m.data + offset, count, MPI_BYTE, m.peer, tag,
+                                        MPI_COMM_WORLD, &request)
+                            : MPI_Irecv(m.data + offset, count, MPI_BYTE, m.peer, tag,
+                                        MPI_COMM_WORLD, &request);
+        if (rc != MPI_SUCCESS) {
+          throw Error(Errc::unavailable,
+                      fmt::format("transport mpi: {} of {} bytes {} rank {} failed: {}",
+                                  send ? "MPI_Isend" : "MPI_Irecv", count,
+                                  send ? "to" : "from", m.peer, mpi_error(rc)));
+        }
+        requests.push_back(request);
+      }
+    };
+    for (const Message& m : receives) post(m, false);
+    for (const Message& m : sends) post(m, true);
+    guard.armed = false;
+    if (requests.empty()) return nullptr;
+    return std::make_unique<MpiBroadcast>(_session, std::move(requests), total,
+                                          !receives.empty(), "MPI_Isend/MPI_Irecv");
   }
 
  private:

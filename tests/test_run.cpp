@@ -965,15 +965,15 @@ TEST_CASE("run --report: every tensor of a 20,000-tensor checkpoint, in catalogu
                           "device=host", "--report", report.string()});
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  // Each tensor with dtype, shape and xxh3, in catalogue order (checked on the text:
-  // ordered_json's parser is itself quadratic).
+  // Each tensor with dtype, shape, global_shape, offset and xxh3, in catalogue order
+  // (checked on the text: ordered_json's parser is itself quadratic).
   const std::string text = read_file(report);
   const auto parsed = nlohmann::json::parse(text);
   REQUIRE(parsed["tensors"].size() == tensors);
   std::size_t at = 0;
   for (int i = 0; i < tensors; ++i) {
     const auto& entry = parsed["tensors"][names[i]];
-    if (entry.size() != 3 || entry["dtype"] != "U8") FAIL("entry " << names[i] << ": " << entry);
+    if (entry.size() != 5 || entry["dtype"] != "U8") FAIL("entry " << names[i] << ": " << entry);
     at = text.find("\"" + names[i] + "\": {", at);
     if (at == std::string::npos) FAIL("tensor " << names[i] << " is out of order");
   }

@@ -368,18 +368,28 @@ void write_report(const std::string& path, const LoadResult& result,
   report["tensors"] = nlohmann::ordered_json::object();
   // No digests at all: `verify: none` (no "xxh3" fields); otherwise one per tensor.
   const bool digested = !digests.empty();
-  WEIGHTCAST_EXPECT(!digested || digests.size() == result.catalogue.tensors.size(),
-                    Errc::internal,
-                    fmt::format("report: {} digests for {} tensors", digests.size(),
-                                result.catalogue.tensors.size()));
+  // A placed load (issue 18) lists this rank's local shards: what it received.
+  const std::size_t entries =
+      result.placed ? result.wants.tensors.size() : result.catalogue.tensors.size();
+  WEIGHTCAST_EXPECT(!digested || digests.size() == entries, Errc::internal,
+                    fmt::format("report: {} digests for {} tensors", digests.size(), entries));
   // Appended to the ordered map's vector directly: its operator[] searches linearly, which
   // made the report quadratic in the tensor count. Names are unique in a catalogue (the
   // header parser and open_checkpoint refuse a name given twice).
   auto& tensors = report["tensors"].get_ref<nlohmann::ordered_json::object_t&>();
-  tensors.reserve(result.catalogue.tensors.size());
-  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
-    const TensorInfo& tensor = result.catalogue.tensors[i];
-    nlohmann::ordered_json entry = {{"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}};
+  tensors.reserve(entries);
+  for (std::size_t i = 0; i < entries; ++i) {
+    const TensorView view = result.placed ? result.local(i) : result.tensor(i);
+    const TensorInfo& tensor = *view.info;
+    const TensorWant whole{tensor.name, {}, {}, {}};
+    const TensorWant& want = view.want != nullptr ? *view.want : whole;
+    // shape is the local shape, global_shape the tensor's, offset the local shard's first
+    // element per dim (torch DTensor's meaning); a whole tensor has offset zeros.
+    nlohmann::ordered_json entry = {
+        {"dtype", dtype_name(tensor.dtype)},
+        {"shape", local_shape(tensor, want)},
+        {"global_shape", tensor.shape},
+        {"offset", local_offset(tensor, want)}};
     if (digested) entry["xxh3"] = digest_hex(digests[i]);
     tensors.emplace_back(tensor.name, std::move(entry));
   }
@@ -590,7 +600,7 @@ int run(const RunArgs& args) {
   // `verify: none` skips hashing (the arena, or with `destination: discard` the stream).
   std::vector<std::uint64_t> digests;
   if (!report_path.empty() && config.verify == Verify::digest) {
-    digests = tensor_digests(result);
+    digests = result.placed ? local_digests(result) : tensor_digests(result);
   }
 
   if (args.json) {

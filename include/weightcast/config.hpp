@@ -8,6 +8,8 @@
  */
 #pragma once
 
+#include "weightcast/placement.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -64,6 +66,10 @@ struct Config {
   /// (no verdict beyond the load itself, no `xxh3` in `--report`; with `destination: discard`
   /// no hashing at all).
   Verify verify = Verify::digest;
+  /// `placement` (`replicate|fsdp`, the default for tensors no rule names) and
+  /// `placement_rules` (a list, first match wins; docs/placement.md): which part of each
+  /// tensor each rank receives. `replicate` with no rules is the whole checkpoint everywhere.
+  PlacementSpec placement;
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;
   /// `world.rank`: this process's rank; -1 (`auto`) takes it from the launcher's environment

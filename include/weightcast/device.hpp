@@ -13,6 +13,7 @@
 #pragma once
 
 #include "weightcast/config.hpp"
+#include "weightcast/memory_kind.hpp"
 #include "weightcast/pending.hpp"
 
 #include <cstddef>
@@ -22,9 +23,6 @@
 #include <string_view>
 
 namespace weightcast {
-
-/// Where an arena's memory lives.
-enum class MemoryKind { host, cuda };
 
 /// A rank's destination memory; tensors are views into it.
 class Arena {

@@ -68,6 +68,7 @@
 #include "weightcast/config.hpp"
 #include "weightcast/control_plane.hpp"
 #include "weightcast/loader.hpp"
+#include "weightcast/placement.hpp"
 #include "weightcast/world.hpp"
 
 #include <cstdint>
@@ -158,6 +159,20 @@ struct JobOptions {
   /// rank's `interrupted` (130); the job also reports this rank's progress to the others
   /// (for a stall's message) from `load.on_progress`'s call site.
   LoadOptions load;
+
+  /// Which part of each tensor this rank receives (docs/placement.md): `replicate` (the
+  /// default: every tensor whole), `fsdp` (torch's `Shard(0)` with torch.chunk's split), and
+  /// rules by tensor name. Each rank resolves its own (ranks may run different configs);
+  /// rank 0 checks every rank's wants against the catalogue before any byte moves and fails
+  /// every rank with one message naming the rank, tensor and key (78; 65 for the checkpoint).
+  PlacementSpec placement;
+  /// In-place destinations: when set, called on every rank once the catalogue is known, it
+  /// returns this rank's wants (per tensor: the local shard's offset and shape per dim, and
+  /// a destination pointer with its capacity, memory kind and optional dtype to cast to), and
+  /// `placement` is not used. Bytes land straight in those destinations; the result's
+  /// `load.local(i)` views them. Called on the job's thread; the memory must stay valid until
+  /// `run_job` returns.
+  std::function<RankWants(const Catalogue& catalogue, int rank, int world_size)> wants;
 
   /// What to do with a failure that cannot be unwound (see "The failure model").
   FailurePolicy failure_policy = FailurePolicy::end_process;

@@ -21,6 +21,7 @@
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
 #include "weightcast/device.hpp"
+#include "weightcast/placement.hpp"
 #include "weightcast/plan.hpp"
 #include "weightcast/transport.hpp"
 
@@ -43,6 +44,28 @@ struct TensorView {
   const TensorInfo* info = nullptr;  ///< Name, dtype, shape, bytes (owned by the result).
   std::byte* data = nullptr;         ///< First byte in the arena; null for a zero-size tensor.
   MemoryKind memory = MemoryKind::host;  ///< Whether `data` is a host or a device address.
+  /// A placed load: the local shard this rank received (offset, shape, destination dtype),
+  /// owned by the result or the `LoadPlacement`; `data` holds its local bytes. Null: the whole
+  /// tensor in the checkpoint's dtype.
+  const TensorWant* want = nullptr;
+};
+
+/**
+ * @brief A placed load's wants (placement.hpp): what every rank receives, and this rank's
+ *        destinations.
+ *
+ * In a job, each rank computes `mine` (from the config's rules, `resolve_placement`, or the
+ * caller's in-place destinations), rank 0 gathers and validates every rank's
+ * (`validate_wants`) and sends them all back, so every rank builds the same plan
+ * (`make_placed_plan`). At world size 1, `all` is `{mine}`.
+ */
+struct LoadPlacement {
+  std::vector<RankWants> all;  ///< Every rank's wants, indexed by rank (pointers not needed).
+  RankWants mine;              ///< This rank's wants, in the order of `all[rank]`, with the
+                               ///< in-place destinations' pointers.
+  /// Rank 0: hash every rank's local bytes as they pass (`LoadResult::expected_digests`),
+  /// for `verify: digest`.
+  bool expect_digests = false;
 };
 
 /// A stage of the pipeline, as reported to `LoadOptions::on_stage_event`.
@@ -119,6 +142,16 @@ struct LoadOptions {
   /// once. A default token never stops. A broadcast in flight cannot be cancelled under
   /// `mpi`: as on any failure, the process must then exit soon (`make_mpi_transport`).
   std::stop_token stop;
+  /// Placement: null (the default) loads every tensor whole into every rank's arena, with
+  /// one broadcast per chunk. Otherwise each rank receives exactly its wants: chunks every
+  /// rank wants whole are broadcast, the rest go point to point (`Transport::exchange`;
+  /// `mpi` only, host memory), each rank's slices packed on rank 0 (a strided slice is
+  /// gathered there, one message per rank and chunk). Rank 0 reads every chunk into its
+  /// staging ring and keeps the slot until the chunk's sends complete: its host memory beyond
+  /// its own wants stays `chunk_size × buffer_depth` plus one packed copy of the strided
+  /// slices of the (at most three) chunks in flight; other ranks hold their own wants
+  /// only, plus a receive window of a chunk's bytes for a cast.
+  std::shared_ptr<const LoadPlacement> placement;
 
   /// @return the options a `Config` asks for.
   static LoadOptions from_config(const Config& config);
@@ -149,11 +182,36 @@ struct LoadResult {
   /// bytes streamed past; the arena is then empty. Empty otherwise.
   std::vector<std::uint64_t> digests;
 
-  /// @return tensor @p index (catalogue order). @throws std::out_of_range.
+  // A placed load (`LoadOptions::placement`) only.
+  bool placed = false;  ///< True for a placed load.
+  /// This rank's wants: what it received, in the order it asked (empty otherwise).
+  RankWants wants;
+  /// Per want: its local bytes (the arena, or the caller's in-place memory).
+  std::vector<std::byte*> want_data;
+  /// Per want: XXH3-64 of the bytes received, checkpoint dtype, taken as they landed — only
+  /// for wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a
+  /// cast, or device memory outside the arena); 0 for the others (`local_digests`).
+  std::vector<std::uint64_t> received_digests;
+  /// Rank 0 with `LoadPlacement::expect_digests`: per rank, per want, XXH3-64 of the local
+  /// bytes it should have received (checkpoint dtype, row-major contiguous).
+  std::vector<std::vector<std::uint64_t>> expected_digests;
+
+  /// @return tensor @p index (catalogue order). Not for a placed load (use `local`).
+  /// @throws std::out_of_range.
   [[nodiscard]] TensorView tensor(std::size_t index) const;
-  /// @return the tensor named @p name, or nullopt.
+  /// @return the tensor named @p name, or nullopt (a placed load: its local shard).
   [[nodiscard]] std::optional<TensorView> find(std::string_view name) const;
+  /// @return a placed load's want @p index (`wants` order). @throws std::out_of_range.
+  [[nodiscard]] TensorView local(std::size_t index) const;
 };
+
+/**
+ * @brief Per want of a placed load (`LoadResult::wants` order), XXH3-64 of the local bytes
+ *        received, in the checkpoint's dtype, row-major contiguous — what rank 0's
+ *        `expected_digests` says this rank should have.
+ * @throws Error as `Arena::read_back`.
+ */
+std::vector<std::uint64_t> local_digests(const LoadResult& result);
 
 /**
  * @brief Checks that @p destination suits a world of @p world_size ranks: `discard` keeps

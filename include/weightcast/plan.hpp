@@ -10,8 +10,10 @@
 #pragma once
 
 #include "weightcast/checkpoint.hpp"
+#include "weightcast/placement.hpp"
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace weightcast {
@@ -52,6 +54,21 @@ struct Chunk {
   std::uint32_t piece_count = 0;  ///< Number of pieces (≥ 1).
 };
 
+/**
+ * @brief The part of one chunk's piece that one rank receives (a placed plan only): its local
+ *        bytes [`local_offset`, + `bytes`) of the tensor, which `detail::ShardRuns` maps to
+ *        the tensor's bytes, all inside the piece. They travel as one message, packed in
+ *        local order (a dim ≥ 1 slice is gathered on the root, never one message per row).
+ */
+struct Delivery {
+  std::uint64_t local_offset = 0;  ///< Offset in the rank's local shard, bytes (wire dtype).
+  std::uint64_t bytes = 0;         ///< Length, bytes (> 0).
+  std::uint32_t piece = 0;         ///< Index into `Plan::pieces`: the chunk's piece of the tensor.
+  std::uint32_t want = 0;          ///< Index into the receiving rank's `RankWants::tensors`.
+  std::int32_t rank = 0;           ///< The receiving rank.
+  std::uint32_t runs = 0;          ///< Byte runs in the chunk (1: contiguous; saturates).
+};
+
 /// The whole plan.
 struct Plan {
   std::vector<Chunk> chunks;        ///< In plan order; at most `max_plan_chunks`.
@@ -60,6 +77,18 @@ struct Plan {
   std::uint64_t chunk_bytes = 0;    ///< The `chunk_size` the plan was made with, bytes.
   /// Per tensor: number of pieces (a tensor is complete when that many have landed).
   std::vector<std::uint32_t> tensor_piece_counts;
+
+  // A placed plan (`make_placed_plan`) only; empty for `make_plan`'s.
+  /// Per chunk: 1 when every rank wants every tensor of the chunk whole (one broadcast, as
+  /// `make_plan`'s chunks), else 0 (point-to-point deliveries).
+  std::vector<std::uint8_t> chunk_broadcast;
+  /// Per chunk plus one: index of the chunk's first delivery in `deliveries` (broadcast
+  /// chunks have none).
+  std::vector<std::uint64_t> chunk_first_delivery;
+  /// Deliveries, chunk by chunk, then piece by piece, then by rank.
+  std::vector<Delivery> deliveries;
+  /// @return true for a placed plan.
+  [[nodiscard]] bool placed() const noexcept { return !chunk_first_delivery.empty(); }
 };
 
 /**
@@ -123,5 +152,38 @@ std::uint64_t min_chunk_bytes(const Catalogue& catalogue,
  *         or a tensor's byte range ends past 2^64 (`plan_size`).
  */
 Plan make_plan(const Catalogue& catalogue, const ArenaLayout& layout, std::uint64_t chunk_bytes);
+
+/**
+ * @brief The plan for a placement: `make_plan`'s chunks and pieces (file order, at most
+ *        @p chunk_bytes; `Piece::arena_offset` as for a packed arena, unused: each rank maps
+ *        a tensor to its own destination), each chunk either broadcast (every rank wants all of it whole) or
+ *        split into `Delivery`s per receiving rank.
+ *
+ * A pure function of its inputs, so every rank that has every rank's wants builds the same
+ * plan. Memory: one `Delivery` (32 bytes) per receiving rank per piece of a chunk not
+ * broadcast; @p keep_rank ≥ 0 keeps only that rank's deliveries (a receiving rank needs no
+ * other's).
+ * @param wants every rank's wants, indexed by rank, validated (`validate_wants`).
+ * @throws Error as `make_plan`.
+ */
+Plan make_placed_plan(const Catalogue& catalogue, std::span<const RankWants> wants,
+                      std::uint64_t chunk_bytes, int keep_rank = -1);
+
+/// A rank's destinations in its arena: per want (`RankWants::tensors` order) its offset, for
+/// the wants whose destination is the arena (in-place ones get `no_arena_offset`).
+struct WantLayout {
+  std::vector<std::uint64_t> offsets;  ///< Per want: arena offset, bytes, or no_arena_offset.
+  std::uint64_t arena_bytes = 0;       ///< Arena size, bytes.
+};
+/// `WantLayout::offsets` of a want that lands in the caller's memory.
+inline constexpr std::uint64_t no_arena_offset = ~std::uint64_t{0};
+
+/**
+ * @brief Lays out the arena wants of @p wants back to back (want order), each at a multiple
+ *        of @p alignment, sized in the destination dtype (`destination_bytes`).
+ * @throws Error `internal` (70) as `layout_arena`; `config` (78) for a want naming no tensor.
+ */
+WantLayout layout_wants(const Catalogue& catalogue, const RankWants& wants,
+                        std::uint64_t alignment = 1);
 
 }  // namespace weightcast

@@ -68,6 +68,30 @@ class Transport {
    */
   virtual std::unique_ptr<Pending> broadcast_group(std::span<const Range> ranges, int root,
                                                    void* ready_event);
+
+  /// One point-to-point message of an `exchange` (placement: a rank's slice of a chunk).
+  struct Message {
+    int peer = 0;               ///< The rank it goes to (a send) or comes from (a receive).
+    std::byte* data = nullptr;  ///< Source (send) or destination (receive), contiguous.
+    std::uint64_t bytes = 0;    ///< Length, bytes (> 0); any size (split below `int` counts).
+  };
+  /**
+   * @brief Starts sending @p sends and receiving @p receives as one operation: the
+   *        deliveries of one chunk of a placed plan (placement.hpp).
+   *
+   * Messages between two ranks match in the order both post them (MPI's non-overtaking
+   * rule; NCCL's in-order send/recv), so every rank posts the plan's chunks in plan order.
+   * `mpi`: `MPI_Isend`/`MPI_Irecv` on host memory, a message over `INT_MAX` bytes split into
+   * several. `nccl`: `ncclSend`/`ncclRecv` inside `ncclGroupStart/End` on the comm stream
+   * (NCCL's documented scatter), device memory. The default throws.
+   * @param tag distinguishes one chunk's messages from the next (0 ≤ tag < 32768).
+   * @return null when there is nothing to do, else the whole exchange in flight.
+   * @throws Error `unavailable` (69) naming the call when a send or receive cannot be
+   *         started or fails; `config` (78) from a transport that cannot exchange slices
+   *         (`local`: world size 1 has no peer).
+   */
+  virtual std::unique_ptr<Pending> exchange(std::span<const Message> sends,
+                                            std::span<const Message> receives, int tag);
 };
 
 /// @return the world-size-1 transport: broadcast is a no-op (returns null). Never throws.
