@@ -105,4 +105,50 @@ for mode in "" --coroutine; do
   "$work/trainer/trainer" $mode "$work/no-such.safetensors" 2>/dev/null || status=$?
   [ "$status" -eq 66 ] || fail "trainer $mode on a missing file exited $status, not 66"
 done
+# examples/trainer/distributed.cpp, on 3 ranks under mpirun (a build with MPI): bit-exact on
+# every rank, with weightcast's own MPI and with the trainer's communicator handed in.
+if [ -e "$work/trainer/distributed_trainer" ]; then
+  mpirun=$(command -v mpirun) || fail "weightcast has MPI but mpirun is not on PATH"
+  mpirun_options=(--oversubscribe)
+  [ "$(id -u)" -ne 0 ] || mpirun_options+=(--allow-run-as-root)
+  for comm in world dup reversed; do
+    digests=$work/digests-$comm
+    mkdir -p "$digests"
+    # A port of its own: other tests of a parallel ctest run use the default one.
+    port=$((30000 + RANDOM % 20000))
+    if ! timeout 300 "$mpirun" "${mpirun_options[@]}" -np 3 "$work/trainer/distributed_trainer" \
+           --comm "$comm" --port "$port" --digests "$digests" "$checkpoint" \
+           > "$work/mpi-$comm.out" 2>&1; then
+      cat "$work/mpi-$comm.out" >&2
+      fail "distributed_trainer --comm $comm on 3 ranks failed"
+    fi
+    cat "$work/mpi-$comm.out"
+    for rank in 0 1 2; do
+      grep -q "^rank $rank of 3: $tensors tensors, [1-9][0-9]* bytes; " \
+        "$work/mpi-$comm.out" || fail "--comm $comm: rank $rank did not report its load"
+      if ! diff "$digests/rank-$rank.digests" "$work/expected.digests" >&2; then
+        fail "--comm $comm: rank $rank's tensor digests differ from the launcher's report"
+      fi
+    done
+  done
+  # The handed-in communicator is the one the job ran on: reversed, its rank 0 (the reader)
+  # is the last process of MPI_COMM_WORLD.
+  for rank in 0 1 2; do
+    grep -q "^rank $rank of 3: .*(MPI_COMM_WORLD rank $rank)$" "$work/mpi-dup.out" ||
+      fail "--comm dup: rank $rank is not MPI_COMM_WORLD's rank $rank"
+    grep -q "^rank $rank of 3: .*(MPI_COMM_WORLD rank $((2 - rank)))$" "$work/mpi-reversed.out" ||
+      fail "--comm reversed: rank $rank is not MPI_COMM_WORLD's rank $((2 - rank))"
+  done
+  # A failed job ends every rank with weightcast's <sysexits.h> status (66: no such file),
+  # which mpirun passes on.
+  status=0
+  timeout 300 "$mpirun" "${mpirun_options[@]}" -np 3 "$work/trainer/distributed_trainer" \
+    --port $((30000 + RANDOM % 20000)) "$work/no-such.safetensors" > "$work/mpi-fail.out" 2>&1 ||
+    status=$?
+  if [ "$status" -ne 66 ]; then
+    cat "$work/mpi-fail.out" >&2
+    fail "distributed_trainer on a missing file exited $status, not 66"
+  fi
+  echo "distributed_trainer: 3 ranks bit-exact, with weightcast's MPI and the trainer's communicator"
+fi
 echo "install.example_trainer: passed"
