@@ -47,6 +47,9 @@ namespace {
 // to check that the arena goes exactly when its last tensor does).
 std::atomic<long> live_arenas{0};
 
+// Dimensions a tensor may cross DLPack with as it is (see py_tensors).
+constexpr std::size_t kMaxExportDims = 64;
+
 // Paths cross as bytes (os.fsencode / os.fsdecode): a POSIX file name is any bytes, and a
 // name that is not UTF-8 (str with surrogate escapes in Python) would not pass as a str.
 std::string fs_path(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
@@ -312,6 +315,12 @@ nb::list py_tensors(PyLoadResult& r) {
       shape = {static_cast<std::size_t>(info.bytes)};
     } else if (e.packed_f4) {
       shape.back() /= 2;
+    }
+    // nanobind's DLPack export aborts the process (a "critical error") somewhere past 128
+    // dimensions, while safetensors and torch take any count: a tensor of many dimensions goes
+    // flat and the Python side views it in its shape (`weightcast._dtypes.as_torch`).
+    if (shape.size() > kMaxExportDims) {
+      shape = {static_cast<std::size_t>(info.bytes / (e.dtype.bits / 8))};
     }
     void* data = view.data != nullptr ? static_cast<void*>(view.data)
                  : cuda && result.arena->data() != nullptr

@@ -183,6 +183,7 @@ def load(
     dev = _resolve_device(device, config_s)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     for meta in catalogue.tensors:
+        _dtypes.check_shape(meta, catalogue.shards)
         _dtypes.check_representable(meta, unsupported_dtypes)
     result = _load_catalogue(
         catalogue, device=dev, config=config_s, chunk_size=chunk_size,
@@ -350,6 +351,8 @@ def load_into(
         _check_writable(owner, key, shard.local)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     metas = {m["name"]: m for m in catalogue.tensors}
+    for meta in metas.values():  # every tensor lands in the arena, routed or not
+        _dtypes.check_shape(meta, catalogue.shards)
     mapper = _key_mapper(key_map)
 
     routes: dict[str, str] = {}  # destination key -> checkpoint key, checkpoint file order

@@ -104,3 +104,37 @@ def test_a_destination_copy_cannot_write_is_refused_before_any_byte(small):
     w = torch.zeros(3, 2).t()
     weightcast.load_into({"b": torch.zeros(2), "w": w}, path)
     assert torch.equal(w, ref["w"])
+
+
+def test_a_tensor_of_many_dimensions_loads_as_load_file_does(tmp_path):
+    from safetensors.torch import load_file
+
+    from conftest import write_safetensors
+
+    # nanobind's DLPack export aborted the process past ~128 dimensions; safetensors and
+    # torch take any count.
+    path = write_safetensors(tmp_path / "d.safetensors", {
+        "deep": ("F32", [1] * 999 + [2], bytes(range(8))),
+        "deep_f8": ("F8_E4M3", [1] * 200 + [3], b"\x01\x02\x03"),
+        "deep_empty": ("BF16", [1] * 300 + [0], b""),
+    })
+    got = weightcast.load(path)
+    assert_same(got, load_file(str(path)))
+    assert got["deep"].dim() == 1000 and got["deep"].is_contiguous()
+    into = {"deep": torch.zeros([1] * 999 + [2])}
+    weightcast.load_into(into, path, strict=False)
+    assert torch.equal(into["deep"], got["deep"])
+
+
+def test_a_dimension_past_int64_is_refused_before_any_byte(tmp_path):
+    from conftest import write_safetensors
+
+    path = write_safetensors(tmp_path / "h.safetensors", {"ok": ("F32", [1], b"\0" * 4),
+                                                          "x": ("F32", [2**64 - 1, 0], b"")})
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load(path)
+    assert e.value.status == 65 and "'x'" in str(e.value) and str(path) in str(e.value)
+    dest = {"ok": torch.ones(1)}
+    with pytest.raises(weightcast.Error) as e:  # x is no destination, but lands in the arena
+        weightcast.load_into(dest, path, strict=False)
+    assert e.value.status == 65 and "'x'" in str(e.value) and dest["ok"].item() == 1
