@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <optional>
@@ -45,6 +46,24 @@ namespace {
 // Arenas owned by live capsules: tensors handed out keep one capsule alive (tests read this
 // to check that the arena goes exactly when its last tensor does).
 std::atomic<long> live_arenas{0};
+
+// Dimensions a tensor may cross DLPack with as it is (see py_tensors).
+constexpr std::size_t kMaxExportDims = 64;
+
+// Paths cross as bytes (os.fsencode / os.fsdecode): a POSIX file name is any bytes, and a
+// name that is not UTF-8 (str with surrogate escapes in Python) would not pass as a str.
+std::string fs_path(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
+
+nb::str fs_str(const std::string& s) {
+  return nb::steal<nb::str>(PyUnicode_DecodeFSDefaultAndSize(s.data(),
+                                                             static_cast<Py_ssize_t>(s.size())));
+}
+
+// A message quotes paths, which need not be UTF-8; escape such bytes rather than fail.
+nb::str message_str(const char* what) {
+  return nb::steal<nb::str>(PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)),
+                                                 "backslashreplace"));
+}
 
 struct OwnedArena {
   std::shared_ptr<Arena> arena;
@@ -243,7 +262,7 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
       if (callback->is_none()) return;
       try {
         (*callback)(p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
-                    std::string(p.shard_name));
+                    fs_str(std::string(p.shard_name)));
       } catch (nb::python_error& e) {
         e.discard_as_unraisable("weightcast progress renderer");
         *callback = nb::none();
@@ -297,6 +316,12 @@ nb::list py_tensors(PyLoadResult& r) {
     } else if (e.packed_f4) {
       shape.back() /= 2;
     }
+    // nanobind's DLPack export aborts the process (a "critical error") somewhere past 128
+    // dimensions, while safetensors and torch take any count: a tensor of many dimensions goes
+    // flat and the Python side views it in its shape (`weightcast._dtypes.as_torch`).
+    if (shape.size() > kMaxExportDims) {
+      shape = {static_cast<std::size_t>(info.bytes / (e.dtype.bits / 8))};
+    }
     void* data = view.data != nullptr ? static_cast<void*>(view.data)
                  : cuda && result.arena->data() != nullptr
                      ? static_cast<void*>(result.arena->data())
@@ -331,7 +356,7 @@ NB_MODULE(_weightcast, m) {
       std::rethrow_exception(p);
     } catch (const Error& e) {
       nb::object cls = nb::module_::import_("weightcast._errors").attr("Error");
-      nb::object exc = cls(e.what(), exit_status(e.code()));
+      nb::object exc = cls(message_str(e.what()), exit_status(e.code()));
       PyErr_SetObject(cls.ptr(), exc.ptr());
     }
   });
@@ -347,7 +372,7 @@ NB_MODULE(_weightcast, m) {
       .def_prop_ro("shards",
                    [](const PyCatalogue& c) {
                      nb::list l;
-                     for (const auto& s : c.catalogue.shards) l.append(s.path.string());
+                     for (const auto& s : c.catalogue.shards) l.append(fs_str(s.path.string()));
                      return l;
                    },
                    "The shard files' resolved paths.")
@@ -366,8 +391,9 @@ NB_MODULE(_weightcast, m) {
 
   m.def(
       "open_checkpoint",
-      [](const std::string& path) {
+      [](const nb::bytes& path_bytes) {
         PyCatalogue c;
+        const std::string path = fs_path(path_bytes);
         {
           nb::gil_scoped_release release;
           c.catalogue = open_checkpoint(path);
@@ -379,11 +405,12 @@ NB_MODULE(_weightcast, m) {
   m.def(
       "load",
       [](const PyCatalogue& catalogue, const std::string& device, int ordinal,
-         std::optional<std::string> config, std::optional<std::string> chunk_size,
+         std::optional<nb::bytes> config, std::optional<std::string> chunk_size,
          std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, nb::object progress, double progress_interval_s) {
-        PyOptions o{std::move(config), std::move(chunk_size), buffer_depth, io_depth,
+        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
+                    std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader)};
         return py_load(catalogue, device, ordinal, o, std::move(progress), progress_interval_s);
       },
@@ -394,8 +421,8 @@ NB_MODULE(_weightcast, m) {
 
   m.def(
       "detect_world",
-      [](std::optional<std::string> config) {
-        const World w = detect_world(config ? load_config(*config, {}) : Config{});
+      [](std::optional<nb::bytes> config) {
+        const World w = detect_world(config ? load_config(fs_path(*config), {}) : Config{});
         nb::dict d;
         d["rank"] = w.rank;
         d["world_size"] = w.world_size;
@@ -408,7 +435,9 @@ NB_MODULE(_weightcast, m) {
       "This process's world: the config's world.* keys, else torchrun, Slurm, Open MPI.");
   m.def(
       "config_device",
-      [](const std::string& config) { return std::string(to_string(load_config(config, {}).device)); },
+      [](const nb::bytes& config) {
+        return std::string(to_string(load_config(fs_path(config), {}).device));
+      },
       "config"_a, "The `device` key of a config file: auto, host or cuda.");
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices this process can use; 0 without CUDA in the build or a driver.");

@@ -11,7 +11,7 @@ import torch
 
 __version__: str
 
-PathLike = Union[str, os.PathLike[str]]
+PathLike = Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]
 KeyMap = Union[str, Mapping[str, str], Callable[[str], Union[str, None]], None]
 
 class Error(RuntimeError):
@@ -80,7 +80,9 @@ def load(
     Args:
         checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory
             holding one index or exactly one ``.safetensors`` file (transformers'
-            ``save_pretrained`` layout).
+            ``save_pretrained`` layout). A str, bytes or ``os.PathLike``; a file name that is
+            not UTF-8 (bytes, or a str with surrogate escapes as ``os.listdir`` gives it)
+            opens too. Another type raises TypeError.
         device: where the tensors live: ``"cpu"`` (the default without ``config``),
             ``"cuda"`` (torch's current device), ``"cuda:N"``, a ``torch.device``, or
             ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
@@ -91,13 +93,15 @@ def load(
         direct_io: O_DIRECT reads: ``"auto"`` (buffered for a shard in the page cache or on a
             filesystem that refuses O_DIRECT), ``"on"``/True, ``"off"``/False.
         timeout: the longest any stage may make no progress: seconds, a ``timedelta`` or a
-            duration string (``"300s"``); default 300 s.
+            duration string (``"300s"``); default 300 s. NaN, infinite, zero or negative
+            seconds raise (78).
         placement: ``"replicate"`` or ``"fsdp"``; at world size 1 both give whole tensors.
         config: a weightcast YAML config (configs/default.yaml); keywords given here override
             its keys.
         progress: None (default): a one-line bar on stderr on rank 0 when stderr is a
             terminal, silent otherwise; True/False forces it on/off; a callable receives a
-            ``Progress`` at most every 0.1 s and after the last chunk.
+            ``Progress`` at most every 0.1 s and after the last chunk. Anything else raises
+            (78).
         reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
             ``"pread"``.
         unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
@@ -156,12 +160,13 @@ def load_into(
         checkpoint: as for ``load``.
         strict: missing or unexpected keys raise (naming them), as ``load_state_dict(strict=
             True)``; with False they are only reported. A shape mismatch raises either way, as
-            in torch.
+            in torch. A bool: anything else raises (64) rather than being read as truthy.
         key_map: renames checkpoint keys to destination keys: a str is a prefix removed from
             the checkpoint keys that start with it (``"model."`` loads a ``LlamaForCausalLM``
             checkpoint into a bare ``LlamaModel``); a dict maps checkpoint key to destination
             key (others unchanged); a callable returns the destination key, or None to skip
-            the tensor (not counted as unexpected).
+            the tensor (not counted as unexpected). A destination key that is not a str
+            raises (64), naming the checkpoint key.
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
         chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader: as
@@ -175,7 +180,9 @@ def load_into(
         Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
             floating), or (strict) missing/unexpected keys, naming the keys; 64 for a meta
             tensor, a key_map mapping two checkpoint keys to one destination, or a destination
-            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(); 69 for
+            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(), a
+            destination ``copy_`` cannot write (elements sharing memory, as ``expand`` makes;
+            an inference tensor outside inference mode), ``strict`` not a bool; 69 for
             several ranks (not yet supported in Python); and whatever ``load`` raises.
     """
 

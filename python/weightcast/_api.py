@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
@@ -14,7 +15,7 @@ from ._errors import CONFIG, INVALID_CHECKPOINT, UNAVAILABLE, USAGE, Error
 if TYPE_CHECKING:
     import torch
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 KeyMap = Union[str, Mapping[str, str], Callable[[str], Union[str, None]], None]
 
 # How often the progress renderer may run, seconds (the last chunk always draws).
@@ -48,6 +49,10 @@ def _duration_text(value: object) -> str | None:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Error(f"timeout: {value!r} is not a duration (seconds, or '300s')", CONFIG)
+    if not math.isfinite(value) or value <= 0 or value * 1000 >= 2**63:
+        # NaN, infinity and negatives have no millisecond count; name what the caller wrote.
+        raise Error(f"timeout: {value!r} is not a duration: seconds must be finite and more "
+                    "than 0 (at most 7 days)", CONFIG)
     return f"{round(value * 1000)}ms"
 
 
@@ -63,7 +68,7 @@ def _direct_io_text(value: object) -> str | None:
     raise Error(f"direct_io: {value!r} is not one of 'auto', 'on', 'off', True, False", CONFIG)
 
 
-def _resolve_device(device: object, config: str | None) -> tuple[str, int]:
+def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
     """(kind, ordinal) of the arena: ("host", 0) or ("cuda", N)."""
     if device is None:
         if config is None:
@@ -79,13 +84,16 @@ def _resolve_device(device: object, config: str | None) -> tuple[str, int]:
         import torch
 
         return ("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return ("cuda", int(text[5:]))
+    if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
+        ordinal = int(text[5:])
+        if ordinal >= 2**31:  # the C++ ordinal is an int
+            raise Error(f"device: {text!r}: no CUDA device has ordinal {ordinal}", UNAVAILABLE)
+        return ("cuda", ordinal)
     raise Error(f"device: {text!r} is not a device weightcast loads to (cpu, cuda, cuda:N, auto)",
                 CONFIG)
 
 
-def _single_process_world(config: str | None, what: str) -> dict:
+def _single_process_world(config: bytes | None, what: str) -> dict:
     world = _core.detect_world(config)
     if world["world_size"] > 1:
         raise Error(
@@ -103,7 +111,24 @@ def _check_placement(placement: object) -> None:
         raise Error(f"placement: {placement!r} is not one of 'replicate', 'fsdp'", CONFIG)
 
 
+def _reader_text(reader: object) -> str | None:
+    if reader is None or reader in ("auto", "uring", "pread"):
+        return reader  # type: ignore[return-value]
+    raise Error(f"reader: {reader!r} is not one of 'auto', 'uring', 'pread'", CONFIG)
+
+
+def _fs_path(path: object, what: str) -> bytes:
+    """A path as the OS spells it: bytes (``os.fsencode``), so a name that is not UTF-8 (a str
+    with surrogate escapes, as ``os.listdir`` returns it) or a bytes path opens too."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{what}: expected a str, bytes or os.PathLike path, not "
+                        f"{type(path).__name__}")
+    return os.fsencode(path)
+
+
 def _progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
     if callable(progress):
         user = progress
     elif _progress.wants_bar(progress, rank):
@@ -113,14 +138,14 @@ def _progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
     return lambda *args: user(_progress.Progress(*args))
 
 
-def _load_catalogue(catalogue: Any, *, device: tuple[str, int], config: str | None,
+def _load_catalogue(catalogue: Any, *, device: tuple[str, int], config: bytes | None,
                     chunk_size: object, buffer_depth: object, io_depth: object,
                     direct_io: object, timeout: object, reader: str | None,
                     progress: object, rank: int) -> Any:
     return _core.load(
         catalogue, device[0], device[1], config, _size_text(chunk_size, "chunk_size"),
         _count(buffer_depth, "buffer_depth"), _count(io_depth, "io_depth"),
-        _direct_io_text(direct_io), _duration_text(timeout), reader,
+        _direct_io_text(direct_io), _duration_text(timeout), _reader_text(reader),
         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S)
 
 
@@ -153,11 +178,12 @@ def load(
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
     _check_placement(placement)
-    config_s = os.fspath(config) if config is not None else None
+    config_s = _fs_path(config, "config") if config is not None else None
     world = _single_process_world(config_s, "load")
     dev = _resolve_device(device, config_s)
-    catalogue = _core.open_checkpoint(os.fspath(checkpoint))
+    catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     for meta in catalogue.tensors:
+        _dtypes.check_shape(meta, catalogue.shards)
         _dtypes.check_representable(meta, unsupported_dtypes)
     result = _load_catalogue(
         catalogue, device=dev, config=config_s, chunk_size=chunk_size,
@@ -256,6 +282,23 @@ def _local_shard(owner: str, key: str, t: Any) -> _LocalShard:
     return _LocalShard(local, tuple(offset), tuple(shape))
 
 
+def _check_writable(owner: str, key: str, t: Any) -> None:
+    """Refuses, before any byte is read, a destination torch's ``copy_`` cannot write: one
+    whose elements share memory (``expand``, stride 0) or an inference tensor outside
+    inference mode. Otherwise the load would fail half-way, some tensors already written."""
+    import torch
+
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise Error(f"load_into: {owner} key '{key}' is an inference tensor (made under "
+                    "torch.inference_mode()), which cannot be written outside inference mode; "
+                    "clone() it, or call load_into under torch.inference_mode()", USAGE)
+    # 1: elements overlap; 2: torch cannot tell cheaply (then copy_ allows it, and so do we).
+    if t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1:
+        raise Error(f"load_into: {owner} key '{key}' has elements that share memory (shape "
+                    f"{list(t.shape)}, strides {list(t.stride())}: an expand()ed tensor?), so "
+                    "one checkpoint tensor cannot be written into it; clone() it first", USAGE)
+
+
 def _checkpoint_shape(meta: dict) -> tuple[int, ...]:
     shape = tuple(meta["shape"])
     if meta["dtype"] == "F4" and shape:
@@ -282,6 +325,8 @@ def load_into(
     """Loads a checkpoint into a model's own tensors; see ``weightcast/__init__.pyi``."""
     import torch
 
+    if not isinstance(strict, bool):
+        raise Error(f"load_into: strict={strict!r} is not True or False", USAGE)
     if isinstance(model_or_state_dict, torch.nn.Module):
         target: Mapping[str, torch.Tensor] = model_or_state_dict.state_dict()
         owner = type(model_or_state_dict).__name__
@@ -299,11 +344,15 @@ def load_into(
             raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
                         "memory to load into; call model.to_empty(device=...) first", USAGE)
 
-    config_s = os.fspath(config) if config is not None else None
+    config_s = _fs_path(config, "config") if config is not None else None
     world = _single_process_world(config_s, "load_into")
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
-    catalogue = _core.open_checkpoint(os.fspath(checkpoint))
+    for key, shard in shards.items():
+        _check_writable(owner, key, shard.local)
+    catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     metas = {m["name"]: m for m in catalogue.tensors}
+    for meta in metas.values():  # every tensor lands in the arena, routed or not
+        _dtypes.check_shape(meta, catalogue.shards)
     mapper = _key_mapper(key_map)
 
     routes: dict[str, str] = {}  # destination key -> checkpoint key, checkpoint file order
@@ -312,6 +361,9 @@ def load_into(
         key = mapper(name)
         if key is None:
             continue  # the callable chose to skip it
+        if not isinstance(key, str):
+            raise Error(f"load_into: key_map maps checkpoint key '{name}' to {key!r}, which is "
+                        "not a str (a callable may also return None to skip the tensor)", USAGE)
         if key in target:
             if key in routes:
                 raise Error(f"load_into: key_map maps both '{routes[key]}' and '{name}' to "

@@ -70,11 +70,27 @@ def check_representable(meta: dict, unsupported_dtypes: str) -> None:
         )
 
 
+def check_shape(meta: dict, shards: list[str]) -> None:
+    """Raises ``Error`` (65) before any byte is read for a shape torch cannot hold: a
+    dimension of 2**63 or more (torch sizes are int64; ``load_file`` refuses it too)."""
+    for d, size in enumerate(meta["shape"]):
+        if size >= 2**63:
+            raise Error(f"{shards[meta['shard']]}: tensor '{meta['name']}': shape {list(meta['shape'])}: dimension {d} "
+                        f"is {size}, more than torch's largest size (2**63 - 1)",
+                        INVALID_CHECKPOINT)
+
+
 def as_torch(tensor: Any, st_dtype: str, shape: tuple) -> Any:
-    """Views the extension's export of a tensor as its torch dtype (no copy)."""
-    if st_dtype not in _VIEWED:
-        return tensor
-    dtype = torch_dtype(st_dtype)
-    if dtype is None or (st_dtype == "F4" and (len(shape) == 0 or shape[-1] % 2)):
+    """Views the extension's export of a tensor as its torch dtype and shape (no copy)."""
+    raw = st_dtype in _VIEWED and (torch_dtype(st_dtype) is None or (
+        st_dtype == "F4" and (len(shape) == 0 or shape[-1] % 2)))
+    if raw:
         return tensor.reshape(-1)  # raw bytes (unsupported_dtypes='bytes')
-    return tensor.view(dtype)
+    if st_dtype in _VIEWED:
+        tensor = tensor.view(torch_dtype(st_dtype))
+    if st_dtype in TORCH_DTYPE_NAMES and TORCH_DTYPE_NAMES[st_dtype] is None:
+        return tensor  # F6: raw bytes
+    want = tuple(shape[:-1]) + (shape[-1] // 2,) if st_dtype == "F4" else tuple(shape)
+    if tensor.dim() != len(want):  # exported flat (more dimensions than DLPack carries here)
+        tensor = tensor.view(want)
+    return tensor

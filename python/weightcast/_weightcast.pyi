@@ -26,19 +26,20 @@ class LoadResult:
     def tensors(self) -> list[tuple[str, str, Any]]:
         """(name, dtype, tensor) per tensor; the arena then belongs to the tensors."""
 
-def open_checkpoint(path: str) -> Catalogue:
-    """Opens and validates a checkpoint's headers (weightcast::open_checkpoint)."""
+def open_checkpoint(path: bytes) -> Catalogue:
+    """Opens and validates a checkpoint's headers (weightcast::open_checkpoint); ``path`` as
+    ``os.fsencode`` gives it (a file name need not be UTF-8)."""
 
-def load(catalogue: Catalogue, device: str, ordinal: int, config: str | None,
+def load(catalogue: Catalogue, device: str, ordinal: int, config: bytes | None,
          chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
          direct_io: str | None, timeout: str | None, reader: str | None,
          progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1)."""
 
-def detect_world(config: str | None) -> dict[str, Any]:
+def detect_world(config: bytes | None) -> dict[str, Any]:
     """This process's world: the config's world.* keys, else torchrun, Slurm, Open MPI."""
 
-def config_device(config: str) -> str:
+def config_device(config: bytes) -> str:
     """The ``device`` key of a config file: auto, host or cuda."""
 
 def cuda_device_count() -> int:
