@@ -252,8 +252,8 @@ class Pipeline {
       // Discarding, a read that completed inside submit (cached pages) is let through before
       // the next is leased: it is the same slot again, as dd reuses one buffer. Leasing
       // ahead gains nothing there (the copy runs on this thread either way) and cycles every
-      // slot through the caches and TLB, about 30 % more kernel time for the same copy
-      // (bench/RESULTS.md). Reads that wait for the disk keep the whole ring in flight.
+      // slot through the caches and TLB: more kernel time for the same copy (bench/RESULTS.md,
+      // issue 20). Reads that wait for the disk keep the whole ring in flight.
       if (done_at_submit) co_await _ring->all_given_back();
     }
   }
