@@ -245,8 +245,8 @@ TEST_CASE("staging ring: slots × slot size past 2^64 bytes fails with 69 naming
   }
 }
 
-TEST_CASE("staging ring: the slot given back last is leased next; all_given_back waits for "
-          "every lease",
+TEST_CASE("staging ring: the slot given back last is leased next, and all_given_back waits "
+          "for every lease",
           "[staging]") {
   // A read that completes at submit is paced to one slot (the loader's read stage): that
   // only reuses one buffer, as dd does, if the ring hands back the slot freed last.
