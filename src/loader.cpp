@@ -618,10 +618,17 @@ class Pipeline {
       request.user = slot;
       _read_begin[slot] = Clock::now();
       _reader->submit(&request);
+      const bool done_at_submit = discarding() && _reader->completed(request);
       // The lease passes to the upload stage only once the hand-over completes: cancelled
       // while it waits, the lease still owns the slot and returns it.
       co_await _to_upload->async_send(boost::system::error_code{}, slot, use_awaitable);
       lease.release();
+      // Discarding, a read that completed inside submit (cached pages) is let through before
+      // the next is leased: it is the same slot again, as dd reuses one buffer. Leasing
+      // ahead gains nothing there (the copy runs on this thread either way) and cycles every
+      // slot through the caches and TLB: more kernel time for the same copy (bench/RESULTS.md,
+      // issue 20). Reads that wait for the disk keep the whole ring in flight.
+      if (done_at_submit) co_await _ring->all_given_back();
     }
   }
 

@@ -111,6 +111,15 @@ class UringReader final : public Reader {
   [[nodiscard]] int completion_fd() const noexcept override { return _event_fd; }
   [[nodiscard]] std::size_t pending() const noexcept override { return _pending; }
 
+  [[nodiscard]] bool completed(const ReadRequest& request) noexcept override {
+    unsigned head = 0;
+    io_uring_cqe* cqe = nullptr;
+    io_uring_for_each_cqe(&_ring, head, cqe) {
+      if (io_uring_cqe_get_data(cqe) == &request) return true;
+    }
+    return false;
+  }
+
   bool register_buffers(std::span<const std::span<std::byte>> buffers) override {
     if (!_read_fixed_ok || buffers.empty()) return false;
     std::vector<iovec> iovecs;

@@ -53,7 +53,8 @@ StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size
                                            _slot_bytes));
   if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
   _leased.assign(_slots, false);
-  for (std::size_t i = 0; i < _slots; ++i) _free.push_back(i);
+  // Slot 0 first: the first reads fill the ring in address order.
+  for (std::size_t i = _slots; i > 0; --i) _free.push_back(i - 1);
 }
 
 // Fewer pinned slots beat pageable ones: an async H2D copy from pageable memory goes through
@@ -89,23 +90,29 @@ StagingRing::~StagingRing() {
   if (_pinned_by != nullptr) _pinned_by->unpin(_memory.data());
 }
 
-boost::asio::awaitable<SlotLease> StagingRing::acquire() {
+boost::asio::awaitable<void> StagingRing::wait_for_give_back() {
   namespace asio = boost::asio;
-  while (_free.empty()) {
-    // The timer never expires: give_back() cancels the wait, as does cancelling this
-    // coroutine (the awaitable operators do when another stage fails).
-    _slot_freed.expires_at(asio::steady_timer::time_point::max());
-    boost::system::error_code ec;
-    co_await _slot_freed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
-    if (state.cancelled() != asio::cancellation_type::none) {
-      throw boost::system::system_error(asio::error::operation_aborted);
-    }
+  // The timer never expires: give_back() cancels the wait, as does cancelling this
+  // coroutine (the awaitable operators do when another stage fails).
+  _slot_freed.expires_at(asio::steady_timer::time_point::max());
+  boost::system::error_code ec;
+  co_await _slot_freed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none) {
+    throw boost::system::system_error(asio::error::operation_aborted);
   }
-  const std::size_t index = _free.front();
-  _free.pop_front();
+}
+
+boost::asio::awaitable<SlotLease> StagingRing::acquire() {
+  while (_free.empty()) co_await wait_for_give_back();
+  const std::size_t index = _free.back();
+  _free.pop_back();
   _leased[index] = true;
   co_return SlotLease(this, index);
+}
+
+boost::asio::awaitable<void> StagingRing::all_given_back() {
+  while (_free.size() < _slots) co_await wait_for_give_back();
 }
 
 void StagingRing::give_back(std::size_t index) noexcept {

@@ -71,6 +71,14 @@ class Reader {
   virtual std::size_t reap(std::vector<ReadRequest*>& finished) = 0;
   /// @return requests submitted and not yet reaped.
   [[nodiscard]] virtual std::size_t pending() const noexcept = 0;
+  /// @return true when a completion of @p request (submitted, not yet reaped) already
+  ///         waits for `reap()`: io_uring completes a buffered read of cached pages inside
+  ///         `submit`. A hint for pacing: false says nothing (the pread pool always answers
+  ///         false), and `reap()` still decides whether the request is finished.
+  [[nodiscard]] virtual bool completed(const ReadRequest& request) noexcept {
+    (void)request;
+    return false;
+  }
   /**
    * @brief Registers @p buffers (the staging slots) so reads into them skip the kernel's
    *        per-read page pinning (io_uring fixed buffers). Call before the first `submit`.

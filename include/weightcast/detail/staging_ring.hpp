@@ -22,7 +22,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <vector>
 
 namespace weightcast {
@@ -84,11 +83,20 @@ class StagingRing {
   StagingRing& operator=(const StagingRing&) = delete;
 
   /**
-   * @brief Waits for a free slot (slots come back in the order they were given back).
+   * @brief Waits for a free slot: the one given back last (its pages are the likeliest to
+   *        be in the CPU's caches and TLB).
    * @throws boost::system::system_error `operation_aborted` when the awaiting coroutine is
    *         cancelled while it waits.
    */
   boost::asio::awaitable<SlotLease> acquire();
+
+  /**
+   * @brief Waits until no slot is leased. One coroutine at a time may wait on the ring
+   *        (`acquire` or this).
+   * @throws boost::system::system_error `operation_aborted` when the awaiting coroutine is
+   *         cancelled while it waits.
+   */
+  boost::asio::awaitable<void> all_given_back();
 
   /// @return the first byte of slot @p index (< `slots()`; not checked).
   [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
@@ -112,9 +120,10 @@ class StagingRing {
   std::uint64_t _slot_bytes;
   HostMapping _memory;  // 2 MiB aligned, transparent huge pages
   weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
-  std::deque<std::size_t> _free;             // free slot indices, oldest first
+  std::vector<std::size_t> _free;            // free slot indices, the last given back last
   std::vector<bool> _leased;                 // per slot: a lease holds it
-  boost::asio::steady_timer _slot_freed;     // acquire() sleeps on it; give_back() wakes it
+  boost::asio::steady_timer _slot_freed;     // the waits sleep on it; give_back() wakes it
+  boost::asio::awaitable<void> wait_for_give_back();
 };
 
 }  // namespace weightcast::detail
