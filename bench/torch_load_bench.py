@@ -332,6 +332,7 @@ def main() -> int:
                            capture_output=True, text=True)
     wc_py_skip = None if wc_py.returncode == 0 else (
         "import weightcast failed: " + (wc_py.stderr.strip().splitlines() or ["?"])[-1])
+    wc_world_skip = None
     wc_bin = Path(args.weightcast)
     wc_bin_skip = None if os.access(wc_bin, os.X_OK) else f"no weightcast binary at {wc_bin}"
 
@@ -352,8 +353,8 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in row if k != "ranks"}), file=sys.stderr)
                 continue
-            if v == "weightcast_load_into" and wc_py_skip:
-                row["skip"] = wc_py_skip
+            if v == "weightcast_load_into" and (wc_py_skip or wc_world_skip):
+                row["skip"] = wc_py_skip or wc_world_skip
                 rows.append(row)
                 continue
             result = str(args.work / f"{tag}.r{{rank}}.json")
@@ -370,7 +371,12 @@ def main() -> int:
                 reps.append(json.loads(p.read_text()) if p.exists() else {"error": "no result"})
             errs = [f"rank {x.get('rank', r)}: {x['error']}" for r, x in enumerate(reps)
                     if "error" in x]
-            if rc != 0 or errs:
+            if v == "weightcast_load_into" and errs and "several ranks" in errs[0]:
+                # The package refuses this world size (a build without the distributed entry
+                # point): a skip with its message, and no second job for the other dtype.
+                wc_world_skip = "load_into refuses the world: " + errs[0].split(": ", 1)[1]
+                row["skip"] = wc_world_skip
+            elif rc != 0 or errs:
                 why = errs[0] if errs else f"mpirun exit {rc}" + (" (timeout)" if rc == 124 else "")
                 row["fail"] = why
                 if rc != 0 and not errs:
@@ -433,6 +439,8 @@ def run_cli(row, v, wc_bin, ckpt, args, tag, ref_whole, ref_bf16) -> None:
     got = [{k: t["xxh3"] for k, t in x.get("tensors", {}).items()} for x in reps]
     if placement == "replicate":
         row["exact"] = compare(got, [ref_whole] * args.ranks) + " (= whole tensors)"
+    elif got and all(g == ref_whole for g in got):
+        row["exact"] = "✗ every rank got whole tensors (placement=fsdp accepted, not applied)"
     elif ref_bf16 is not None:
         row["exact"] = compare(got, ref_bf16)
     else:
