@@ -10,7 +10,8 @@
 //   h2d_bench nccl GROUPS BYTES             world size 1: GROUPS grouped broadcasts of BYTES
 //       through weightcast's nccl transport (a non-blocking communicator: NCCL runs each
 //       ncclGroupEnd on a thread of its own), against the same calls on a blocking
-//       communicator. Lines `nccl_group_us <mode> <value>` (per group, enqueue to completion).
+//       communicator, and with the bytes as 64 ranges (one ncclBroadcast per piece). Lines
+//       `nccl_group_us <mode> <value>` (per group, enqueue to completion).
 //   h2d_bench readback TENSORS BYTES        Arena::read_back of TENSORS ranges of BYTES from a
 //       cuda arena, one call per range as tensor digests do. Line `readback_us_per_call`.
 //
@@ -155,16 +156,22 @@ int nccl(int groups, std::uint64_t bytes) {
   auto transport = weightcast::make_nccl_transport(0, 1, 0, weightcast::nccl_unique_id(),
                                                    std::chrono::seconds(60));
   auto arena = device->allocate_arena(bytes);
-  const auto time_weightcast = [&] {
-    const auto start = Clock::now();
-    for (int g = 0; g < groups; ++g) {
-      const weightcast::Transport::Range range{arena->data(), bytes};
-      wait(transport->broadcast_group(std::span(&range, 1), 0, nullptr));
+  // One range per group, or the chunk as 64 pieces (a chunk of small tensors at 256-byte
+  // arena alignment: one ncclBroadcast per piece inside the group).
+  const auto time_weightcast = [&](std::uint64_t piece_count) {
+    std::vector<weightcast::Transport::Range> ranges;
+    const std::uint64_t piece = bytes / piece_count;
+    for (std::uint64_t p = 0; p < piece_count; ++p) {
+      const std::uint64_t n = p + 1 == piece_count ? bytes - p * piece : piece;
+      ranges.push_back({arena->data() + p * piece, n});
     }
+    const auto start = Clock::now();
+    for (int g = 0; g < groups; ++g) wait(transport->broadcast_group(ranges, 0, nullptr));
     return seconds_since(start) / groups * 1e6;
   };
-  time_weightcast();  // warm-up
-  const double nonblocking_us = time_weightcast();
+  time_weightcast(1);  // warm-up
+  const double nonblocking_us = time_weightcast(1);
+  const double pieces_us = time_weightcast(64);
 
   // The same group on a blocking communicator: ncclGroupEnd enqueues on the calling thread.
   ncclUniqueId id;
@@ -187,6 +194,7 @@ int nccl(int groups, std::uint64_t bytes) {
   time_blocking();
   const double blocking_us = time_blocking();
   std::printf("nccl_group_us nonblocking_weightcast %.1f\n", nonblocking_us);
+  std::printf("nccl_group_us nonblocking_weightcast_64_pieces %.1f\n", pieces_us);
   std::printf("nccl_group_us blocking %.1f\n", blocking_us);
   std::printf("nccl_group_ratio nonblocking/blocking %.2f\n", nonblocking_us / blocking_us);
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
