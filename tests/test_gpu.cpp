@@ -27,8 +27,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <string_view>
 #include <random>
+#include <span>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 using namespace weightcast;
@@ -448,6 +450,50 @@ TEST_CASE("nccl: world size 1 broadcast delivers every byte", "[gpu][nccl]") {
     CHECK(result.stats.transport == "nccl");
     CHECK(tensor_digests(result) == reference);
   }
+}
+
+TEST_CASE("cuda, nccl: one visible GPU is every local rank's ordinal 0", "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  if (cuda_device_count() != 1) {
+    WARN("skipped: needs exactly one visible CUDA device (CUDA_VISIBLE_DEVICES=0)");
+    return;
+  }
+  // As under Slurm --gpus-per-task=1: local rank 3 sees its one GPU as ordinal 0.
+  CHECK(make_device(DeviceKind::cuda, 3)->name() == "cuda:0");
+  auto transport = make_nccl_transport(0, 1, 3, nccl_unique_id(), std::chrono::seconds(60));
+  auto device = make_device(DeviceKind::cuda, 3);
+  auto arena = device->allocate_arena(4096);
+  const Transport::Range range{arena->data(), 4096};
+  auto pending = transport->broadcast_group(std::span(&range, 1), 0, nullptr);
+  while (pending && !pending->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+TEST_CASE("nccl: a broadcast outlives its transport; one abandoned aborts the communicator",
+          "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  auto device = make_cuda_device(0);
+  auto arena = device->allocate_arena(16 << 20);
+  const Transport::Range range{arena->data(), 16 << 20};
+  {
+    // Shared ownership: the pending broadcast keeps the communicator and comm stream.
+    auto transport = make_nccl_transport(0, 1, 0, nccl_unique_id(), std::chrono::seconds(60));
+    auto pending = transport->broadcast_group(std::span(&range, 1), 0, nullptr);
+    transport.reset();
+    REQUIRE(pending != nullptr);
+    while (!pending->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  auto transport = make_nccl_transport(0, 1, 0, nccl_unique_id(), std::chrono::seconds(60));
+  // Destroyed before it was seen to complete: the communicator is aborted and the comm
+  // stream drained, so the arena may be freed; the transport says so from then on.
+  transport->broadcast_group(std::span(&range, 1), 0, nullptr).reset();
+  try {
+    static_cast<void>(transport->broadcast_group(std::span(&range, 1), 0, nullptr));
+    FAIL("a broadcast on an aborted communicator was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Catch::Contains("the communicator was aborted"));
+  }
+  arena.reset();
 }
 
 TEST_CASE("nccl: a peer that never joins times out with 75, nothing hangs", "[gpu][nccl]") {
