@@ -160,7 +160,7 @@ class Pipeline {
       for (const Chunk& chunk : _plan.chunks) largest = std::max(largest, chunk.bytes);
       _files.emplace(_catalogue, _options.direct_io);
       // O_DIRECT reads an aligned superset of each chunk: up to one alignment unit before
-      // it and one after (DESIGN.md: slots are chunk_size + O_DIRECT alignment).
+      // it and one after (docs/DESIGN.md § Staging: slots are chunk_size + O_DIRECT alignment).
       const std::uint32_t alignment = _files->max_alignment();
       const std::uint64_t slot_bytes = largest + (alignment > 1 ? 2ull * alignment : 0);
       _ring.emplace(_executor, std::min<std::size_t>(_options.buffer_depth, _plan.chunks.size()),

@@ -31,7 +31,7 @@ struct EnvSource {
   const char* local_rank;
 };
 
-// The order of DESIGN.md layer 9: a launcher that sets more than one family (torchrun inside
+// The order of docs/DESIGN.md § World: a launcher that sets more than one family (torchrun inside
 // an srun allocation sets both) is described by the innermost, most specific one first.
 constexpr EnvSource env_sources[] = {
     {WorldSource::torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"},
@@ -190,7 +190,7 @@ World detect_place(const Config& config) {
     world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
     world.source = WorldSource::config;
     check(world, "world.rank", "world.size", &config);
-    // The config wins (DESIGN.md), but under a launcher that placed this process elsewhere
+    // The config wins (docs/DESIGN.md § World); under a launcher that placed this process elsewhere
     // every rank started from one config takes the same place: rank 0 twice ended in
     // "Address already in use" with nothing to say why. Say it.
     for (const EnvSource& source : env_sources) {

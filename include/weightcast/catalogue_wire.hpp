@@ -2,7 +2,7 @@
  * @file catalogue_wire.hpp
  * @brief The catalogue as the control plane carries it from rank 0 to the other ranks.
  *
- * A compact versioned little-endian binary (DESIGN.md layer 3, "serialises the catalogue"):
+ * A compact versioned little-endian binary (docs/DESIGN.md § Checkpoints):
  * magic "WCAT", version 1, the shards (name, file size, data offset — never the path: other
  * ranks never open a file), the tensors (name, dtype, shape, shard, file offset, bytes) and
  * the merged `__metadata__`. Strings are a u32 byte count and bytes.

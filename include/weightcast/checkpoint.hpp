@@ -6,7 +6,7 @@
  * or a single `.safetensors` file, or the path of an index itself. Only rank 0 calls
  * `open_checkpoint`; the other ranks receive the catalogue over the control plane.
  *
- * Index rules (DESIGN.md layer 3; transformers' sharded checkpoint convention):
+ * Index rules (docs/DESIGN.md § Checkpoints; transformers' sharded checkpoint convention):
  * `weight_map` maps tensor name to shard file name; every shard path stays inside the
  * checkpoint directory after symlinks are resolved (no absolute path, no `..` escape); every
  * indexed tensor exists in the shard the index names; no tensor is stored in two shards.

@@ -2,7 +2,7 @@
  * @file config.hpp
  * @brief The launcher's configuration: YAML file, `--set key=value` overrides, defaults.
  *
- * Every key of DESIGN.md's config section; `configs/default.yaml` documents each one.
+ * Every key of docs/DESIGN.md § Configuration; `configs/default.yaml` documents each one.
  * Sizes accept a plain byte count or a unit (`16MiB`, `1 GiB`, `64KiB`, `16MB` = 16e6),
  * durations a plain number of seconds or a unit (`300s`, `5m`, `250ms`, `1h`).
  */

@@ -1,6 +1,6 @@
 /**
  * @file control_plane.hpp
- * @brief The control plane: TCP between rank 0 and every other rank (DESIGN.md layer 9).
+ * @brief The control plane: TCP from rank 0 to every other rank (docs/DESIGN.md § Control plane).
  *
  * Rank 0 listens on `rendezvous.address:rendezvous.port` (that address only); the other ranks
  * connect, retrying with backoff until `timeout`, and introduce themselves (protocol version,

@@ -2,7 +2,7 @@
  * @file device.hpp
  * @brief Where tensors land: the arena, and the upload from a staging slot into it.
  *
- * `host` (DESIGN.md layer 7): the arena is page-aligned host memory and an upload is a
+ * `host` (docs/DESIGN.md § Devices): the arena is page-aligned host memory and an upload is a
  * `memcpy`, finished when `upload()` returns. `cuda`: the arena is `cudaMalloc` memory, an
  * upload is a `cudaMemcpyAsync` on a non-blocking copy stream of the device's own, and it
  * completes when a CUDA event recorded after the copy has completed (polled, `Pending`).

@@ -3,7 +3,7 @@
  * @brief weightcast's one exception type and its mapping onto process exit statuses.
  *
  * Every failure weightcast reports is a `weightcast::Error` carrying an `Errc`. The launcher
- * turns the `Errc` into an exit status from `<sysexits.h>` (DESIGN.md, layer 1), so a job
+ * turns the `Errc` into an exit status from `<sysexits.h>` (docs/DESIGN.md § Errors), so a job
  * scheduler or a shell script can tell a bad checkpoint (65) from a dead peer (69) from a
  * stalled job (75) without parsing the message.
  */

@@ -5,7 +5,7 @@
  * ```
  * rank 0:  disk ─io_uring─▶ staging slot ─upload─▶ arena ─broadcast─▶ ranks 1..N-1
  * ```
- * The stages are C++20 coroutines on one Boost.Asio `io_context` (DESIGN.md layer 10):
+ * The stages are C++20 coroutines on one Boost.Asio `io_context` (docs/DESIGN.md § Pipeline):
  * chunk k is broadcast while chunk k+1 is uploaded and chunks k+2.. are read. Up to two
  * chunks' broadcasts are in flight; each lands (its tensors become ready) as soon as this rank
  * sees it complete, not when the next chunk is posted. A staging slot returns to the ring only

@@ -3,7 +3,7 @@
  * @brief The plan: the ordered list of chunks every rank executes identically.
  *
  * A pure function of the catalogue, the arena layout and `chunk_size`, so every rank builds
- * the same plan from the same catalogue without talking (DESIGN.md layer 4). Chunks follow
+ * the same plan from the same catalogue without talking (docs/DESIGN.md § Plan). Chunks follow
  * file order, shard by shard; a chunk never spans two shards; each chunk is split into
  * pieces at tensor boundaries. Zero-size tensors make no piece and no read.
  */

@@ -5,7 +5,7 @@
  *
  * A reader knows nothing of Asio: it exposes an eventfd that becomes readable when
  * completions are waiting, and `reap()` collects them. The loader awaits the eventfd on its
- * `io_context` (DESIGN.md layer 5). Short reads are re-queued and EINTR/EAGAIN retried inside
+ * `io_context` (docs/DESIGN.md § Reads). Short reads are re-queued and EINTR/EAGAIN retried inside
  * the reader, so a request completes only when all its bytes arrived, the file ended, or the
  * kernel returned an error.
  */

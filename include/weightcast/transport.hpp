@@ -3,7 +3,7 @@
  * @brief The data plane: broadcasts each chunk from the root rank into every rank's arena.
  *
  * `local` (world size 1) does nothing; `mpi` (host memory, `MPI_Ibcast`) is in
- * transport_mpi.hpp; `nccl` (device memory, DESIGN.md layer 8) broadcasts on a dedicated
+ * transport_mpi.hpp; `nccl` (device memory, docs/DESIGN.md § Transports) broadcasts on a dedicated
  * comm stream. Every rank calls `broadcast` for the same chunks in the same order (the
  * plan), as NCCL and MPI collectives require.
  *

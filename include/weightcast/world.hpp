@@ -2,7 +2,7 @@
  * @file world.hpp
  * @brief Who this process is in the job: rank, world size, local rank, and where that came from.
  *
- * DESIGN.md layer 9. The first source that names a rank wins:
+ * docs/DESIGN.md § World. The first source that names a rank wins:
  *  1. the config (`world.rank`, `world.size`, `world.local_rank`);
  *  2. torchrun's environment: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (and `MASTER_ADDR`, used as
  *     the default rendezvous address);

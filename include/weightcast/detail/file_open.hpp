@@ -50,7 +50,7 @@ constexpr bool unreachable_path(int err) noexcept {
  * and exits with the same status whichever input it hits: a path that leads to no file
  * (unreachable_path()) is missing input, since there is nothing to read and the path is
  * what to fix; any other failure (EACCES, EIO, EMFILE, ENXIO) is an I/O error, since the
- * file is there (DESIGN.md, layer 1: missing input 66, I/O 74). What is refused after a
+ * file is there (docs/DESIGN.md § Errors: missing input 66, I/O 74). What is refused after a
  * successful open (a directory, a FIFO, a socket) is the caller's to say, with its status.
  * @param err the errno value open(2) or stat(2) left (positive).
  * @param name the input as messages name it: the path as given, or a shard's name.

@@ -4,7 +4,7 @@
  *
  * Internal (includes Boost.Asio). A lease is awaited from the ring's list of free slots;
  * when every slot is leased, the read stage waits — the ring is the backpressure that bounds
- * rank 0's host memory to `slots × slot_bytes` (DESIGN.md layer 6). Slots are page-aligned
+ * rank 0's host memory to `slots × slot_bytes` (docs/DESIGN.md § Staging). Slots are page-aligned
  * (O_DIRECT needs aligned buffers).
  *
  * The free list is plain bookkeeping, not an Asio channel: a slot must go back whatever
