@@ -30,7 +30,7 @@ SRC=$PWD
 BUNDLE=${1:-out/gpu-bundle}
 BUILD=${WEIGHTCAST_BUNDLE_BUILD:-build-cuda}
 PYBUILD=${WEIGHTCAST_BUNDLE_PYBUILD:-build-cuda-py}
-PYROOT=${WEIGHTCAST_BUNDLE_PYROOT:-out/gpu-pyroot}
+PYROOT=$(realpath -m "${WEIGHTCAST_BUNDLE_PYROOT:-out/gpu-pyroot}")
 JOBS=${WEIGHTCAST_BUNDLE_JOBS:-2}
 LIMIT_BYTES=$((64 << 20))
 WORK=out/gpu-bundle-work  # logs, the Python header copy, the interpreter wrapper (ignored)
@@ -62,7 +62,7 @@ elif [ -f python/CMakeLists.txt ]; then
     debootstrap --variant=minbase --include=python3-dev stable "$PYROOT" \
       http://deb.debian.org/debian >"$WORK/pyroot.log" 2>&1 || { tail -20 "$WORK/pyroot.log"; exit 69; }
   fi
-  rootinc=$(ls -d "$PWD/$PYROOT"/usr/include/python3.1[2-9] | tail -1)
+  rootinc=$(ls -d "$PYROOT"/usr/include/python3.1[2-9] | tail -1)
   pyver=${rootinc##*/python}
   # Debian's pyconfig.h includes the multiarch one by a path under /usr/include: a copy of
   # the headers with that one in its place, so no -I to the root's /usr/include (its C
@@ -71,11 +71,11 @@ elif [ -f python/CMakeLists.txt ]; then
   rm -rf "$PWD/$WORK/include"
   mkdir -p "$pyinc"
   cp -a "$rootinc"/. "$pyinc"/
-  cp "$PWD/$PYROOT/usr/include/x86_64-linux-gnu/python$pyver/pyconfig.h" "$pyinc/pyconfig.h"
+  cp "$PYROOT/usr/include/x86_64-linux-gnu/python$pyver/pyconfig.h" "$pyinc/pyconfig.h"
   # CMake runs the interpreter for its version and extension suffix: the root's python3,
   # through chroot (its answers are the root's; the include dir is given as a host path).
   wrapper=$PWD/$WORK/python3
-  printf '#!/bin/sh\nexec chroot %q /usr/bin/python3 "$@"\n' "$PWD/$PYROOT" >"$wrapper"
+  printf '#!/bin/sh\nexec chroot %q /usr/bin/python3 "$@"\n' "$PYROOT" >"$wrapper"
   chmod +x "$wrapper"
   nanobind_dir=${WEIGHTCAST_BUNDLE_NANOBIND_DIR:-$(python3 -m nanobind --cmake_dir 2>/dev/null ||
     /work/venv/bin/python -m nanobind --cmake_dir)}

@@ -188,7 +188,7 @@ TEST_CASE("cuda and nccl factories without a GPU throw unavailable", "[gpu-info]
   }
 }
 
-TEST_CASE("cuda ordinal: the only visible device, else the local rank's; past the last refused",
+TEST_CASE("cuda ordinal: the only visible device, else the local rank's, refused past the last",
           "[gpu-info][device]") {
   // One GPU per rank (Slurm --gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES): every local
   // rank sees its own GPU as ordinal 0.
@@ -468,7 +468,7 @@ TEST_CASE("cuda, nccl: one visible GPU is every local rank's ordinal 0", "[gpu][
   while (pending && !pending->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
-TEST_CASE("nccl: a broadcast outlives its transport; one abandoned aborts the communicator",
+TEST_CASE("nccl: a broadcast outlives its transport, and one abandoned aborts the communicator",
           "[gpu][nccl]") {
   WEIGHTCAST_REQUIRE_GPU();
   auto device = make_cuda_device(0);
