@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin libseccomp-dev
   fio time
   clang libclang-rt-14-dev
+  python3-dev python3-venv
 )
 
 missing=()

@@ -26,3 +26,9 @@ elif [ -e /usr/local/cuda/include/nccl.h ] || command -v nvcc >/dev/null || [ "$
 else
   echo "test.sh: no CUDA toolkit and NCCL in /usr/local/cuda: CUDA build skipped"
 fi
+
+# The Python package (tests/python): a venv (WEIGHTCAST_VENV, else build/py-venv, torch CPU
+# from PyPI once), `pip install .`, pytest. WEIGHTCAST_TEST_PYTHON=0 skips it.
+if [ "${WEIGHTCAST_TEST_PYTHON:-1}" != 0 ]; then
+  bash scripts/test_python.sh
+fi

@@ -1,0 +1,432 @@
+// weightcast._weightcast: the C++ side of the Python package. It binds the library's own
+// entry points (open_checkpoint, load) and hands the arena out as DLPack tensors; the
+// torch-facing API (dtype views, load_into, progress) is Python, in weightcast/*.py.
+//
+// Why a load runs on a thread of its own: the calling thread then waits with the GIL
+// released and wakes every 50 ms to run Python's signal handlers (PyErr_CheckSignals), so
+// Ctrl-C requests LoadOptions::stop and the load ends within moments; a blocking call in the
+// main thread would not see SIGINT until it returned.
+//
+// Only the standard library, nanobind and the public headers (which include nothing else):
+// the module can be built on a host that has none of the library's dependencies, given
+// libweightcast.a built elsewhere.
+
+#include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
+#include "weightcast/device.hpp"
+#include "weightcast/dtype.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/loader.hpp"
+#include "weightcast/transport.hpp"
+#include "weightcast/world.hpp"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace weightcast::python {
+namespace {
+
+// Arenas owned by live capsules: tensors handed out keep one capsule alive (tests read this
+// to check that the arena goes exactly when its last tensor does).
+std::atomic<long> live_arenas{0};
+
+struct OwnedArena {
+  std::shared_ptr<Arena> arena;
+  explicit OwnedArena(std::shared_ptr<Arena> a) : arena(std::move(a)) { ++live_arenas; }
+  ~OwnedArena() { --live_arenas; }
+  OwnedArena(const OwnedArena&) = delete;
+  OwnedArena& operator=(const OwnedArena&) = delete;
+};
+
+/// A catalogue, as Python sees it (read-only).
+struct PyCatalogue {
+  Catalogue catalogue;
+};
+
+/// The result of a load: the catalogue and stats, and the arena until `tensors()` hands it
+/// to a capsule.
+struct PyLoadResult {
+  std::shared_ptr<LoadResult> result;
+};
+
+// How a safetensors dtype crosses DLPack. Types DLPack and every torch >= 2.3 agree on go
+// with their own code; the F8 and F4 types go as uint8 of the same bytes and the Python side
+// views them as torch's dtype (a same-size `Tensor.view(dtype)`), since torch's DLPack
+// import learnt the float8 codes only recently. `bytes_per_element` is the exported
+// element's size.
+struct Export {
+  nb::dlpack::dtype dtype;
+  bool packed_f4 = false;  // F4: two elements per uint8, the last dimension halved
+  bool raw = false;        // F6: no element type at all; a 1-D uint8 of the tensor's bytes
+};
+
+Export export_of(Dtype dtype) {
+  using nb::dlpack::dtype_code;
+  auto dt = [](dtype_code code, int bits) {
+    return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+  };
+  switch (dtype) {
+    case Dtype::BOOL: return {dt(dtype_code::Bool, 8)};
+    case Dtype::U8: return {dt(dtype_code::UInt, 8)};
+    case Dtype::I8: return {dt(dtype_code::Int, 8)};
+    case Dtype::I16: return {dt(dtype_code::Int, 16)};
+    case Dtype::U16: return {dt(dtype_code::UInt, 16)};
+    case Dtype::F16: return {dt(dtype_code::Float, 16)};
+    case Dtype::BF16: return {dt(dtype_code::Bfloat, 16)};
+    case Dtype::I32: return {dt(dtype_code::Int, 32)};
+    case Dtype::U32: return {dt(dtype_code::UInt, 32)};
+    case Dtype::F32: return {dt(dtype_code::Float, 32)};
+    case Dtype::C64: return {dt(dtype_code::Complex, 64)};
+    case Dtype::F64: return {dt(dtype_code::Float, 64)};
+    case Dtype::I64: return {dt(dtype_code::Int, 64)};
+    case Dtype::U64: return {dt(dtype_code::UInt, 64)};
+    case Dtype::F8_E5M2:
+    case Dtype::F8_E4M3:
+    case Dtype::F8_E8M0:
+    case Dtype::F8_E4M3FNUZ:
+    case Dtype::F8_E5M2FNUZ: return {dt(dtype_code::UInt, 8)};
+    case Dtype::F4: return {dt(dtype_code::UInt, 8), true, false};
+    case Dtype::F6_E2M3:
+    case Dtype::F6_E3M2: return {dt(dtype_code::UInt, 8), false, true};
+  }
+  return {dt(dtype_code::UInt, 8), false, true};
+}
+
+LoadResult& checked(const PyLoadResult& r) {
+  if (!r.result) throw Error(Errc::internal, "weightcast: this LoadResult was already consumed");
+  return *r.result;
+}
+
+/// Runs @p work on a thread of its own while this thread waits with the GIL released,
+/// running Python's signal handlers every 50 ms. A handler that raises (Ctrl-C's
+/// KeyboardInterrupt) requests a stop and re-raises here once the load has ended.
+template <class Work>
+auto run_interruptible(Work work) {
+  std::stop_source stop;
+  std::optional<nb::python_error> raised;
+  using Result = decltype(work(stop.get_token()));
+  std::future<Result> done;
+  {
+    nb::gil_scoped_release release;
+    done = std::async(std::launch::async, [&work, token = stop.get_token()] {
+      return work(token);
+    });
+    while (done.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      nb::gil_scoped_acquire acquire;
+      if (!raised && PyErr_CheckSignals() != 0) {
+        raised.emplace();  // fetches the handler's exception
+        stop.request_stop();
+      }
+    }
+  }
+  if (raised) throw std::move(*raised);
+  return done.get();
+}
+
+DeviceKind parse_device_kind(const std::string& kind) {
+  if (kind == "host" || kind == "cpu") return DeviceKind::host;
+  if (kind == "cuda") return DeviceKind::cuda;
+  throw Error(Errc::config, "device: '" + kind + "' is not a device (cpu, cuda, cuda:N)");
+}
+
+DirectIo parse_direct_io(const std::string& text) {
+  if (text == "auto") return DirectIo::automatic;
+  if (text == "on") return DirectIo::on;
+  if (text == "off") return DirectIo::off;
+  throw Error(Errc::config, "direct_io: '" + text + "' is not one of auto, on, off");
+}
+
+ReaderKind parse_reader(const std::string& text) {
+  if (text == "auto") return ReaderKind::automatic;
+  if (text == "uring") return ReaderKind::uring;
+  if (text == "pread") return ReaderKind::pread;
+  throw Error(Errc::config, "reader: '" + text + "' is not one of auto, uring, pread");
+}
+
+/// Options of one Python load: a config file's (if any), then each keyword given.
+struct PyOptions {
+  std::optional<std::string> config;
+  std::optional<std::string> chunk_size;   // "16MiB" or a byte count
+  std::optional<std::uint32_t> buffer_depth;
+  std::optional<std::uint32_t> io_depth;
+  std::optional<std::string> direct_io;    // auto|on|off
+  std::optional<std::string> timeout;      // "300s" or seconds
+  std::optional<std::string> reader;       // auto|uring|pread
+};
+
+Config effective_config(const PyOptions& o) {
+  Config config = o.config ? load_config(*o.config, {}) : Config{};
+  if (o.chunk_size) config.chunk_bytes = parse_size(*o.chunk_size, "chunk_size");
+  if (o.buffer_depth) config.buffer_depth = *o.buffer_depth;
+  if (o.io_depth) config.io_depth = *o.io_depth;
+  if (o.direct_io) config.direct_io = parse_direct_io(*o.direct_io);
+  if (o.timeout) config.timeout = parse_duration(*o.timeout, "timeout");
+  if (o.reader) config.reader = parse_reader(*o.reader);
+  return config;
+}
+
+nb::dict tensor_meta(const TensorInfo& t) {
+  nb::dict d;
+  d["name"] = t.name;
+  d["dtype"] = std::string(dtype_name(t.dtype));
+  d["shape"] = nb::tuple(nb::cast(t.shape));
+  d["bytes"] = t.bytes;
+  d["shard"] = t.shard;
+  return d;
+}
+
+nb::dict stats_dict(const LoadStats& s) {
+  nb::dict d;
+  d["bytes"] = s.bytes;
+  d["chunks"] = s.chunks;
+  d["seconds"] = s.seconds;
+  d["staging_bytes"] = s.staging_bytes;
+  d["reader"] = s.reader;
+  d["io_mode"] = s.io_mode;
+  d["device"] = s.device;
+  d["transport"] = s.transport;
+  d["gbps"] = s.gbps();
+  return d;
+}
+
+PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
+                     int device_ordinal, const PyOptions& py_options, nb::object progress,
+                     double progress_interval_s) {
+  const Config config = effective_config(py_options);
+  LoadOptions options = LoadOptions::from_config(config);
+  const DeviceKind kind = parse_device_kind(device_kind);
+  // Element-aligned host tensors at no cost for files whose offsets are aligned (the
+  // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
+  options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  try {
+    check_load_options(options);
+  } catch (const Error& e) {
+    // Name the keyword the caller wrote, not the C++ field.
+    std::string message = e.what();
+    for (auto [field, keyword] : {std::pair{"LoadOptions::chunk_bytes", "chunk_size"},
+                                  std::pair{"LoadOptions::", ""}}) {
+      if (auto at = message.find(field); at != std::string::npos) {
+        message.replace(at, std::string_view(field).size(), keyword);
+      }
+    }
+    throw Error(e.code(), message);
+  }
+
+  // The progress hook runs on the load's thread: it takes the GIL only every
+  // `progress_interval_s` (and for the last chunk), and a renderer that raises is dropped
+  // (reported as unraisable) rather than failing the load.
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+  auto callback = std::make_shared<nb::object>(std::move(progress));
+  if (!callback->is_none()) {
+    const auto interval = std::chrono::duration<double>(progress_interval_s);
+    options.on_progress = [callback, last, interval](const LoadProgress& p) {
+      const auto now = std::chrono::steady_clock::now();
+      if (p.chunks_done != p.chunks_total && now - *last < interval) return;
+      *last = now;
+      nb::gil_scoped_acquire acquire;
+      if (callback->is_none()) return;
+      try {
+        (*callback)(p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
+                    std::string(p.shard_name));
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("weightcast progress renderer");
+        *callback = nb::none();
+      }
+    };
+  }
+
+  Catalogue copy = catalogue.catalogue;
+  // `options` (and the Python callback it holds) outlives the thread and is released here,
+  // with the GIL held.
+  auto result = run_interruptible([&](std::stop_token stop) {
+    LoadOptions o = options;
+    o.stop = stop;
+    auto device = kind == DeviceKind::cuda ? make_cuda_device(device_ordinal)
+                                           : make_host_device();
+    auto transport = make_local_transport();
+    return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
+  });
+  return PyLoadResult{std::move(result)};
+}
+
+/// The tensors of @p r as (name, dtype, tensor) with one capsule owning the arena; the
+/// result gives up its own reference, so the arena lives exactly as long as the tensors.
+nb::list py_tensors(PyLoadResult& r) {
+  LoadResult& result = checked(r);
+  auto* owned = new OwnedArena(result.arena);
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<OwnedArena*>(p); });
+  const bool cuda = result.arena->kind() == MemoryKind::cuda;
+  int device_id = 0;
+  if (cuda) {
+    // "cuda:N"
+    const std::string& name = result.stats.device;
+    device_id = std::stoi(name.substr(name.find(':') + 1));
+  }
+  const int device_type = cuda ? nb::device::cuda::value : nb::device::cpu::value;
+  // Tensors of zero bytes still need a pointer DLPack accepts; any aligned address will do
+  // (nothing is ever read through it), so use the arena's base or a static byte.
+  alignas(256) static std::byte empty_tensor_storage[1];
+
+  nb::list out;
+  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
+    const TensorView view = result.tensor(i);
+    const TensorInfo& info = *view.info;
+    const Export e = export_of(info.dtype);
+    std::vector<std::size_t> shape(info.shape.begin(), info.shape.end());
+    // F4 with an odd last dimension (or a scalar) has no float4_e2m1fn_x2 shape: it goes as
+    // raw bytes like F6; `weightcast.load` refuses it up front unless asked for bytes.
+    const bool f4_pairs = e.packed_f4 && !shape.empty() && shape.back() % 2 == 0;
+    if (e.raw || (e.packed_f4 && !f4_pairs)) {
+      shape = {static_cast<std::size_t>(info.bytes)};
+    } else if (e.packed_f4) {
+      shape.back() /= 2;
+    }
+    void* data = view.data != nullptr ? static_cast<void*>(view.data)
+                 : cuda && result.arena->data() != nullptr
+                     ? static_cast<void*>(result.arena->data())
+                     : static_cast<void*>(empty_tensor_storage);
+    // Contiguous strides as torch computes them: a zero-size dimension counts as 1, so a
+    // [2, 0, 3] tensor has strides [3, 3, 1] like torch.empty(2, 0, 3).
+    std::vector<std::int64_t> strides(shape.size());
+    std::int64_t stride = 1;
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= std::max<std::int64_t>(static_cast<std::int64_t>(shape[d]), 1);
+    }
+    nb::ndarray<nb::pytorch> array(data, shape.size(), shape.data(), owner, strides.data(),
+                                   e.dtype, device_type, device_id);
+    out.append(nb::make_tuple(info.name, std::string(dtype_name(info.dtype)),
+                              nb::cast(array, nb::rv_policy::reference)));
+  }
+  r.result->arena.reset();
+  return out;
+}
+
+}  // namespace
+}  // namespace weightcast::python
+
+NB_MODULE(_weightcast, m) {
+  using namespace weightcast;
+  using namespace weightcast::python;
+  m.doc() = "weightcast's C++ core (internal; use the `weightcast` package).";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      nb::object cls = nb::module_::import_("weightcast._errors").attr("Error");
+      nb::object exc = cls(e.what(), exit_status(e.code()));
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  nb::class_<PyCatalogue>(m, "Catalogue", "A checkpoint's tensors, as read from its headers.")
+      .def_prop_ro("tensors",
+                   [](const PyCatalogue& c) {
+                     nb::list l;
+                     for (const auto& t : c.catalogue.tensors) l.append(tensor_meta(t));
+                     return l;
+                   },
+                   "Every tensor (dicts: name, dtype, shape, bytes, shard), file order.")
+      .def_prop_ro("shards",
+                   [](const PyCatalogue& c) {
+                     nb::list l;
+                     for (const auto& s : c.catalogue.shards) l.append(s.path.string());
+                     return l;
+                   },
+                   "The shard files' resolved paths.")
+      .def_prop_ro("metadata", [](const PyCatalogue& c) {
+        nb::dict d;
+        for (const auto& [k, v] : c.catalogue.metadata) d[nb::str(k.c_str(), k.size())] = v;
+        return d;
+      }, "`__metadata__` of every shard merged (first shard wins).")
+      .def_prop_ro("total_bytes", [](const PyCatalogue& c) { return c.catalogue.total_bytes(); },
+                   "Sum of all tensor sizes, bytes.");
+
+  nb::class_<PyLoadResult>(m, "LoadResult", "A finished load: its stats, and the arena.")
+      .def_prop_ro("stats", [](const PyLoadResult& r) { return stats_dict(checked(r).stats); })
+      .def("tensors", &py_tensors,
+           "(name, dtype, tensor) per tensor; the arena then belongs to the tensors.");
+
+  m.def(
+      "open_checkpoint",
+      [](const std::string& path) {
+        PyCatalogue c;
+        {
+          nb::gil_scoped_release release;
+          c.catalogue = open_checkpoint(path);
+        }
+        return c;
+      },
+      "path"_a, "Opens and validates a checkpoint's headers (weightcast::open_checkpoint).");
+
+  m.def(
+      "load",
+      [](const PyCatalogue& catalogue, const std::string& device, int ordinal,
+         std::optional<std::string> config, std::optional<std::string> chunk_size,
+         std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
+         std::optional<std::string> direct_io, std::optional<std::string> timeout,
+         std::optional<std::string> reader, nb::object progress, double progress_interval_s) {
+        PyOptions o{std::move(config), std::move(chunk_size), buffer_depth, io_depth,
+                    std::move(direct_io), std::move(timeout), std::move(reader)};
+        return py_load(catalogue, device, ordinal, o, std::move(progress), progress_interval_s);
+      },
+      "catalogue"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
+      "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
+      "reader"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
+      "Loads a catalogue into a host or CUDA arena on this process (world size 1).");
+
+  m.def(
+      "detect_world",
+      [](std::optional<std::string> config) {
+        const World w = detect_world(config ? load_config(*config, {}) : Config{});
+        nb::dict d;
+        d["rank"] = w.rank;
+        d["world_size"] = w.world_size;
+        d["local_rank"] = w.local_rank;
+        d["source"] = std::string(to_string(w.source));
+        d["describe"] = w.describe();
+        return d;
+      },
+      "config"_a.none(),
+      "This process's world: the config's world.* keys, else torchrun, Slurm, Open MPI.");
+  m.def(
+      "config_device",
+      [](const std::string& config) { return std::string(to_string(load_config(config, {}).device)); },
+      "config"_a, "The `device` key of a config file: auto, host or cuda.");
+  m.def("cuda_device_count", &cuda_device_count,
+        "CUDA devices this process can use; 0 without CUDA in the build or a driver.");
+  m.def("live_arenas", [] { return live_arenas.load(); },
+        "Arenas currently owned by tensors handed out (for lifetime tests).");
+  m.def("build_info", [] {
+    nb::dict d;
+    d["version"] = WEIGHTCAST_VERSION;
+#ifdef WEIGHTCAST_HAVE_CUDA
+    d["cuda"] = true;
+#else
+    d["cuda"] = false;
+#endif
+#ifdef WEIGHTCAST_HAVE_MPI
+    d["mpi"] = true;
+#else
+    d["mpi"] = false;
+#endif
+    return d;
+  }, "What this build has: version, cuda, mpi.");
+}

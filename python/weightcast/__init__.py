@@ -1,0 +1,65 @@
+"""weightcast: load safetensors checkpoints into PyTorch, zero-copy and in place.
+
+``weightcast.load(path)`` returns every tensor as a ``torch.Tensor`` viewing weightcast's
+arena (no copy); ``weightcast.load_into(model, path)`` writes a checkpoint into a model's own
+parameters and buffers, casting dtypes on landing, and reports missing and unexpected keys as
+``load_state_dict`` does. Errors are ``weightcast.Error`` with the CLI's ``status``.
+
+``import weightcast`` does not import torch; the calls that return or take tensors do.
+The API reference is docs/python.md; the signatures and their documentation are in
+``weightcast/__init__.pyi``.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+
+def _prefer_torch_cuda_libraries() -> None:
+    """Loads the CUDA runtime and NCCL of torch's CUDA wheels (nvidia-*-cu13) before the
+    extension, when torch is not imported yet and they are installed.
+
+    The extension needs libcudart.so.13 and libnccl.so.2 by soname, and the first library of
+    a soname loaded in a process serves every later user: had the extension loaded the
+    system's (older) NCCL first, `import torch` afterwards fails (libtorch_cuda.so: undefined
+    symbol ncclCommResume). Preferring torch's copies keeps torch working in either import
+    order, and both then run one NCCL, the one torch was built for.
+    """
+    if "torch" in _sys.modules:
+        return  # torch has loaded its own already
+    import ctypes
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for root in spec.submodule_search_locations:
+        for sub, name in (("cu13/lib", "libcudart.so.13"), ("cuda_runtime/lib", "libcudart.so.13"),
+                          ("nccl/lib", "libnccl.so.2")):
+            path = os.path.join(root, sub, name)
+            if os.path.exists(path):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass  # the extension falls back to the system's copy
+
+
+_prefer_torch_cuda_libraries()
+
+from . import _weightcast  # noqa: E402
+from ._api import LoadReport, load, load_into  # noqa: E402
+from ._errors import Error  # noqa: E402
+from ._progress import Progress  # noqa: E402
+
+__version__: str = _weightcast.build_info()["version"]
+
+__all__ = ["Error", "LoadReport", "Progress", "build_info", "load", "load_into"]
+
+
+def build_info() -> dict[str, object]:
+    """What this build has: ``version`` (str), ``cuda`` and ``mpi`` (bool)."""
+    return dict(_weightcast.build_info())

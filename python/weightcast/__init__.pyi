@@ -1,0 +1,185 @@
+"""weightcast: load safetensors checkpoints into PyTorch, zero-copy and in place.
+
+The reference is docs/python.md. ``import weightcast`` does not import torch.
+"""
+
+import datetime
+import os
+from typing import Callable, Mapping, NamedTuple, Union
+
+import torch
+
+__version__: str
+
+PathLike = Union[str, os.PathLike[str]]
+KeyMap = Union[str, Mapping[str, str], Callable[[str], Union[str, None]], None]
+
+class Error(RuntimeError):
+    """A failed weightcast call.
+
+    ``str(error)`` is the library's one-line message naming the file, offset, tensor, key or
+    config key. ``status`` is the ``<sysexits.h>`` code the CLI exits with for the same
+    failure: 64 usage, 65 invalid checkpoint (or: it does not fit the model), 66 missing input,
+    69 unavailable, 70 internal, 74 I/O, 75 timeout, 78 config. A subclass of RuntimeError,
+    which torch's ``load_state_dict`` raises for the same faults.
+    """
+
+    status: int
+    def __init__(self, message: str, status: int = 70) -> None: ...
+    @property
+    def kind(self) -> str:
+        """The status's short name, e.g. ``"missing input"``."""
+
+class Progress(NamedTuple):
+    """How far a load has come on this rank (passed to a ``progress=`` callable)."""
+
+    bytes_done: int
+    bytes_total: int
+    chunks_done: int
+    chunks_total: int
+    seconds: float
+    shard: str
+
+class LoadReport:
+    """What ``load_into`` did, in ``load_state_dict``'s words plus what it measured."""
+
+    missing_keys: list[str]
+    """Destination keys no checkpoint tensor landed in (a tied key is loaded when any key of
+    its tie group was)."""
+    unexpected_keys: list[str]
+    """Checkpoint keys (after ``key_map``) with no destination."""
+    loaded_keys: list[str]
+    """Destination keys written, in checkpoint file order."""
+    cast_keys: list[str]
+    """Loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
+    bytes: int
+    """Checkpoint bytes read."""
+    seconds: float
+    """Wall time of the load pipeline, seconds."""
+    def __init__(self, missing_keys: list[str] = ..., unexpected_keys: list[str] = ...,
+                 loaded_keys: list[str] = ..., cast_keys: list[str] = ..., bytes: int = ...,
+                 seconds: float = ...) -> None: ...
+
+def load(
+    checkpoint: PathLike,
+    *,
+    device: str | torch.device | None = None,
+    chunk_size: int | str | None = None,
+    buffer_depth: int | None = None,
+    io_depth: int | None = None,
+    direct_io: bool | str | None = None,
+    timeout: float | str | datetime.timedelta | None = None,
+    placement: str | None = None,
+    config: PathLike | None = None,
+    progress: bool | Callable[[Progress], None] | None = None,
+    reader: str | None = None,
+    unsupported_dtypes: str = "error",
+) -> dict[str, torch.Tensor]:
+    """Loads every tensor of a safetensors checkpoint.
+
+    Args:
+        checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory
+            holding one index or exactly one ``.safetensors`` file (transformers'
+            ``save_pretrained`` layout).
+        device: where the tensors live: ``"cpu"`` (the default without ``config``),
+            ``"cuda"`` (torch's current device), ``"cuda:N"``, a ``torch.device``, or
+            ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
+            With ``config`` and no ``device``, the config's ``device`` key decides.
+        chunk_size: bytes per chunk, an int or a size string (``"16MiB"``); 1 B to 4 GiB.
+        buffer_depth: staging slots (1 to 1024); host memory is chunk_size × buffer_depth.
+        io_depth: reads in flight (1 to 4096).
+        direct_io: O_DIRECT reads: ``"auto"`` (buffered for a shard in the page cache or on a
+            filesystem that refuses O_DIRECT), ``"on"``/True, ``"off"``/False.
+        timeout: the longest any stage may make no progress: seconds, a ``timedelta`` or a
+            duration string (``"300s"``); default 300 s.
+        placement: ``"replicate"`` or ``"fsdp"``; at world size 1 both give whole tensors.
+        config: a weightcast YAML config (configs/default.yaml); keywords given here override
+            its keys.
+        progress: None (default): a one-line bar on stderr on rank 0 when stderr is a
+            terminal, silent otherwise; True/False forces it on/off; a callable receives a
+            ``Progress`` at most every 0.1 s and after the last chunk.
+        reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
+            ``"pread"``.
+        unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
+            F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
+            an odd last dimension) raises before any byte is read, as
+            ``safetensors.torch.load_file`` refuses it; ``"bytes"``: such a tensor comes as a
+            1-D uint8 tensor of its raw bytes.
+
+    Returns:
+        Every tensor by name, in file order: zero-copy views of one arena, with the
+        checkpoint's dtype and shape (F4 as ``float4_e2m1fn_x2`` with the last dimension
+        halved, as safetensors does), contiguous. The arena is freed when the last tensor
+        viewing it is. On CUDA the data is complete, on every stream, when the call returns.
+
+    Raises:
+        Error: 66 when the checkpoint or a shard does not exist; 65 when it breaks the
+            safetensors format (naming file, tensor and numbers) or holds a dtype torch cannot
+            represent; 74 on a failed read; 75 when a stage stalls past ``timeout``; 78 for a
+            bad keyword or config value (naming it); 69 when CUDA is asked for where the build
+            or machine has none, or several ranks are detected (not yet supported in Python).
+        KeyboardInterrupt: Ctrl-C stops the load within moments (the GIL is released while it
+            runs; signal handlers run every 50 ms).
+    """
+
+def load_into(
+    model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+    checkpoint: PathLike,
+    *,
+    strict: bool = True,
+    key_map: KeyMap = None,
+    device: str | torch.device | None = None,
+    chunk_size: int | str | None = None,
+    buffer_depth: int | None = None,
+    io_depth: int | None = None,
+    direct_io: bool | str | None = None,
+    timeout: float | str | datetime.timedelta | None = None,
+    config: PathLike | None = None,
+    progress: bool | Callable[[Progress], None] | None = None,
+    reader: str | None = None,
+) -> LoadReport:
+    """Loads a checkpoint into the caller's own tensors, in place.
+
+    The destinations are ``model.state_dict()`` (parameters and persistent buffers, written
+    through the tensors it returns) or the mapping given. A plain tensor gets its whole
+    checkpoint tensor; a DTensor (FSDP2 ``fully_shard``, tensor parallel) gets its local shard,
+    from its device mesh and placements (``Shard(d)``, ``Replicate()``), written into
+    ``to_local()``. A dtype that differs is cast on landing between floating dtypes (BF16/
+    F16/F8 into FP32, FP32 into BF16/F16 with round-to-nearest-even), bit-exact with
+    ``Tensor.to``. Tensors sharing memory (tied weights, ``lm_head.weight`` and
+    ``embed_tokens.weight``) are one destination: the group is loaded when any of its keys is
+    in the checkpoint. Every check runs before any byte is read.
+
+    Args:
+        model_or_state_dict: a ``torch.nn.Module`` or a mapping of key to ``torch.Tensor``;
+            no tensor on the meta device (call ``model.to_empty(device=...)`` first).
+        checkpoint: as for ``load``.
+        strict: missing or unexpected keys raise (naming them), as ``load_state_dict(strict=
+            True)``; with False they are only reported. A shape mismatch raises either way, as
+            in torch.
+        key_map: renames checkpoint keys to destination keys: a str is a prefix removed from
+            the checkpoint keys that start with it (``"model."`` loads a ``LlamaForCausalLM``
+            checkpoint into a bare ``LlamaModel``); a dict maps checkpoint key to destination
+            key (others unchanged); a callable returns the destination key, or None to skip
+            the tensor (not counted as unexpected).
+        device: the arena's device (as for ``load``); default: the destinations' GPU when they
+            all live on one, else cpu.
+        chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader: as
+            for ``load``.
+
+    Returns:
+        A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, bytes,
+        seconds.
+
+    Raises:
+        Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
+            floating), or (strict) missing/unexpected keys, naming the keys; 64 for a meta
+            tensor, a key_map mapping two checkpoint keys to one destination, or a destination
+            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(); 69 for
+            several ranks (not yet supported in Python); and whatever ``load`` raises.
+    """
+
+def build_info() -> dict[str, object]:
+    """What this build has: ``version`` (str), ``cuda`` and ``mpi`` (bool)."""
+
+__all__ = ["Error", "LoadReport", "Progress", "build_info", "load", "load_into"]
