@@ -1,16 +1,41 @@
-// h2d_bench: pinned host-to-device copy bandwidth, the ceiling for weightcast's upload stage.
+// h2d_bench: the GPU-side ceilings and costs bench/gpu_check.sh reports beside a load.
 //
-// Usage: h2d_bench [BYTES_PER_COPY] [ITERATIONS]   (defaults: 256 MiB, 20)
-// Copies with cudaMemcpyAsync from a cudaHostAlloc buffer into cudaMalloc memory on a
-// non-blocking stream, after a warm-up, timed with CUDA events; prints nccl-tests-style
-// columns (1 GB = 1e9 B) and a last line `h2d_gbps <value>` for scripts.
-#include <cuda_runtime_api.h>
+//   h2d_bench [BYTES] [ITERATIONS]          pinned H2D bandwidth (defaults: 256 MiB, 20):
+//       cudaMemcpyAsync from cudaHostAlloc memory into cudaMalloc memory on a non-blocking
+//       stream, after a warm-up, timed with CUDA events. Last line `h2d_gbps <value>`.
+//   h2d_bench pieces CHUNK PIECES CHUNKS    weightcast's cuda Device::upload, as the loader's
+//       upload stage drives it: CHUNKS chunks of CHUNK bytes, each as one copy or as PIECES
+//       copies, each chunk's copies waited (polled) before the next is issued, against all
+//       chunks queued at once. Lines `upload_gbps <mode> <value>`.
+//   h2d_bench nccl GROUPS BYTES             world size 1: GROUPS grouped broadcasts of BYTES
+//       through weightcast's nccl transport (a non-blocking communicator: NCCL runs each
+//       ncclGroupEnd on a thread of its own), against the same calls on a blocking
+//       communicator, and with the bytes as 64 ranges (one ncclBroadcast per piece). Lines
+//       `nccl_group_us <mode> <value>` (per group, enqueue to completion).
+//   h2d_bench readback TENSORS BYTES        Arena::read_back of TENSORS ranges of BYTES from a
+//       cuda arena, one call per range as tensor digests do. Line `readback_us_per_call`.
+//
+// 1 GB = 1e9 B. Exit 69 when CUDA or NCCL is unusable, 64 for bad arguments.
+#include "weightcast/device.hpp"
+#include "weightcast/error.hpp"
+#include "weightcast/transport.hpp"
 
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <thread>
+#include <vector>
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 void check(cudaError_t status, const char* call) {
   if (status != cudaSuccess) {
@@ -20,15 +45,28 @@ void check(cudaError_t status, const char* call) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const unsigned long long bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256ull << 20;
-  const int iterations = argc > 2 ? std::atoi(argv[2]) : 20;
-  if (bytes == 0 || iterations <= 0) {
-    std::fprintf(stderr, "usage: h2d_bench [BYTES_PER_COPY>0] [ITERATIONS>0]\n");
-    return 64;
+void check_nccl(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess && status != ncclInProgress) {
+    std::fprintf(stderr, "h2d_bench: %s failed: %s\n", call, ncclGetErrorString(status));
+    std::exit(69);
   }
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Polls a Pending as the loader does: 10 µs first, doubling up to 100 µs (upload_poll_cap).
+void wait(std::unique_ptr<weightcast::Pending> pending) {
+  if (!pending) return;
+  auto interval = std::chrono::microseconds(10);
+  while (!pending->test()) {
+    std::this_thread::sleep_for(interval);
+    interval = std::min(interval * 2, std::chrono::microseconds(100));
+  }
+}
+
+int pinned_h2d(unsigned long long bytes, int iterations) {
   void* host = nullptr;
   void* device = nullptr;
   cudaStream_t stream = nullptr;
@@ -40,12 +78,10 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
-
   for (int i = 0; i < 3; ++i) {  // warm-up
     check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
   }
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-
   check(cudaEventRecord(start, stream), "cudaEventRecord");
   for (int i = 0; i < iterations; ++i) {
     check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
@@ -54,17 +90,177 @@ int main(int argc, char** argv) {
   check(cudaEventSynchronize(stop), "cudaEventSynchronize");
   float ms = 0;
   check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-
   const double seconds_per_copy = ms / 1e3 / iterations;
   const double gbps = static_cast<double>(bytes) / seconds_per_copy / 1e9;
   std::printf("%14s %12s %10s\n", "size(B)", "time(us)", "algbw(GB/s)");
   std::printf("%14llu %12.1f %10.2f\n", bytes, seconds_per_copy * 1e6, gbps);
   std::printf("h2d_gbps %.2f\n", gbps);
-
   cudaEventDestroy(stop);
   cudaEventDestroy(start);
   cudaStreamDestroy(stream);
   cudaFree(device);
   cudaFreeHost(host);
   return 0;
+}
+
+int pieces(std::uint64_t chunk, std::uint64_t piece_count, std::uint64_t chunks) {
+  auto device = weightcast::make_cuda_device(0);
+  auto arena = device->allocate_arena(chunk * chunks);
+  // Page-aligned, as the staging ring's slots are (cudaHostRegister pins whole pages).
+  const std::uint64_t staging_bytes = (chunk * 2 + 4095) / 4096 * 4096;
+  std::unique_ptr<std::byte, decltype(&std::free)> staging_memory(
+      static_cast<std::byte*>(std::aligned_alloc(4096, staging_bytes)), &std::free);
+  if (!staging_memory) return 69;
+  std::memset(staging_memory.get(), 0x5a, staging_bytes);
+  std::span<std::byte> staging(staging_memory.get(), staging_bytes);
+  device->pin(staging.data(), staging.size());
+  const std::uint64_t piece = chunk / piece_count;
+  const auto run = [&](const char* mode, bool split, bool serial) {
+    const auto start = Clock::now();
+    std::vector<std::unique_ptr<weightcast::Pending>> queued;
+    for (std::uint64_t c = 0; c < chunks; ++c) {
+      const std::byte* source = staging.data() + (c % 2) * chunk;
+      std::byte* target = arena->data() + c * chunk;
+      std::vector<std::unique_ptr<weightcast::Pending>> copies;
+      if (split) {
+        for (std::uint64_t p = 0; p < piece_count; ++p) {
+          const std::uint64_t n = p + 1 == piece_count ? chunk - p * piece : piece;
+          copies.push_back(device->upload(source + p * piece, target + p * piece, n));
+        }
+      } else {
+        copies.push_back(device->upload(source, target, chunk));
+      }
+      for (auto& copy : copies) {
+        if (serial) {
+          wait(std::move(copy));
+        } else {
+          queued.push_back(std::move(copy));
+        }
+      }
+    }
+    for (auto& copy : queued) wait(std::move(copy));
+    const double seconds = seconds_since(start);
+    std::printf("upload_gbps %s %.2f\n", mode, static_cast<double>(chunk * chunks) / seconds / 1e9);
+  };
+  run("warmup", false, true);
+  run("one_copy_per_chunk_waited", false, true);
+  run("pieces_per_chunk_waited", true, true);
+  run("one_copy_per_chunk_queued", false, false);
+  run("pieces_per_chunk_queued", true, false);
+  device->unpin(staging.data());
+  return 0;
+}
+
+int nccl(int groups, std::uint64_t bytes) {
+  auto device = weightcast::make_cuda_device(0);
+  auto transport = weightcast::make_nccl_transport(0, 1, 0, weightcast::nccl_unique_id(),
+                                                   std::chrono::seconds(60));
+  auto arena = device->allocate_arena(bytes);
+  // One range per group, or the chunk as 64 pieces (a chunk of small tensors at 256-byte
+  // arena alignment: one ncclBroadcast per piece inside the group).
+  const auto time_weightcast = [&](std::uint64_t piece_count) {
+    std::vector<weightcast::Transport::Range> ranges;
+    const std::uint64_t piece = bytes / piece_count;
+    for (std::uint64_t p = 0; p < piece_count; ++p) {
+      const std::uint64_t n = p + 1 == piece_count ? bytes - p * piece : piece;
+      ranges.push_back({arena->data() + p * piece, n});
+    }
+    const auto start = Clock::now();
+    for (int g = 0; g < groups; ++g) wait(transport->broadcast_group(ranges, 0, nullptr));
+    return seconds_since(start) / groups * 1e6;
+  };
+  time_weightcast(1);  // warm-up
+  const double nonblocking_us = time_weightcast(1);
+  const double pieces_us = time_weightcast(64);
+
+  // The same group on a blocking communicator: ncclGroupEnd enqueues on the calling thread.
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, 1, id, 0), "ncclCommInitRank");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const auto time_blocking = [&] {
+    const auto start = Clock::now();
+    for (int g = 0; g < groups; ++g) {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      check_nccl(ncclBroadcast(arena->data(), arena->data(), bytes, ncclUint8, 0, comm, stream),
+                 "ncclBroadcast");
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+    return seconds_since(start) / groups * 1e6;
+  };
+  time_blocking();
+  const double blocking_us = time_blocking();
+  std::printf("nccl_group_us nonblocking_weightcast %.1f\n", nonblocking_us);
+  std::printf("nccl_group_us nonblocking_weightcast_64_pieces %.1f\n", pieces_us);
+  std::printf("nccl_group_us blocking %.1f\n", blocking_us);
+  std::printf("nccl_group_ratio nonblocking/blocking %.2f\n", nonblocking_us / blocking_us);
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  check_nccl(ncclCommDestroy(comm), "ncclCommDestroy");
+  return 0;
+}
+
+int readback(std::uint64_t tensors, std::uint64_t bytes) {
+  auto device = weightcast::make_cuda_device(0);
+  auto arena = device->allocate_arena(tensors * bytes);
+  check(cudaMemset(arena->data(), 0x5a, tensors * bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::uint64_t sum = 0;
+  const auto start = Clock::now();
+  for (std::uint64_t t = 0; t < tensors; ++t) {
+    arena->read_back(t * bytes, bytes, [&](const std::byte* data, std::size_t n) {
+      sum += static_cast<std::uint64_t>(data[0]) + n;
+    });
+  }
+  const double seconds = seconds_since(start);
+  std::printf("readback %llu calls of %llu B in %.3f s (check %llu)\n",
+              static_cast<unsigned long long>(tensors), static_cast<unsigned long long>(bytes),
+              seconds, static_cast<unsigned long long>(sum));
+  std::printf("readback_us_per_call %.1f\n", seconds / tensors * 1e6);
+  return 0;
+}
+
+std::uint64_t arg(char** argv, int i, int argc, std::uint64_t fallback) {
+  return i < argc ? std::strtoull(argv[i], nullptr, 10) : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string_view mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "pieces") {
+      const std::uint64_t chunk = arg(argv, 2, argc, 16ull << 20);
+      const std::uint64_t n = arg(argv, 3, argc, 64);
+      const std::uint64_t chunks = arg(argv, 4, argc, 64);
+      if (chunk == 0 || n == 0 || n > chunk || chunks == 0) return 64;
+      return pieces(chunk, n, chunks);
+    }
+    if (mode == "nccl") {
+      const int groups = static_cast<int>(arg(argv, 2, argc, 200));
+      const std::uint64_t bytes = arg(argv, 3, argc, 16ull << 20);
+      if (groups <= 0 || bytes == 0) return 64;
+      return nccl(groups, bytes);
+    }
+    if (mode == "readback") {
+      const std::uint64_t tensors = arg(argv, 2, argc, 1000);
+      const std::uint64_t bytes = arg(argv, 3, argc, 65536);
+      if (tensors == 0 || bytes == 0) return 64;
+      return readback(tensors, bytes);
+    }
+  } catch (const weightcast::Error& e) {
+    std::fprintf(stderr, "h2d_bench %s: %s\n", argv[1], e.what());
+    return 69;
+  }
+  const unsigned long long bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256ull << 20;
+  const int iterations = argc > 2 ? std::atoi(argv[2]) : 20;
+  if (bytes == 0 || iterations <= 0) {
+    std::fprintf(stderr,
+                 "usage: h2d_bench [BYTES_PER_COPY>0] [ITERATIONS>0] | pieces CHUNK PIECES "
+                 "CHUNKS | nccl GROUPS BYTES | readback TENSORS BYTES\n");
+    return 64;
+  }
+  return pinned_h2d(bytes, iterations);
 }

@@ -73,15 +73,19 @@ std::unique_ptr<Device> make_device(DeviceKind kind, int local_rank) {
     case DeviceKind::host:
       return make_host_device();
     case DeviceKind::cuda:
-      return make_cuda_device(local_rank);
-    case DeviceKind::automatic:
       break;
+    case DeviceKind::automatic: {
+      const CudaProbe probe = probe_cuda();
+      if (probe.device_count > 0) break;
+      spdlog::info("device: auto: using host memory: {}",
+                   probe.error.empty() ? std::string("no CUDA device") : probe.error);
+      return make_host_device();
+    }
   }
   const CudaProbe probe = probe_cuda();
-  if (probe.device_count > 0) return make_cuda_device(local_rank);
-  spdlog::info("device: auto: using host memory: {}",
-               probe.error.empty() ? std::string("no CUDA device") : probe.error);
-  return make_host_device();
+  // No usable device: make_cuda_device says why (the CUDA error, or a build without CUDA).
+  if (!built_with_cuda() || probe.device_count == 0) return make_cuda_device(local_rank);
+  return make_cuda_device(cuda_ordinal_for_local_rank(local_rank, probe.device_count));
 }
 
 }  // namespace weightcast

@@ -17,6 +17,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
 #include <string>
 
 namespace weightcast {
@@ -55,8 +57,20 @@ using detail::CudaEvent;
 using detail::CudaStream;
 using detail::set_cuda_device;
 
-// Size of the pinned bounce buffer that reads device arenas back for digests.
-constexpr std::uint64_t read_back_chunk_bytes = 8ull << 20;
+// Each of the two pinned bounce halves that read device arenas back for digests, bytes.
+constexpr std::uint64_t read_back_half_bytes = 4ull << 20;
+
+/// What `CudaArena::read_back` reuses from call to call: a digest of a checkpoint reads each
+/// tensor back in its own call, and a stream plus `cudaHostAlloc` per call (pinning is a
+/// syscall that faults every page in) cost milliseconds each, seconds for ~1000 tensors.
+/// Two halves: the copy into one runs while the caller consumes the other.
+struct ReadBackBuffers {
+  explicit ReadBackBuffers(std::uint64_t half_bytes)
+      : halves{detail::PinnedBuffer(half_bytes), detail::PinnedBuffer(half_bytes)} {}
+  detail::PinnedBuffer halves[2];
+  CudaEvent copied[2];
+  CudaStream stream;  // declared last: destroyed first, waiting for its copies into `halves`
+};
 
 class CudaArena final : public Arena {
  public:
@@ -75,16 +89,25 @@ class CudaArena final : public Arena {
                       fmt::format("read_back: [{}, +{}) leaves the arena of {} bytes", offset,
                                   bytes, this->bytes()));
     if (bytes == 0) return;
+    // const, but callers may read back from several threads: one at a time.
+    const std::lock_guard lock(_read_back_mutex);
     set_cuda_device(_ordinal);
-    // A stream of its own, synchronised after each chunk: correctness over speed here.
-    const CudaStream stream;
-    const detail::PinnedBuffer bounce(std::min(bytes, read_back_chunk_bytes));
-    for (std::uint64_t done = 0; done < bytes;) {
-      const std::uint64_t n = std::min(bounce.bytes(), bytes - done);
-      WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(bounce.data(), data() + offset + done, n,
-                                          cudaMemcpyDeviceToHost, stream.get()));
-      WEIGHTCAST_CUDA_TRY(cudaStreamSynchronize(stream.get()));
-      consume(bounce.data(), n);
+    if (!_read_back) _read_back.emplace(std::min(this->bytes(), read_back_half_bytes));
+    ReadBackBuffers& rb = *_read_back;
+    const std::uint64_t half = rb.halves[0].bytes();
+    const auto issue = [&](std::uint64_t at, int b) {
+      WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(rb.halves[b].data(), data() + offset + at,
+                                          std::min(half, bytes - at), cudaMemcpyDeviceToHost,
+                                          rb.stream.get()));
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(rb.copied[b].get(), rb.stream.get()));
+    };
+    issue(0, 0);
+    for (std::uint64_t done = 0, b = 0; done < bytes; b ^= 1) {
+      const std::uint64_t n = std::min(half, bytes - done);
+      // Half b^1 was consumed in the previous round: refill it while b is consumed.
+      if (done + n < bytes) issue(done + n, static_cast<int>(b ^ 1));
+      WEIGHTCAST_CUDA_TRY(cudaEventSynchronize(rb.copied[b].get()));
+      consume(rb.halves[b].data(), n);
       done += n;
     }
   }
@@ -95,13 +118,27 @@ class CudaArena final : public Arena {
       set_cuda_device(ordinal);
       return detail::DeviceMemory(bytes);
     } catch (const Error& e) {
-      throw Error(e.code(), fmt::format("cuda:{}: cannot allocate an arena of {} bytes: {}",
-                                        ordinal, bytes, e.what()));
+      // What the device had: tells "too large for this GPU" from "something else holds it"
+      // (another process, or NCCL's buffers when the transport connected first).
+      std::size_t free_bytes = 0;
+      std::size_t total_bytes = 0;
+      std::string memory;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        memory = fmt::format(" ({} bytes free of {})", free_bytes, total_bytes);
+      } else {
+        static_cast<void>(cudaGetLastError());
+      }
+      throw Error(e.code(), fmt::format("cuda:{}: cannot allocate an arena of {} bytes{}: {}",
+                                        ordinal, bytes, memory, e.what()));
     }
   }
 
   int _ordinal;
   detail::DeviceMemory _memory;
+  mutable std::mutex _read_back_mutex;
+  // Created at the first read_back; declared after `_memory`: its stream waits for its copies
+  // before the arena memory they read is freed.
+  mutable std::optional<ReadBackBuffers> _read_back;
 };
 
 /// An H2D copy in flight: complete when the event recorded after it has completed.
@@ -149,11 +186,19 @@ class CudaDevice final : public Device {
                                   std::uint64_t bytes) override {
     if (bytes == 0) return nullptr;
     set_cuda_device(_ordinal);
+    CudaEvent done;
     WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyHostToDevice,
                                         _copy_stream.get()));
-    CudaEvent done;
-    WEIGHTCAST_CUDA_TRY(cudaEventRecord(done.get(), _copy_stream.get()));
-    WEIGHTCAST_CUDA_TRY(cudaEventRecord(_last_upload.get(), _copy_stream.get()));
+    try {
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(done.get(), _copy_stream.get()));
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(_last_upload.get(), _copy_stream.get()));
+    } catch (...) {
+      // The copy is queued but no Pending will own it: wait for it here, or the caller frees
+      // the staging slot it reads (and maybe the arena it writes) while the DMA still runs.
+      detail::log_cuda_release(cudaStreamSynchronize(_copy_stream.get()),
+                               "cudaStreamSynchronize (after a failed upload)");
+      throw;
+    }
     return std::make_unique<CudaCopy>(std::move(done), bytes);
   }
 
@@ -201,8 +246,8 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
   }
   if (ordinal < 0 || ordinal >= probe.device_count) {
     throw Error(Errc::unavailable,
-                fmt::format("cuda:{}: no such device: {} visible (the local rank picks the GPU: "
-                            "world.local_rank, else the launcher's; check "
+                fmt::format("cuda:{}: no such device: {} visible (make_device picks the GPU "
+                            "from the local rank, cuda_ordinal_for_local_rank; check "
                             "CUDA_VISIBLE_DEVICES)",
                             ordinal, probe.device_count));
   }

@@ -1,5 +1,7 @@
 #include "weightcast/gpu_info.hpp"
 
+#include "weightcast/error.hpp"
+
 #include <fmt/core.h>
 
 #ifdef WEIGHTCAST_HAVE_CUDA
@@ -8,6 +10,23 @@
 #endif
 
 namespace weightcast {
+
+int cuda_ordinal_for_local_rank(int local_rank, int visible_devices) {
+  WEIGHTCAST_EXPECT(local_rank >= 0, Errc::internal,
+                    fmt::format("cuda: local rank {} is negative", local_rank));
+  if (visible_devices <= 0) {
+    throw Error(Errc::unavailable,
+                fmt::format("cuda: local rank {}: no CUDA device is visible", local_rank));
+  }
+  if (visible_devices == 1) return 0;
+  if (local_rank < visible_devices) return local_rank;
+  throw Error(Errc::unavailable,
+              fmt::format("cuda: local rank {} but this process sees {} CUDA devices (ordinals "
+                          "0-{}): give each rank one GPU (CUDA_VISIBLE_DEVICES, Slurm "
+                          "--gpus-per-task=1) or every rank all of the node's GPUs, with no more "
+                          "ranks per node than GPUs; world.local_rank sets the local rank",
+                          local_rank, visible_devices, visible_devices - 1));
+}
 
 #ifdef WEIGHTCAST_HAVE_CUDA
 

@@ -2,6 +2,8 @@
 //
 // Tests tagged [gpu] need a CUDA device: where `cudaGetDeviceCount` finds none (or the build
 // has no CUDA) they WARN the reason and return — never a fake pass, never a mock of CUDA.
+// WEIGHTCAST_REQUIRE_GPU=1 (bench/gpu_check.sh sets it on a GPU host) makes that a failure:
+// a driver too old for the toolkit (cudaErrorInsufficientDriver) must not pass as "no GPU".
 // The others run everywhere: --version, the errors and fallbacks of a machine without a GPU,
 // and the staging ring's pinning fallback driven through the Device interface.
 #include "weightcast/detail/staging_ring.hpp"
@@ -27,7 +29,11 @@
 #include <chrono>
 #include <optional>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
+#include <span>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 using namespace weightcast;
@@ -35,11 +41,19 @@ using namespace weightcast::test;
 
 namespace {
 
-// True when a CUDA device is usable; otherwise WARNs why the calling [gpu] test is skipped.
+bool gpu_required() {
+  const char* value = std::getenv("WEIGHTCAST_REQUIRE_GPU");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+// True when a CUDA device is usable; otherwise WARNs why the calling [gpu] test is skipped,
+// or FAILs it where WEIGHTCAST_REQUIRE_GPU=1 says this machine has a GPU to use.
 bool gpu_available() {
   const CudaProbe probe = probe_cuda();
   if (probe.device_count > 0) return true;
-  WARN("skipped: needs a CUDA device: " << (probe.error.empty() ? "none found" : probe.error));
+  const std::string why = probe.error.empty() ? "none found" : probe.error;
+  if (gpu_required()) FAIL("WEIGHTCAST_REQUIRE_GPU=1 but no usable CUDA device: " << why);
+  WARN("skipped: needs a CUDA device: " << why);
   return false;
 }
 #define WEIGHTCAST_REQUIRE_GPU() \
@@ -53,7 +67,7 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& dir,
 }
 
 // Sizes that make chunks of several pieces, a zero-size tensor, and one tensor larger than
-// the 8 MiB read-back buffer (digests of device arenas copy back in chunks).
+// the 4 MiB read-back halves (digests of device arenas copy back in chunks).
 std::vector<std::uint64_t> mixed_sizes() {
   std::vector<std::uint64_t> sizes{0, 1, 255, 256, 257, 4096, (20ull << 20) + 3};
   std::mt19937_64 rng(7);
@@ -175,6 +189,53 @@ TEST_CASE("cuda and nccl factories without a GPU throw unavailable", "[gpu-info]
                                   std::string(e.what()).find("no CUDA") != std::string::npos;
                          }));
   }
+}
+
+TEST_CASE("cuda ordinal: the only visible device, else the local rank's, refused past the last",
+          "[gpu-info][device]") {
+  // One GPU per rank (Slurm --gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES): every local
+  // rank sees its own GPU as ordinal 0.
+  for (int local_rank : {0, 1, 7, 63}) CHECK(cuda_ordinal_for_local_rank(local_rank, 1) == 0);
+  // Every rank sees all of the node's GPUs: one each, by local rank.
+  for (int local_rank = 0; local_rank < 8; ++local_rank) {
+    CHECK(cuda_ordinal_for_local_rank(local_rank, 8) == local_rank);
+  }
+  CHECK(cuda_ordinal_for_local_rank(1, 2) == 1);
+  // More ranks than visible GPUs: refused, not wrapped onto a GPU another rank has.
+  const auto refused = [](int local_rank, int visible, const std::string& text) {
+    INFO("local rank " << local_rank << ", " << visible << " visible");
+    try {
+      static_cast<void>(cuda_ordinal_for_local_rank(local_rank, visible));
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::unavailable);
+      CHECK_THAT(e.what(), Catch::Contains(text));
+    }
+  };
+  refused(2, 2, "local rank 2 but this process sees 2 CUDA devices (ordinals 0-1)");
+  refused(9, 4, "CUDA_VISIBLE_DEVICES");
+  refused(0, 0, "local rank 0: no CUDA device is visible");
+  CHECK_THROWS_AS(cuda_ordinal_for_local_rank(-1, 4), Error);
+}
+
+TEST_CASE("WEIGHTCAST_REQUIRE_GPU=1 turns a missing GPU into a failing [gpu] test",
+          "[gpu-info]") {
+  // The switch's effect as a child process sees it: a [gpu] test on this machine, with and
+  // without the variable. Where a GPU is usable both pass.
+  if (cuda_device_count() > 0) {
+    WARN("skipped: this machine has a usable CUDA device (the switch changes nothing here)");
+    return;
+  }
+  const std::string test = "cuda: device digests copied back equal the host digests";
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const auto plain = run_process({self, test}, {"WEIGHTCAST_REQUIRE_GPU=0"});
+  INFO(plain.out << plain.err);
+  CHECK(plain.exit_status == 0);
+  CHECK_THAT(plain.out, Catch::Contains("skipped: needs a CUDA device"));
+  const auto required = run_process({self, test}, {"WEIGHTCAST_REQUIRE_GPU=1"});
+  INFO(required.out << required.err);
+  CHECK(required.exit_status != 0);
+  CHECK_THAT(required.out, Catch::Contains("WEIGHTCAST_REQUIRE_GPU=1 but no usable CUDA device"));
 }
 
 TEST_CASE("staging ring: refused pinning retries with fewer slots, then pageable",
@@ -442,6 +503,50 @@ TEST_CASE("nccl: world size 1 broadcast delivers every byte", "[gpu][nccl]") {
     CHECK(result.stats.transport == "nccl");
     CHECK(tensor_digests(result) == reference);
   }
+}
+
+TEST_CASE("cuda, nccl: one visible GPU is every local rank's ordinal 0", "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  if (cuda_device_count() != 1) {
+    WARN("skipped: needs exactly one visible CUDA device (CUDA_VISIBLE_DEVICES=0)");
+    return;
+  }
+  // As under Slurm --gpus-per-task=1: local rank 3 sees its one GPU as ordinal 0.
+  CHECK(make_device(DeviceKind::cuda, 3)->name() == "cuda:0");
+  auto transport = make_nccl_transport(0, 1, 3, nccl_unique_id(), std::chrono::seconds(60));
+  auto device = make_device(DeviceKind::cuda, 3);
+  auto arena = device->allocate_arena(4096);
+  const Transport::Range range{arena->data(), 4096};
+  auto pending = transport->broadcast_group(std::span(&range, 1), 0, nullptr);
+  while (pending && !pending->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+TEST_CASE("nccl: a broadcast outlives its transport, and one abandoned aborts the communicator",
+          "[gpu][nccl]") {
+  WEIGHTCAST_REQUIRE_GPU();
+  auto device = make_cuda_device(0);
+  auto arena = device->allocate_arena(16 << 20);
+  const Transport::Range range{arena->data(), 16 << 20};
+  {
+    // Shared ownership: the pending broadcast keeps the communicator and comm stream.
+    auto transport = make_nccl_transport(0, 1, 0, nccl_unique_id(), std::chrono::seconds(60));
+    auto pending = transport->broadcast_group(std::span(&range, 1), 0, nullptr);
+    transport.reset();
+    REQUIRE(pending != nullptr);
+    while (!pending->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  auto transport = make_nccl_transport(0, 1, 0, nccl_unique_id(), std::chrono::seconds(60));
+  // Destroyed before it was seen to complete: the communicator is aborted and the comm
+  // stream drained, so the arena may be freed; the transport says so from then on.
+  transport->broadcast_group(std::span(&range, 1), 0, nullptr).reset();
+  try {
+    static_cast<void>(transport->broadcast_group(std::span(&range, 1), 0, nullptr));
+    FAIL("a broadcast on an aborted communicator was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Catch::Contains("the communicator was aborted"));
+  }
+  arena.reset();
 }
 
 TEST_CASE("nccl: a peer that never joins times out with 75, nothing hangs", "[gpu][nccl]") {

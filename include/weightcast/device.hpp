@@ -39,8 +39,10 @@ class Arena {
    * @brief Hands the arena bytes [@p offset, @p offset + @p bytes) to @p consume as host
    *        memory, in order, in one or more calls (for digests and checks, not the load path).
    *
-   * Host arenas make one call pointing into the arena. Device arenas copy through a small
-   * pinned bounce buffer, a chunk at a time, synchronously on a stream of their own; the
+   * Host arenas make one call pointing into the arena. Device arenas copy through two pinned
+   * bounce halves of up to 4 MiB each (the next copy runs while @p consume reads the other
+   * half) on a stream of their own; the arena keeps the halves and the stream from the first
+   * call until it is freed (8 MiB of pinned host memory), and one call runs at a time. The
    * caller must have waited for every upload and broadcast into the range.
    * @throws Error `internal` (70) when the range leaves the arena, or for an arena kind
    *         that does not implement it; `unavailable` (69, out of pinnable memory)/`internal`
@@ -134,8 +136,8 @@ int cuda_device_count() noexcept;
 /**
  * @brief The CUDA device @p ordinal: `cudaMalloc` arenas, pinned staging, H2D copies on a
  *        non-blocking copy stream.
- * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`), usually the local rank
- *        (`World::local_rank`).
+ * @param ordinal the CUDA device (after `CUDA_VISIBLE_DEVICES`); `make_device` picks it from
+ *        the local rank with `cuda_ordinal_for_local_rank` (gpu_info.hpp).
  * @throws Error `unavailable` (69) when the build has no CUDA ("this build has no CUDA"),
  *         when there is no such device, or when the CUDA runtime cannot start (names the
  *         CUDA error); `internal` (70) when creating the copy stream or event fails otherwise
@@ -148,11 +150,14 @@ std::unique_ptr<Device> make_cuda_device(int ordinal);
 /**
  * @brief The device the config's `device` key asks for.
  *
- * `host` → host; `cuda` → `make_cuda_device(local_rank)`; `auto` → cuda when the build has
- * CUDA and `cudaGetDeviceCount` > 0, else host with a notice on the log saying why.
- * @param local_rank this process's rank on its node (`World::local_rank`), the GPU it uses.
- * @throws Error as `make_cuda_device` does: for `cuda`, and for `auto` once a CUDA device was
- *         found (e.g. `local_rank` 2 on a node with 2 visible GPUs: 69, "no such device").
+ * `host` → host; `cuda` → `make_cuda_device(cuda_ordinal_for_local_rank(local_rank, N))` for
+ * the N visible devices (the only one when N is 1, else the local rank's: gpu_info.hpp);
+ * `auto` → cuda when the build has CUDA and `cudaGetDeviceCount` > 0, else host with a
+ * notice on the log saying why.
+ * @param local_rank this process's rank on its node (`World::local_rank`).
+ * @throws Error as `make_cuda_device` and `cuda_ordinal_for_local_rank` do: for `cuda`, and
+ *         for `auto` once a CUDA device was found (e.g. `local_rank` 2 on a node with 2
+ *         visible GPUs: 69, "local rank 2 but this process sees 2 CUDA devices").
  */
 std::unique_ptr<Device> make_device(DeviceKind kind, int local_rank);
 

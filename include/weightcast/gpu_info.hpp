@@ -21,6 +21,26 @@ struct CudaProbe {
 /// @return `cudaGetDeviceCount`'s answer. Never throws.
 CudaProbe probe_cuda() noexcept;
 
+/**
+ * @brief The CUDA device a rank uses, from its local rank and the devices it can see.
+ *
+ * The rule: a process that sees exactly one device uses it (ordinal 0), whatever its local
+ * rank — one GPU per rank, as Slurm's `--gpus-per-task=1` or a per-rank
+ * `CUDA_VISIBLE_DEVICES` gives; a process that sees several uses ordinal @p local_rank (one
+ * process per GPU of the node, all GPUs visible: torchrun, mpirun). A local rank past the last
+ * visible device is refused rather than wrapped (`local_rank % visible`): wrapping would put
+ * two ranks on one GPU, which NCCL refuses later with a less clear error ("Duplicate GPU
+ * detected", NCCL docs, "Creating a Communicator") and which doubles the memory a GPU holds
+ * under the mpi transport.
+ * @param local_rank this process's rank on its node (`World::local_rank`), ≥ 0.
+ * @param visible_devices `cudaGetDeviceCount` (after `CUDA_VISIBLE_DEVICES`), ≥ 0.
+ * @return the ordinal, 0 ≤ ordinal < @p visible_devices.
+ * @throws Error `unavailable` (69) when no device is visible, or when @p local_rank ≥
+ *         @p visible_devices > 1 (names both and what to set); `internal` (70) for a negative
+ *         @p local_rank.
+ */
+[[nodiscard]] int cuda_ordinal_for_local_rank(int local_rank, int visible_devices);
+
 /// @return true when the cuda device and the nccl transport are compiled in.
 [[nodiscard]] bool built_with_cuda() noexcept;
 

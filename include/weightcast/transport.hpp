@@ -120,17 +120,29 @@ NcclUniqueId nccl_unique_id();
  * `ncclCommAbort` a collective in flight (NCCL docs, "Error handling and communicator
  * abort"). Broadcasts run on a non-blocking comm stream of the transport's own;
  * `broadcast_group` returns once NCCL has enqueued the group's kernels (it polls the
- * communicator out of `ncclInProgress`, at most @p timeout: the first group also connects
- * the ranks, so it waits for every rank to post it; a `LoadOptions::stop` is seen once it
- * returns), and the returned `Pending` completes with a CUDA event recorded after them. Any
- * failure, and destroying the transport while a broadcast is in flight, aborts the
- * communicator.
+ * communicator out of `ncclInProgress`, at most @p timeout; a `LoadOptions::stop` is seen
+ * once it returns), and the returned `Pending` completes with a CUDA event recorded after
+ * them.
+ * Before returning, the constructor connects the ranks with a 1-byte broadcast (NCCL connects
+ * lazily at the first collective and allocates its connection buffers on the device then):
+ * create the transport before the arena, so that an arena too large for what is left fails
+ * to allocate, naming the device's free memory, instead of the first chunk's broadcast.
+ * Any NCCL or CUDA failure — a call, `ncclGroupEnd`, `ncclCommGetAsyncError`, a CUDA event,
+ * a timeout — and destroying a broadcast still in flight abort the communicator
+ * (`ncclCommAbort`, the only call NCCL allows after an error) and wait for the comm stream
+ * before the error is thrown: once a call or `Pending::test()` has thrown, or a `Pending` is
+ * destroyed, no NCCL kernel writes the arena any more, so the caller may free it. A pending
+ * broadcast shares ownership of the communicator and the comm stream, so it may outlive the
+ * transport.
  * @param rank this rank, 0 ≤ rank < @p world_size.
- * @param local_rank the CUDA device to use (`cudaSetDevice`), the cuda device's ordinal.
+ * @param local_rank this process's rank on its node; the CUDA device is
+ *        `cuda_ordinal_for_local_rank(local_rank, cudaGetDeviceCount())` (gpu_info.hpp: the
+ *        only visible device, else the local rank's), the same device `make_device` picks.
  * @param timeout bound on communicator creation and on enqueueing each broadcast group.
- * @throws Error `unavailable` (69) when the build has no CUDA, the device cannot be used or
- *         NCCL fails (names the NCCL error and `ncclGetLastError`); `timeout` (75) when the
- *         communicator is not ready within @p timeout (the communicator is aborted);
+ * @throws Error `unavailable` (69) when the build has no CUDA, the device cannot be used (as
+ *         `cuda_ordinal_for_local_rank` says) or NCCL fails (names the NCCL error and
+ *         `ncclGetLastError`); `timeout` (75) when the communicator is not ready, or the
+ *         ranks not connected, within @p timeout (the communicator is aborted);
  *         `internal` (70) when @p rank is not in 0..@p world_size - 1, or for NCCL's invalid
  *         argument or usage and CUDA errors other than a missing or exhausted device
  *         (`detail::throw_nccl_error`, `detail::throw_cuda_error`). The transport's

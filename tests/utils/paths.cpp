@@ -98,7 +98,11 @@ std::string read_file(const std::filesystem::path& path) {
   return text.str();
 }
 
-std::filesystem::path cli_path() { return WEIGHTCAST_CLI_PATH; }
+std::filesystem::path cli_path() {
+  // A relocated test binary (bench/gpu_bundle.sh's bundle) names the launcher beside it.
+  if (const char* env = std::getenv("WEIGHTCAST_CLI"); env != nullptr && *env != '\0') return env;
+  return WEIGHTCAST_CLI_PATH;
+}
 
 TempDir::TempDir(const std::string& prefix) {
   std::random_device rd;

@@ -43,7 +43,7 @@ std::filesystem::path small_checkpoint();
 /// The whole of @p path as bytes; empty when it cannot be opened (a /proc or /sys file
 /// that vanished or does not exist here). Callers that need the file REQUIRE it non-empty.
 std::string read_file(const std::filesystem::path& path);
-/// Path of the built `weightcast` launcher.
+/// Path of the `weightcast` launcher: $WEIGHTCAST_CLI if set, else the one this build made.
 std::filesystem::path cli_path();
 
 /// A fresh empty directory under $TMPDIR, removed when the object is destroyed.
