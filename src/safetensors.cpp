@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -75,10 +76,20 @@ class StrictScan {
     const bool recorded = _ordered_member.empty()
                               ? depth == 1
                               : depth == 2 && _top_key == _ordered_member;
+    if (depth == 2) _member_key = key;
     if (recorded) _doc.ordered_keys.push_back(key);
-    if (!_open.back().insert(key).second && !_doc.duplicate) {
-      _doc.duplicate = DuplicateKey{key, static_cast<int>(depth),
-                                    depth == 1 ? std::string() : _top_key};
+    if (!_open.back().insert(key).second) {
+      DuplicateKey dup{key, static_cast<int>(depth), depth == 1 ? std::string() : _top_key,
+                       depth >= 3 ? _member_key : std::string(), nullptr};
+      // The DOM builder is about to overwrite the earlier value in place; keep it. At depth
+      // 1 the open object is the root, at depth 2 (under an object root, not an array) it is
+      // the root's member _top_key.
+      if (depth == 1) dup.earlier = std::move(_doc.value[key]);
+      if (depth == 2 && _doc.value.is_object()) {
+        dup.earlier = std::move(_doc.value[_top_key][key]);
+      }
+      if (!_doc.duplicate) _doc.duplicate = dup;
+      _doc.duplicates.push_back(std::move(dup));
     }
     return _dom.key(key);
   }
@@ -99,6 +110,7 @@ class StrictScan {
       return false;
     }
     _open.emplace_back();  // an array's set stays empty: it only counts the depth
+    if (_open.size() == 2) _member_key.clear();  // a new member of the root
     return true;
   }
   bool close() {
@@ -110,6 +122,7 @@ class StrictScan {
   std::string_view _ordered_member;
   std::vector<std::unordered_set<std::string>> _open;  // keys seen, per open container
   std::string _top_key;
+  std::string _member_key;  // the last key at depth 2
   std::optional<std::string> _error;
   nlohmann::detail::json_sax_dom_parser<json> _dom;  // builds doc.value (nlohmann 3.11)
 };
@@ -310,35 +323,70 @@ struct Entry {
   std::uint64_t end;
 };
 
-Entry parse_entry(std::string_view file, const std::string& name, const json& value) {
-  if (!value.is_object()) {
+/// What parse_entry saw that the format does not define and the reference ignores.
+struct EntryNotes {
+  std::size_t entries_with_unknown_keys = 0;
+  std::string first;  // "tensor 'w' key 'extra'"
+};
+
+/// Check 9 for one entry, as the reference deserialises its `TensorInfo` (a serde struct
+/// without deny_unknown_fields): an object with dtype, shape and data_offsets, where keys
+/// besides those are ignored, or, as serde also reads a struct, an array of those three
+/// values in that order.
+Entry parse_entry(std::string_view file, const std::string& name, const json& value,
+                  EntryNotes& notes) {
+  const json* dtype_value = nullptr;
+  const json* shape_value = nullptr;
+  const json* offsets_value = nullptr;
+  if (value.is_array()) {
+    if (value.size() != 3) {
+      fail_tensor(file, name,
+                  fmt::format("entry is an array of {} elements; an entry is an object with "
+                              "dtype, shape, data_offsets (or an array of exactly those three)",
+                              value.size()));
+    }
+    dtype_value = &value[0];
+    shape_value = &value[1];
+    offsets_value = &value[2];
+  } else if (value.is_object()) {
+    for (const char* key : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(key)) {
+        fail_tensor(file, name,
+                    fmt::format("missing key '{}' (an entry has dtype, shape, data_offsets)",
+                                key));
+      }
+    }
+    if (value.size() > 3) {
+      ++notes.entries_with_unknown_keys;
+      if (notes.first.empty()) {
+        for (const auto& [key, unused] : value.items()) {
+          if (key != "dtype" && key != "shape" && key != "data_offsets") {
+            notes.first = fmt::format("tensor {} key {}", quote(name), quote(key));
+            break;
+          }
+        }
+      }
+    }
+    dtype_value = &value["dtype"];
+    shape_value = &value["shape"];
+    offsets_value = &value["data_offsets"];
+  } else {
     fail_tensor(file, name,
                 fmt::format("entry is {}, must be an object with dtype, shape, data_offsets",
                             detail::json_kind(value)));
   }
-  // The reference deserialises a fixed struct: each field exactly once, nothing else.
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!value.contains(key)) {
-      fail_tensor(file, name,
-                  fmt::format("missing key '{}' (an entry has exactly dtype, shape, data_offsets)",
-                              key));
-    }
-  }
-  for (const auto& [key, unused] : value.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      fail_tensor(file, name,
-                  fmt::format("unexpected key {} (an entry has exactly dtype, shape, data_offsets)",
-                              quote(key)));
-    }
-  }
 
   Entry entry{name, Dtype::U8, {}, 0, 0};
-  const json& dtype = value["dtype"];
-  if (!dtype.is_string()) {
+  const json& dtype = *dtype_value;
+  // serde reads an enum's unit variant from its name or from {"NAME": null}.
+  const bool unit_variant =
+      dtype.is_object() && dtype.size() == 1 && dtype.begin().value().is_null();
+  if (!dtype.is_string() && !unit_variant) {
     fail_tensor(file, name, fmt::format("dtype {} is {}, must be a string such as \"F32\"",
                                         json_brief(dtype), detail::json_kind(dtype)));
   }
-  const auto& dtype_text = dtype.get_ref<const std::string&>();
+  const std::string& dtype_text =
+      unit_variant ? dtype.begin().key() : dtype.get_ref<const std::string&>();
   auto parsed_dtype = parse_dtype(dtype_text);
   if (!parsed_dtype) {
     fail_tensor(file, name,
@@ -347,7 +395,7 @@ Entry parse_entry(std::string_view file, const std::string& name, const json& va
   }
   entry.dtype = *parsed_dtype;
 
-  const json& shape = value["shape"];
+  const json& shape = *shape_value;
   if (!shape.is_array()) {
     fail_tensor(file, name, fmt::format("shape {} is {}, must be an array of non-negative integers",
                                         json_brief(shape), detail::json_kind(shape)));
@@ -364,7 +412,7 @@ Entry parse_entry(std::string_view file, const std::string& name, const json& va
     entry.shape.push_back(*dim);
   }
 
-  const json& offsets = value["data_offsets"];
+  const json& offsets = *offsets_value;
   std::optional<std::uint64_t> begin;
   std::optional<std::uint64_t> end;
   if (offsets.is_array() && offsets.size() == 2) {
@@ -421,15 +469,29 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     fail(file, fmt::format("header JSON is {}, must be an object of tensors",
                            detail::json_kind(doc.value)));
   }
-  // 7.
-  if (doc.duplicate) {
-    const auto& dup = *doc.duplicate;
-    if (dup.depth == 1) {
-      fail_tensor(file, dup.key, "name appears twice in the header");
-    } else if (dup.owner == "__metadata__") {
-      fail(file, fmt::format("__metadata__: key {} appears twice", quote(dup.key)));
-    } else {
+  // 7. Repeated keys, as the reference's serde types take them: a struct's field twice is
+  //    refused ("duplicate field": __metadata__ at the top, dtype, shape or data_offsets in
+  //    an entry), as is a dtype written {"F32":null,"F32":null} (an enum is a map of exactly
+  //    one key). A map keeps the last value (the tensor names and __metadata__'s keys:
+  //    hashbrown's insert), yet every copy is deserialised, so earlier copies are checked by
+  //    rules 8 and 9 below. What serde ignores (an unknown entry key, anything in its value)
+  //    may repeat.
+  const auto is_field = [](const std::string& key) {
+    return key == "dtype" || key == "shape" || key == "data_offsets";
+  };
+  for (const auto& dup : doc.duplicates) {
+    if (dup.depth == 1 && dup.key == "__metadata__") fail(file, "__metadata__ appears twice");
+    if (dup.owner == "__metadata__" || dup.depth == 1) continue;
+    if (dup.depth == 2 && is_field(dup.key)) {
       fail_tensor(file, dup.owner, fmt::format("key {} appears twice", quote(dup.key)));
+    }
+    // member empty at depth 3: the entry is an array and its first element (the dtype) an
+    // object; in its other elements an object is refused by rule 9 anyway.
+    if (dup.depth == 3 && (dup.member == "dtype" || dup.member.empty())) {
+      fail_tensor(file, dup.owner,
+                  fmt::format("dtype has key {} twice; a dtype written as an object has "
+                              "exactly one key, {{\"F32\": null}}",
+                              quote(dup.key)));
     }
   }
 
@@ -438,14 +500,47 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
   header.data_bytes = data_bytes;
   // 8.
   if (auto it = doc.value.find("__metadata__"); it != doc.value.end()) {
+    for (const auto& dup : doc.duplicates) {
+      if (dup.depth == 2 && dup.owner == "__metadata__" && !dup.earlier.is_string()) {
+        fail(file, fmt::format("__metadata__ value of key {} is {} ({}), must be a string",
+                               quote(dup.key), detail::json_kind(dup.earlier),
+                               json_brief(dup.earlier)));
+      }
+    }
     header.metadata = parse_metadata(file, *it);
   }
-  // 9. Entries in document order, so the first faulty entry is the one a reader sees first.
+  // 9. Entries in document order, so the first faulty entry is the one a reader sees first;
+  //    an earlier copy of a repeated name is checked where it stands, then the last is kept.
   std::vector<Entry> entries;
   entries.reserve(doc.ordered_keys.size());
+  EntryNotes notes;
+  std::unordered_set<std::string_view> seen;
+  std::size_t repeated_names = 0;
+  std::string first_repeated;
+  auto earlier = doc.duplicates.cbegin();
   for (const auto& name : doc.ordered_keys) {
     if (name == "__metadata__") continue;
-    entries.push_back(parse_entry(file, name, doc.value[name]));
+    if (!seen.insert(name).second) {
+      // The next depth-1 repetition in document order is this one.
+      while (earlier->depth != 1) ++earlier;
+      parse_entry(file, name, earlier->earlier, notes);
+      ++earlier;
+      if (repeated_names++ == 0) first_repeated = name;
+      continue;
+    }
+    entries.push_back(parse_entry(file, name, doc.value[name], notes));
+  }
+  if (notes.entries_with_unknown_keys != 0) {
+    spdlog::debug("{}: {} tensor entr{} keys besides dtype, shape, data_offsets (first: {}); "
+                  "ignored, as the safetensors reference ignores them",
+                  file, notes.entries_with_unknown_keys,
+                  notes.entries_with_unknown_keys == 1 ? "y has" : "ies have", notes.first);
+  }
+  if (repeated_names != 0) {
+    spdlog::warn("{}: {} tensor name{} repeated in the header (first: {}); the last entry of "
+                 "each is used, as the safetensors reference does",
+                 file, repeated_names, repeated_names == 1 ? " is" : "s are",
+                 quote(first_repeated));
   }
   doc.value = nullptr;  // The entries hold everything needed; free the DOM early.
 
