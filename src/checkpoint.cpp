@@ -226,7 +226,8 @@ void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string sh
   auto shard_index = static_cast<std::uint32_t>(catalogue.shards.size());
   catalogue.shards.push_back(ShardInfo{resolved, std::move(shard_name),
                                        8 + header.header_bytes + header.data_bytes,
-                                       8 + header.header_bytes, header.device, header.inode});
+                                       8 + header.header_bytes, header.device, header.inode,
+                                       header.modified_ns, header.changed_ns});
   for (auto tensor : header.tensors) {
     tensor.shard = shard_index;
     catalogue.tensors.push_back(std::move(tensor));

@@ -662,6 +662,10 @@ void read_exact(int fd, char* out, std::size_t size, std::uint64_t offset, std::
   }
 }
 
+std::int64_t nanoseconds(const timespec& time) noexcept {
+  return static_cast<std::int64_t>(time.tv_sec) * 1'000'000'000 + time.tv_nsec;
+}
+
 bool looks_like_text(std::string_view bytes) {
   return !bytes.empty() && std::all_of(bytes.begin(), bytes.end(), [](char c) {
     auto byte = static_cast<unsigned char>(c);
@@ -741,7 +745,8 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   }
   SafetensorsHeaderText text{std::string(header_bytes, '\0'), file_bytes,
                              static_cast<std::uint64_t>(st.st_dev),
-                             static_cast<std::uint64_t>(st.st_ino)};
+                             static_cast<std::uint64_t>(st.st_ino), nanoseconds(st.st_mtim),
+                             nanoseconds(st.st_ctim)};
   read_exact(fd.get(), text.json.data(), text.json.size(), 8, file);
   return text;
 }
@@ -752,6 +757,8 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std
       text.json, text.data_bytes(), name.empty() ? path.string() : std::string(name));
   header.device = text.device;
   header.inode = text.inode;
+  header.modified_ns = text.modified_ns;
+  header.changed_ns = text.changed_ns;
   return header;
 }
 

@@ -52,6 +52,11 @@ struct SafetensorsHeader {
   /// from memory (parse_safetensors_header).
   std::uint64_t device = 0;
   std::uint64_t inode = 0;  ///< See `device`.
+  /// Modification and status-change times of the file read (`st_mtim`, `st_ctim`), ns since
+  /// the epoch; 0 for a header parsed from memory. With `device`, `inode` and the size they
+  /// tell a rewrite in place from the file whose header this is.
+  std::int64_t modified_ns = 0;
+  std::int64_t changed_ns = 0;  ///< See `modified_ns`.
 };
 
 /**
@@ -72,6 +77,8 @@ struct SafetensorsHeaderText {
   std::uint64_t file_bytes = 0;  ///< Size of the whole file, bytes.
   std::uint64_t device = 0;      ///< `st_dev` of the file read.
   std::uint64_t inode = 0;       ///< `st_ino` of the file read.
+  std::int64_t modified_ns = 0;  ///< `st_mtim` of the file read, ns since the epoch.
+  std::int64_t changed_ns = 0;   ///< `st_ctim` of the file read, ns since the epoch.
   /// Bytes after the header (file size − 8 − N): the data section as the file holds it.
   [[nodiscard]] std::uint64_t data_bytes() const noexcept { return file_bytes - 8 - json.size(); }
 };
