@@ -695,6 +695,36 @@ constexpr std::string_view lfs_prefix = "version https://git-lfs";
                          size_note));
 }
 
+// What a file given as safetensors looks like when its first bytes are another format's
+// magic: the message for a header length that fails rule 2 or 3 (a safetensors file whose
+// length happens to start "PK\3\4" is still read as one). Empty: none recognised.
+std::string foreign_format(std::string_view file, std::string_view first_bytes) {
+  const auto convert = fmt::format(
+      "convert it with `python -c \"import torch, safetensors.torch as st; "
+      "st.save_file(torch.load('{}', map_location='cpu', weights_only=True), "
+      "'model.safetensors')\"`",
+      file);
+  if (first_bytes.starts_with("PK\x03\x04") || first_bytes.starts_with("PK\x05\x06")) {
+    return fmt::format("is a zip archive, as torch.save writes a PyTorch .bin/.pt (or numpy "
+                       "an .npz), not safetensors; {}",
+                       convert);
+  }
+  if (first_bytes.size() >= 2 && first_bytes[0] == '\x80' && first_bytes[1] >= 2 &&
+      first_bytes[1] <= 5) {
+    return fmt::format("is a Python pickle (protocol {}), as an older torch.save writes a "
+                       "PyTorch .bin/.pt, not safetensors; {}",
+                       static_cast<int>(first_bytes[1]), convert);
+  }
+  if (first_bytes.starts_with("GGUF")) {
+    return "is a GGUF file (llama.cpp), not safetensors; weightcast reads safetensors only";
+  }
+  if (first_bytes.starts_with("\x89HDF\r\n\x1a\n")) {
+    return "is an HDF5 file (a Keras/TensorFlow .h5), not safetensors; weightcast reads "
+           "safetensors only";
+  }
+  return {};
+}
+
 }  // namespace
 
 SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& path,
@@ -731,6 +761,9 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   std::uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) {
     header_bytes = (header_bytes << 8) | static_cast<unsigned char>(prefix[i]);
+  }
+  if (header_bytes > max_header_bytes || 8 + header_bytes > file_bytes) {
+    if (auto what = foreign_format(file, first_bytes); !what.empty()) fail(file, what);
   }
   // 2.
   if (header_bytes > max_header_bytes) {

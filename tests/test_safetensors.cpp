@@ -21,6 +21,7 @@ namespace {
 
 using namespace weightcast;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using test::make_safetensors;
 using test::write_file;
 using test::zeros;
@@ -138,6 +139,38 @@ TEST_CASE("a Git LFS pointer gets its own message", "[safetensors]") {
   auto e = read_failure(pointer, Errc::invalid_checkpoint, dir, "model-00001-of-00002.safetensors");
   CHECK_THAT(e.what(), Contains("Git LFS pointer") && Contains("git lfs pull") &&
                            Contains("4923019144 bytes"));
+}
+
+TEST_CASE("a PyTorch .bin (zip or pickle) and other formats get their own message",
+          "[safetensors]") {
+  // The first bytes of what torch 2 writes: torch.save (a zip archive), torch.save with
+  // _use_new_zipfile_serialization=False (pickle protocol 2 and torch's magic number), and
+  // pickle.dump protocol 4; padded so that only the magic can tell them apart.
+  test::TempDir dir;
+  struct Case {
+    std::string bytes;
+    std::string_view says;
+  };
+  const std::vector<Case> cases{
+      {std::string("PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00", 12), "is a zip archive"},
+      {std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8", 12),
+       "is a Python pickle (protocol 2)"},
+      {std::string("\x80\x04\x95\x0a\x00\x00\x00\x00\x00\x00\x00\x7d", 12),
+       "is a Python pickle (protocol 4)"},
+      {std::string("GGUF\x03\x00\x00\x00\x00\x00\x00\x00", 12) + "x", "is a GGUF file"},
+      {std::string("\x89HDF\r\n\x1a\n\x00\x00\x00\x00", 12), "is an HDF5 file"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.says);
+    auto e = read_failure(c.bytes + std::string(500, '\x01'), Errc::invalid_checkpoint, dir,
+                          "pytorch_model.bin");
+    CHECK_THAT(e.what(), StartsWith("pytorch_model.bin: " + std::string(c.says)) &&
+                             Contains("not safetensors"));
+    if (c.says.find("pickle") != std::string_view::npos || c.says.find("zip") != std::string_view::npos) {
+      CHECK_THAT(e.what(), Contains("PyTorch .bin/.pt") &&
+                               Contains("st.save_file(torch.load('pytorch_model.bin'"));
+    }
+  }
 }
 
 TEST_CASE("a text file gets a hint that it is not a safetensors file", "[safetensors]") {

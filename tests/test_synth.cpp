@@ -543,6 +543,9 @@ TEST_CASE("synth: the CLI writes a checkpoint and refuses bad arguments", "[synt
   INFO(ok.out << ok.err);
   CHECK(ok.exit_status == 0);
   CHECK_THAT(ok.out, Contains("tensors") && Contains("GB/s"));
+  // The parameter count as model sizes are written, and exactly: not "0.001e9 params".
+  CHECK_THAT(ok.out, Catch::Matchers::Matches(
+                         R"((.|\n)*synth: \d+ tensors, \d+ shards, \d+(\.\d+)?[KM] params \(\d{6,7}\), (.|\n)*)"));
   CHECK(fs::exists(dir / "c" / "model.safetensors.index.json"));
 
   auto bad_params = test::run_cli({"synth", (dir / "d").string(), "--params", "lots"});

@@ -7,6 +7,7 @@
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/control_plane.hpp"
+#include "weightcast/detail/plural.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/loader.hpp"
@@ -205,8 +206,9 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
               double seconds) {
   // Every rank has the same `verify` (check_shared_settings).
   if (verify == Verify::none) {
-    return Verdict{0, fmt::format("{} ranks × {} tensors loaded, not compared (verify: none)",
-                                  reports.size(), catalogue.tensors.size())};
+    return Verdict{0, fmt::format("{} × {} loaded, not compared (verify: none)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(catalogue.tensors.size(), "tensor"))};
   }
   const auto& mine = reports.at(0).digests;
   std::vector<std::string> mismatches;
@@ -228,11 +230,13 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
     }
   }
   if (count == 0) {
-    return Verdict{0, fmt::format("{} ranks × {} tensors bit-exact (XXH3-64 of every tensor "
+    return Verdict{0, fmt::format("{} × {} bit-exact (XXH3-64 of every tensor "
                                   "matches rank 0's; hashing took {:.3f} s on rank 0)",
-                                  reports.size(), mine.size(), seconds)};
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(mine.size(), "tensor"), seconds)};
   }
-  std::string message = fmt::format("{} tensor mismatch(es) against rank 0's bytes: ", count);
+  std::string message = fmt::format("{} against rank 0's bytes: ",
+                                    detail::counted(count, "tensor mismatch", "tensor mismatches"));
   for (std::size_t i = 0; i < mismatches.size(); ++i) {
     message += (i ? "; " : "") + mismatches[i];
   }
