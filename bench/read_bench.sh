@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rank 0's read stage against fio on the same file, and a chunk/ring/queue sweep.
 #
-#   bench/read_bench.sh [compare|sweep|all] [FILE]
+#   bench/read_bench.sh [compare|dd|sweep|all] [FILE]
 #
 # compare: fio (io_uring engine with registered buffers and files, block size = chunk_size,
 #          iodepth = io_depth) and
@@ -11,6 +11,11 @@
 #            direct/cold:   the file's pages are dropped (posix_fadvise DONTNEED) before every
 #                           run, both read with O_DIRECT.
 #          Prints GB/s (1 GB = 1e9 B) of each run, the medians and the ratio weightcast/fio.
+# dd:      buffered, warm page cache: `dd bs=CHUNK of=/dev/null` (one read() at a time into
+#          one buffer, the plain-read floor) against `weightcast run --set destination=discard`
+#          with `verify=none` (the read stage alone) and with `verify=digest` (reads + XXH3 of
+#          every tensor), alternating who goes first, REPS rounds; GB/s of each, the ratios to
+#          dd of the same round, and the range over rounds.
 # sweep:   weightcast alone over chunk_size {1,4,16,64} MiB x buffer_depth {2,4,8} x
 #          io_depth {1,4,16}, both modes, one run each, as a table.
 #
@@ -104,10 +109,18 @@ fio_gbps() {  # direct(0|1) chunk io_depth
 print(f\"{j['io_bytes'] / (j['runtime'] / 1e3) / 1e9:.3f}\")"
 }
 
+# dd GB/s: the whole file, buffered, one read() of CHUNK bytes at a time into one buffer.
+dd_gbps() {  # chunk
+  dd if="$file" of=/dev/null bs="$(bytes_of "$1")" 2>&1 |
+    python3 -c "import re,sys; m=re.search(r'^(\d+) bytes.* copied, ([0-9.e+-]+) s', sys.stdin.read(), re.M); \
+print(f\"{int(m[1]) / float(m[2]) / 1e9:.3f}\")"
+}
+
 # weightcast GB/s: tensor bytes / pipeline seconds, destination discard; and peak RSS (MiB).
-weightcast_gbps() {  # direct_io(on|off) chunk buffer_depth io_depth
+weightcast_gbps() {  # direct_io(on|off) chunk buffer_depth io_depth [verify]
   "$weightcast" run --json --quiet --set checkpoint="$file" --set destination=discard \
-      --set direct_io="$1" --set chunk_size="$2" --set buffer_depth="$3" --set io_depth="$4" |
+      --set direct_io="$1" --set chunk_size="$2" --set buffer_depth="$3" --set io_depth="$4" \
+      --set verify="${5:-digest}" |
     python3 -c "import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); \
 print(f\"{j['gbps']:.3f} {j['peak_rss_bytes'] / 2**20:.0f} {j['io_mode']}\")"
 }
@@ -148,6 +161,36 @@ compare() {
   done
 }
 
+versus_dd() {
+  machine
+  echo "# dd: buffered, warm; chunk_size=$chunk buffer_depth=$buffer_depth io_depth=$io_depth," \
+       "$reps rounds, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '%4s %8s %10s %12s %8s %12s %8s %8s\n' round dd_GB/s none_GB/s none/dd digest_GB/s \
+    digest/dd rss_MiB reader
+  warm
+  local rn=() rd=()
+  for ((r = 1; r <= reps; r++)); do
+    local order="dd none digest"
+    ((r % 2)) || order="digest none dd"
+    for who in $order; do
+      case $who in
+        dd) d=$(dd_gbps "$chunk") ;;
+        none) read -r n rss io < <(weightcast_gbps off "$chunk" "$buffer_depth" "$io_depth" none) ;;
+        digest) read -r g _ _ < <(weightcast_gbps off "$chunk" "$buffer_depth" "$io_depth" digest) ;;
+      esac
+    done
+    rn+=("$(python3 -c "print($n / $d)")"); rd+=("$(python3 -c "print($g / $d)")")
+    printf '%4d %8s %10s %12.3f %12s %8.3f %8s %8s\n' "$r" "$d" "$n" "${rn[-1]}" "$g" "${rd[-1]}" \
+      "$rss" "$io"
+  done
+  python3 - "${rn[*]}" "${rd[*]}" <<'PY'
+import statistics, sys
+none, digest = (list(map(float, a.split())) for a in sys.argv[1:3])
+print(f"# none/dd:   median {statistics.median(none):.3f}, range {min(none):.3f}-{max(none):.3f}")
+print(f"# digest/dd: median {statistics.median(digest):.3f}, range {min(digest):.3f}-{max(digest):.3f}")
+PY
+}
+
 sweep() {
   machine
   echo "# sweep: weightcast run --set destination=discard, one run per cell"
@@ -166,6 +209,7 @@ sweep() {
 case $what in
   compare) compare ;;
   sweep) sweep ;;
+  dd) versus_dd ;;
   all) compare; sweep ;;
-  *) echo "usage: $0 [compare|sweep|all] [FILE]" >&2; exit 64 ;;
+  *) echo "usage: $0 [compare|dd|sweep|all] [FILE]" >&2; exit 64 ;;
 esac

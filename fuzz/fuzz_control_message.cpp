@@ -73,6 +73,8 @@ void decode_payload(wire::Frame type, std::string_view payload) {
       // The first SHARE is the catalogue; its decoder must hold on any bytes.
       round_trip_catalogue(payload);
       return;
+    case wire::Frame::share_part:
+      return;  // opaque bytes: a piece of a SHARE, judged once whole (as above)
     case wire::Frame::welcome:
       if (!payload.empty()) std::abort();  // the header check allows none
       return;

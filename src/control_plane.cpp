@@ -248,6 +248,7 @@ struct Connection {
   std::uint64_t progress = 0;        // the peer's chunks landed, by its last PROGRESS; likewise
   std::array<char, frame_header_bytes> header{};
   std::string payload;
+  std::string share_parts;  // a peer: SHARE_PART payloads so far, until the SHARE ending them
 };
 
 struct ControlPlane::Impl {
@@ -785,9 +786,20 @@ struct ControlPlane::Impl {
         c.progress = chunks;
         return;
       }
+      case Frame::share_part:
+        // Grows by what arrived, frame by frame, never by a length announced ahead.
+        c.share_parts += c.payload;
+        return;
       case Frame::share: {
+        std::string bytes = std::move(c.share_parts);
+        c.share_parts = {};
+        if (bytes.empty()) {
+          bytes = std::move(c.payload);
+        } else {
+          bytes += c.payload;
+        }
         std::lock_guard lock(mutex);
-        shared.push_back(std::move(c.payload));
+        shared.push_back(std::move(bytes));
         changed.notify_all();
         return;
       }
@@ -1094,14 +1106,17 @@ bool ControlPlane::aborted() const noexcept {
 std::string ControlPlane::share(std::string bytes) {
   Impl& impl = *_impl;
   if (impl.world.world_size <= 1) return bytes;
-  if (bytes.size() > detail::max_share_bytes) {
-    throw Error(Errc::unavailable, fmt::format("control plane: {} bytes to share, over the "
-                                               "limit of {}",
-                                               bytes.size(), detail::max_share_bytes));
-  }
   if (impl.world.rank == 0) {
+    // Longer than one frame carries: pieces, the last of them a SHARE (max_share_bytes).
+    const std::string_view all = bytes;
     for (auto& connection : impl.connections) {
-      if (connection) impl.send(*connection, Frame::share, bytes);
+      if (!connection) continue;
+      std::size_t at = 0;
+      while (all.size() - at > detail::max_share_bytes) {
+        impl.send(*connection, Frame::share_part, all.substr(at, detail::max_share_bytes));
+        at += detail::max_share_bytes;
+      }
+      impl.send(*connection, Frame::share, all.substr(at));
     }
     return bytes;
   }

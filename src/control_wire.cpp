@@ -24,6 +24,7 @@ std::string_view frame_name(std::uint8_t type) {
     case Frame::report: return "report";
     case Frame::done: return "verdict";
     case Frame::progress: return "progress";
+    case Frame::share_part: return "share part";
   }
   return "unknown";
 }
@@ -46,7 +47,7 @@ std::uint32_t payload_limit(Frame type, FrameReader reader, bool& accepted) {
       if (type == Frame::reject || type == Frame::abort) return max_status_bytes;
       break;
     case FrameReader::peer:
-      if (type == Frame::share) return max_share_bytes;
+      if (type == Frame::share || type == Frame::share_part) return max_share_bytes;
       if (type == Frame::abort || type == Frame::done) return max_status_bytes;
       if (type == Frame::progress) return progress_bytes;
       break;

@@ -78,6 +78,7 @@ LoadOptions LoadOptions::from_config(const Config& config) {
   options.direct_io = config.direct_io;
   options.reader = config.reader;
   options.destination = config.destination;
+  options.digest_discarded = config.verify == Verify::digest;
   return options;
 }
 
@@ -152,7 +153,7 @@ class Pipeline {
       _stop_callback.emplace(_options.stop, std::move(wake));
     }
     // Every tensor has a digest, a plan of no chunks (only zero-size tensors) included.
-    if (discarding()) _digests.emplace(_catalogue.tensors.size());
+    if (discarding() && _options.digest_discarded) _digests.emplace(_catalogue.tensors.size());
     announce_zero_size_tensors();
     if (_plan.chunks.empty()) co_return;
     if (_transport.rank() == 0) {
@@ -287,9 +288,10 @@ class Pipeline {
       const std::byte* source = lease.data() + _slot_head[slot];
       if (reads_into_arena(chunk)) {
         // The read put the chunk in its place already.
-      } else if (_digests) {
-        // destination: discard: hash the pieces as they pass; nothing is kept.
-        for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+      } else if (discarding()) {
+        // destination: discard: hash the pieces as they pass (unless verify: none); nothing
+        // is kept.
+        for (std::uint32_t p = 0; _digests && p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
           _digests->update(piece.tensor, source + piece.chunk_offset, piece.bytes);
           if (piece.tensor_offset + piece.bytes == _catalogue.tensors[piece.tensor].bytes) {

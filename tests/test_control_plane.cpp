@@ -289,6 +289,50 @@ TEST_CASE("control plane: 3 ranks meet, share, report and agree", "[control_plan
   }
 }
 
+TEST_CASE("control plane: bytes longer than one frame reach every rank whole and in order",
+          "[control_plane]") {
+  // A catalogue past the 64 MiB of one frame (a header near the format's 100 MB limit
+  // encodes to about 78 MB) goes in pieces; what follows it is a share of its own.
+  constexpr std::uint16_t port = 29667;
+  std::string big(wire::max_share_bytes + 12'345, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) >> 7);
+  auto peer = [](int rank) {
+    ControlPlane control(world_of(rank, 3), loopback(port));
+    std::string first = control.share({});
+    std::string second = control.share({});
+    control.gather(RankReport{rank, 0, 0.0, {}});
+    control.finish({});
+    return std::make_pair(std::move(first), std::move(second));
+  };
+  auto one = std::async(std::launch::async, peer, 1);
+  auto two = std::async(std::launch::async, peer, 2);
+  ControlPlane root(world_of(0, 3), loopback(port));
+  CHECK(root.share(big).size() == big.size());
+  root.share("nccl id");
+  root.gather(RankReport{0, 0, 0.0, {}});
+  root.finish(Verdict{0, "ok"});
+  for (auto* f : {&one, &two}) {
+    REQUIRE(f->wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    const auto [first, second] = f->get();
+    CHECK(first.size() == big.size());
+    CHECK(first == big);
+    CHECK(second == "nccl id");
+  }
+}
+
+TEST_CASE("catalogue wire: a shape of any number of dimensions travels, as the format allows",
+          "[control_plane]") {
+  // The format sets no limit on a shape's dimensions; one rank loads a 100-dimensional
+  // tensor, so every rank must.
+  Catalogue catalogue;
+  catalogue.shards.push_back(ShardInfo{"", "model.safetensors", 8 + 100 + 1, 8 + 100});
+  TensorInfo tensor{"t", Dtype::U8, std::vector<std::uint64_t>(100, 1), 0, 8 + 100, 1};
+  catalogue.tensors.push_back(tensor);
+  const Catalogue back = decode_catalogue(encode_catalogue(catalogue), "test");
+  REQUIRE(back.tensors.size() == 1);
+  CHECK(back.tensors[0].shape == tensor.shape);
+}
+
 TEST_CASE("control plane: the heartbeat carries each rank's progress to rank 0 and back",
           "[control_plane]") {
   // timeout 1 s: a heartbeat every 100 ms.
@@ -533,8 +577,8 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   stranger[0] = 'G';
   CHECK_THAT(error_of(hello, stranger), Contains("hello: magic: not weightcast"));
   std::string newer = good_hello;
-  newer[4] = 3;
-  CHECK_THAT(error_of(hello, newer), Contains("protocol version 3, rank 0 speaks 2"));
+  newer[4] = 4;
+  CHECK_THAT(error_of(hello, newer), Contains("protocol version 4, rank 0 speaks 3"));
   auto progress = [](const std::string& b) { return wire::decode_progress(b, "progress"); };
   const std::string good_progress = wire::encode_progress(139);
   for (std::size_t n = 0; n < good_progress.size(); ++n) {
@@ -598,6 +642,14 @@ TEST_CASE("control wire: frame headers are checked per reader before any allocat
   CHECK(error_of(header(Frame::share, wire::max_share_bytes), FrameReader::peer) == "accepted");
   CHECK_THAT(error_of(header(Frame::share, wire::max_share_bytes + 1), FrameReader::peer),
              Contains("over the limit"));
+  // A piece of longer shared bytes is bounded like a SHARE; only a peer takes one.
+  CHECK(error_of(header(Frame::share_part, wire::max_share_bytes), FrameReader::peer) ==
+        "accepted");
+  CHECK_THAT(error_of(header(Frame::share_part, wire::max_share_bytes + 1), FrameReader::peer),
+             Contains("share part message of 67112961 bytes, over the limit of 67112960"));
+  CHECK_THAT(error_of(header(Frame::share_part, 8), FrameReader::root), Contains("unexpected"));
+  CHECK_THAT(error_of(header(Frame::share_part, 8), FrameReader::joining),
+             Contains("unexpected"));
   CHECK_THAT(error_of(header(Frame::done, 0xffffffffu), FrameReader::peer),
              Contains("verdict message of 4294967295 bytes"));
   CHECK_THAT(error_of(header(Frame::report, 8), FrameReader::peer), Contains("unexpected"));

@@ -1114,3 +1114,40 @@ TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143
   CHECK(count(r.out, "weightcast: error: rank 1: interrupted by SIGTERM\n") == 3);
   CHECK_THAT(r.out, Contains("weightcast launch: rank "));
 }
+
+TEST_CASE("multirank: a checkpoint whose catalogue is past one control frame (64 MiB) loads "
+          "bit-exact on 2 and 3 ranks", "[multirank][large]") {
+  REQUIRE_MPI();
+  // 140,000 one-byte tensors of 64 dimensions of 1: a 27 MB header (well under the format's
+  // 100,000,000 bytes, quick to write and parse) whose catalogue encodes to 77 MB, since a
+  // dimension is 2 bytes of JSON and 8 on the wire. One rank loads it; so must every rank.
+  constexpr int tensors = 140'000;
+  std::string shape = "[1";
+  for (int d = 1; d < 64; ++d) shape += ",1";
+  shape += "]";
+  std::string header = "{";
+  std::string data(tensors, '\0');
+  for (int i = 0; i < tensors; ++i) {
+    if (i != 0) header += ',';
+    header += fmt::format(R"("t{}":{{"dtype":"U8","shape":{},"data_offsets":[{},{}]}})", i,
+                          shape, i, i + 1);
+    data[i] = static_cast<char>((i * 7919) >> 3);
+  }
+  header += "}";
+  TempDir dir;
+  const auto checkpoint = dir / "wide.safetensors";
+  write_file(checkpoint, make_safetensors(header, data));
+  int port = 29941;
+  for (int ranks : {2, 3}) {
+    INFO(ranks << " ranks");
+    const auto r = run_cli(cat({"launch", "-n", std::to_string(ranks), "--set",
+                                "checkpoint=" + checkpoint.string()},
+                               base_sets(port)),
+                           {}, job_timeout_s);
+    port += 2;
+    INFO(r.out.substr(0, 4000) << r.err.substr(0, 4000));
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "bit-exact") == 1);
+    CHECK_THAT(r.out, Contains(fmt::format("{} ranks × ", ranks)));
+  }
+}

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <utility>
@@ -430,6 +431,80 @@ TEST_CASE("rule 9: an entry may be the array [dtype, shape, data_offsets], as se
   }
   CHECK_THAT(parse_failure(R"({"w":["U8",[2.0],[0,2]]})", 2).what(),
              Contains("dimension 0 is 2.0"));
+}
+
+TEST_CASE("rule 9: an entry is judged alike whatever its key order and wherever a fault falls",
+          "[safetensors]") {
+  // The parser takes an entry of the usual form straight from the JSON events and hands any
+  // other to the rules with everything seen so far: a fault before, inside or after either
+  // array, in any key order, must read as it does in the usual order.
+  const std::vector<std::array<std::string, 3>> orders = {
+      {"dtype", "shape", "data_offsets"}, {"dtype", "data_offsets", "shape"},
+      {"shape", "dtype", "data_offsets"}, {"shape", "data_offsets", "dtype"},
+      {"data_offsets", "dtype", "shape"}, {"data_offsets", "shape", "dtype"}};
+  auto with = [](const std::array<std::string, 3>& order, std::string_view dtype,
+                 std::string_view shape, std::string_view offsets) {
+    std::vector<std::string> members;
+    for (const auto& key : order) {
+      const std::string_view value = key == "dtype" ? dtype : key == "shape" ? shape : offsets;
+      if (!value.empty()) members.push_back(fmt::format(R"("{}":{})", key, value));
+    }
+    // A good tensor before and after: the faulty one is found among others, and the state
+    // of one entry never leaks into the next.
+    return fmt::format(R"({{"a":{{"dtype":"U8","shape":[2],"data_offsets":[0,2]}},)"
+                       R"("w":{{{}}},"z":{{"shape":[1],"dtype":"U8","data_offsets":[14,15]}}}})",
+                       fmt::join(members, ","));
+  };
+  struct Case {
+    std::string_view dtype, shape, offsets, expected;
+  };
+  const std::vector<Case> cases = {
+      {R"("F32")", "[2,-1]", "[2,14]", "shape [2, -1]: dimension 1 is -1"},
+      {R"("F32")", "[-1,2]", "[2,14]", "dimension 0 is -1"},
+      {R"("F32")", "[2,[1]]", "[2,14]", "dimension 1 is [1]"},
+      {R"("F32")", "[2,{}]", "[2,14]", "dimension 1 is {}"},
+      {R"("F32")", "[3.0]", "[2,14]", "dimension 0 is 3.0"},
+      {R"("F32")", R"("3")", "[2,14]", R"(shape "3" is a string)"},
+      {R"("F32")", "{}", "[2,14]", "shape {} is an object"},
+      {R"("F32")", "[3]", "[2,14,15]", "data_offsets [2, 14, 15] must be two"},
+      {R"("F32")", "[3]", "[2]", "data_offsets [2] must be two"},
+      {R"("F32")", "[3]", "[2,-14]", "data_offsets [2, -14] must be two"},
+      {R"("F32")", "[3]", "[[2],14]", "data_offsets [[2], 14] must be two"},
+      {R"("F32")", "[3]", "null", "data_offsets null must be two"},
+      {R"(["F32"])", "[3]", "[2,14]", R"(dtype ["F32"] is an array)"},
+      {"null", "[3]", "[2,14]", "dtype null is null"},
+      {R"("F7")", "[3]", "[2,14]", "unknown dtype 'F7'"},
+      {"", "[3]", "[2,14]", "missing key 'dtype'"},
+      {R"("F32")", "", "[2,14]", "missing key 'shape'"},
+      {R"("F32")", "[3]", "", "missing key 'data_offsets'"},
+  };
+  for (const auto& order : orders) {
+    for (const Case& c : cases) {
+      const std::string json = with(order, c.dtype, c.shape, c.offsets);
+      INFO(json);
+      CHECK_THAT(parse_failure(json, 15).what(),
+                 Contains("tensor 'w': ") && Contains(std::string(c.expected)));
+    }
+    // A key given twice, at each place: check 7 (a repeated key), not a rule of entries.
+    for (const auto& again : order) {
+      std::string json = with(order, R"("F32")", "[3]", "[2,14]");
+      const std::string repeated = fmt::format(R"("{}":[0],)", again);
+      json.insert(json.find(R"("w":{)") + 5, repeated);
+      INFO(json);
+      CHECK_THAT(parse_failure(json, 15).what(),
+                 Contains(fmt::format("tensor 'w': key '{}' appears twice", again)));
+    }
+    const std::string good = with(order, R"("F32")", "[3]", "[2,14]");
+    INFO(good);
+    const auto header = parse_safetensors_header(good, 15, shard_name);
+    REQUIRE(header.tensors.size() == 3);
+    CHECK(header.tensors[1].name == "w");
+    CHECK(header.tensors[1].dtype == Dtype::F32);
+    CHECK(header.tensors[1].shape == std::vector<std::uint64_t>{3});
+    CHECK(header.tensors[1].bytes == 12);
+    CHECK(header.tensors[2].name == "z");
+    CHECK(header.tensors[2].shape == std::vector<std::uint64_t>{1});
+  }
 }
 
 TEST_CASE("rule 9: the dtype is a string the format defines", "[safetensors]") {

@@ -24,21 +24,23 @@ namespace weightcast {
 /// Version of the catalogue encoding; a peer with another version is refused.
 inline constexpr std::uint32_t catalogue_wire_version = 1;
 
-/// Largest encoded catalogue either side accepts, bytes (a 70B index is well under 1 MiB).
-inline constexpr std::uint64_t max_catalogue_wire_bytes = 64ull << 20;
-
-/// @return @p catalogue encoded (shard paths left out).
-/// @throws Error `internal` (70) when the encoding would exceed `max_catalogue_wire_bytes`.
+/// @return @p catalogue encoded (shard paths left out). Its size has no fixed limit: it is
+///         bounded by the checkpoint's headers (each at most 100,000,000 bytes, the format's
+///         limit), at most 4 bytes per header byte (a shape dimension: 2 bytes of JSON, 8
+///         here) plus 24 bytes and the name per shard; a 96.6 MB header encodes to 77.6 MB.
+///         The control plane carries it in pieces (ControlPlane::share).
+/// @throws Error `internal` (70) when a count (shards, tensors, dimensions, metadata keys) is
+///         over 2^32 − 1, which its u32 field cannot hold.
 std::string encode_catalogue(const Catalogue& catalogue);
 
 /**
  * @brief Decodes what `encode_catalogue` wrote. Shard paths are empty.
  * @param what names the sender in messages, e.g. "catalogue from rank 0".
- * @throws Error `unavailable` (69) naming the field when the bytes are over
- *         `max_catalogue_wire_bytes`, truncated, have trailing garbage, another magic or
- *         version, or describe an inconsistent catalogue (unknown dtype, more than 64
- *         dimensions, shape × dtype ≠ bytes, a shard out of order or range, a data offset
- *         below 8 or past the file, a hole or overlap in a shard's data section).
+ * @throws Error `unavailable` (69) naming the field when the bytes are truncated (every
+ *         count is checked against the bytes left before anything is allocated), have
+ *         trailing garbage, another magic or version, or describe an inconsistent catalogue
+ *         (unknown dtype, shape × dtype ≠ bytes, a shard out of order or range, a data
+ *         offset below 8 or past the file, a hole or overlap in a shard's data section).
  */
 Catalogue decode_catalogue(std::string_view bytes, std::string_view what);
 

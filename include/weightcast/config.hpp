@@ -55,12 +55,14 @@ struct Config {
   std::uint32_t io_depth = 4;                       ///< io_uring reads in flight (≥ 1).
   DirectIo direct_io = DirectIo::automatic;         ///< O_DIRECT policy.
   ReaderKind reader = ReaderKind::automatic;        ///< `reader`: `auto|uring|pread`.
-  /// `destination`: `arena` (load), or `discard` (read and digest every tensor, keep nothing).
+  /// `destination`: `arena` (load), or `discard` (read and digest every tensor, keep nothing;
+  /// with `verify: none` read only, digest nothing: the read stage alone).
   Destination destination = Destination::arena;
   std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
   /// `verify`: `digest` hashes every tensor on every rank after the load (XXH3-64; a cuda
   /// arena is read back to host for it) and rank 0 compares them; `none` skips that work
-  /// (no verdict beyond the load itself, no `xxh3` in `--report`).
+  /// (no verdict beyond the load itself, no `xxh3` in `--report`; with `destination: discard`
+  /// no hashing at all).
   Verify verify = Verify::digest;
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/trace.hpp`.
   LogLevel log_level = LogLevel::info;

@@ -16,9 +16,10 @@
  *
  * The connection then carries framed messages (type u8, length u32, payload; little-endian;
  * detail/control_wire.hpp). Each side accepts only the types the other sends and checks the
- * length against that type's limit (64 MiB + 4 KiB for the catalogue and reports, 64 KiB for
- * ABORT and the verdict) before it allocates anything:
- *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id);
+ * length against that type's limit (64 MiB + 4 KiB for a frame of shared bytes and reports,
+ * 64 KiB for ABORT and the verdict) before it allocates anything:
+ *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id), in frames of at
+ *    most that limit: longer bytes go as SHARE_PART pieces and a last SHARE;
  *  - ABORT(status, message): any failure on any rank ends every rank with that message and
  *    exit status; rank 0 relays a peer's ABORT to the others;
  *  - each rank's final report (per-tensor digests) and rank 0's verdict;
@@ -127,11 +128,15 @@ class ControlPlane {
   /**
    * @brief Rank 0 sends @p bytes to every rank; the others receive what rank 0 sent.
    * Calls must match in number and order on every rank (e.g. catalogue, then NCCL id).
+   * Bytes of any length travel: over `detail::max_share_bytes` (64 MiB + 4 KiB) as pieces
+   * of that size, each frame's length checked before its payload is allocated, the whole
+   * growing only by what arrives (a catalogue is bounded by the checkpoint's headers, not by
+   * the control plane: catalogue_wire.hpp).
    * @return @p bytes on rank 0, rank 0's bytes elsewhere (@p bytes at world size 1).
    * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
-   *         `unavailable` (69) when the payload is over `detail::max_share_bytes` (64 MiB +
-   *         4 KiB) or a send to a peer fails (the peer is gone; when the reader is ending the
-   *         process with that peer's ABORT, this call waits for that exit instead).
+   *         `unavailable` (69) when a send to a peer fails (the peer is gone; when the reader
+   *         is ending the process with that peer's ABORT, this call waits for that exit
+   *         instead).
    */
   std::string share(std::string bytes);
 

@@ -30,7 +30,7 @@ std::string digest_hex(std::uint64_t digest);
  * through a small pinned buffer (`Arena::read_back`) and hashed on the host, so the digests
  * say what landed in GPU memory, in the same format as the host path. After a load with
  * `destination: discard` (no arena), returns `LoadResult::digests`, taken as the bytes
- * streamed past.
+ * streamed past (empty when `LoadOptions::digest_discarded` was false).
  * @throws Error as `Arena::read_back` does when a copy back fails; `internal` (70) when the
  *         hashing state cannot be allocated.
  * @note Call it after the load has returned: every upload and broadcast has completed.

@@ -95,6 +95,10 @@ struct LoadOptions {
   /// `destination`: `arena`, or `discard`: no arena; each tensor's XXH3-64 is computed as its
   /// bytes pass through the staging ring (`LoadResult::digests`). World size 1 only.
   Destination destination = Destination::arena;
+  /// With `destination: discard`: hash each tensor as it passes (true), or only read it
+  /// (false, `verify: none`: `LoadResult::digests` stays empty; what is left is the read
+  /// stage alone). Ignored for `arena`, whose digests the caller computes from the arena.
+  bool digest_discarded = true;
   /// Called on the loader's thread once each tensor has fully landed on this rank (zero-size
   /// tensors first). Must not block for long (it stalls the pipeline). An exception it throws
   /// fails the load as a failed read does (the stages stop, reads in flight are waited for)

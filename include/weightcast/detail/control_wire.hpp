@@ -29,17 +29,23 @@ enum class Frame : std::uint8_t {
   hello = 1,    ///< peer → 0: magic, protocol version, rank, world size, job token, job id
   welcome = 2,  ///< 0 → peer: accepted (empty payload)
   reject = 3,   ///< 0 → peer: the reason, as text
-  share = 4,    ///< 0 → peer: opaque bytes (the catalogue, an NCCL unique id)
+  share = 4,    ///< 0 → peer: opaque bytes (the catalogue, an NCCL unique id), or their last
+                ///< piece after `share_part` frames
   abort = 5,    ///< any → any: status and message (`encode_status`)
   report = 6,   ///< peer → 0: the final report (`encode_report`)
   done = 7,     ///< 0 → peer: the verdict (`encode_status`)
   progress = 8,  ///< any → any after the rendezvous: chunks landed so far (`encode_progress`);
                  ///< sent as a heartbeat, so silence means a stopped or hung process
+  share_part = 9,  ///< 0 → peer: a piece of shared bytes longer than one frame carries; the
+                   ///< pieces that follow, up to the next `share`, complete them
 };
 
 /// Bytes of a frame header: type u8, payload length u32.
 inline constexpr std::size_t frame_header_bytes = 5;
-/// Longest SHARE or REPORT payload, bytes: the largest catalogue (64 MiB) and some slack.
+/// Longest payload of one SHARE, SHARE_PART or REPORT frame, bytes. Shared bytes longer than
+/// this (a catalogue has no fixed limit: ControlPlane::share) travel as SHARE_PART frames of
+/// this size and a last SHARE; each frame's length is still checked from its header before
+/// its payload is read or allocated.
 inline constexpr std::uint32_t max_share_bytes = (64u << 20) + 4096;
 /// Longest HELLO payload, bytes: rank 0 reads at most this much from a connection that has
 /// not shown the job token yet.
@@ -53,8 +59,8 @@ inline constexpr std::uint32_t hello_magic = 0x4f4c4548;
 /// PROGRESS payload, bytes: chunks landed, u64.
 inline constexpr std::uint32_t progress_bytes = 8;
 /// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS, and
-/// the job id in HELLO).
-inline constexpr std::uint32_t protocol_version = 2;
+/// the job id in HELLO; 3: SHARE_PART).
+inline constexpr std::uint32_t protocol_version = 3;
 
 /// Who reads a frame; decides the types accepted and each one's length limit.
 enum class FrameReader {
