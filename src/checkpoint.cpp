@@ -226,7 +226,8 @@ void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string sh
   auto shard_index = static_cast<std::uint32_t>(catalogue.shards.size());
   catalogue.shards.push_back(ShardInfo{resolved, std::move(shard_name),
                                        8 + header.header_bytes + header.data_bytes,
-                                       8 + header.header_bytes, header.device, header.inode});
+                                       8 + header.header_bytes, header.device, header.inode,
+                                       header.modified_ns, header.changed_ns});
   for (auto tensor : header.tensors) {
     tensor.shard = shard_index;
     catalogue.tensors.push_back(std::move(tensor));
@@ -335,6 +336,9 @@ Catalogue open_directory(const fs::path& dir) {
   // Entries named like a shard or index that are no file: named when nothing else is
   // found, since `ls` shows them and "holds no file" would then read as a mistake.
   std::vector<std::string> not_files;
+  // Other formats' weights (a Hugging Face repository downloaded without its safetensors,
+  // or one that never had them): named when nothing else is found.
+  std::vector<std::string> foreign;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::string file = it->path().filename().string();
@@ -354,6 +358,9 @@ Catalogue open_directory(const fs::path& dir) {
       indexes.push_back(file);
     } else if (ends_with(file, shard_suffix)) {
       shards.push_back(file);
+    } else if (ends_with(file, ".bin") || ends_with(file, ".pt") || ends_with(file, ".pth") ||
+               ends_with(file, ".bin.index.json")) {
+      foreign.push_back(file);
     }
   }
   if (ec) throw system_error(Errc::io, ec.value(), fmt::format("{}: cannot list", dir.string()));
@@ -366,6 +373,16 @@ Catalogue open_directory(const fs::path& dir) {
                             dir.string(), indexes.size(), list_names(indexes)));
   }
   if (shards.size() == 1) return open_single_file(dir / shards.front());
+  if (shards.empty() && !foreign.empty()) {
+    std::sort(foreign.begin(), foreign.end());
+    throw Error(Errc::missing_input,
+                fmt::format("{}: holds no *{} index and no *{} file, only PyTorch weights ({}), "
+                            "which weightcast does not read: convert the checkpoint to "
+                            "safetensors (transformers: from_pretrained, then "
+                            "save_pretrained(OUT, safe_serialization=True); or "
+                            "safetensors.torch.save_file(torch.load(FILE)) per file)",
+                            dir.string(), index_suffix, shard_suffix, list_names(foreign)));
+  }
   if (shards.empty()) {
     std::sort(not_files.begin(), not_files.end());
     throw Error(Errc::missing_input,

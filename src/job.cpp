@@ -6,6 +6,7 @@
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/detail/running_time.hpp"
+#include "weightcast/detail/plural.hpp"
 #include "weightcast/digest.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/log.hpp"
@@ -300,8 +301,9 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
               double seconds) {
   // Every rank has the same `verify` (check_shared_settings).
   if (verify == Verify::none) {
-    return Verdict{0, fmt::format("{} ranks × {} tensors loaded, not compared (verify: none)",
-                                  reports.size(), catalogue.tensors.size())};
+    return Verdict{0, fmt::format("{} × {} loaded, not compared (verify: none)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(catalogue.tensors.size(), "tensor"))};
   }
   const auto& mine = reports.at(0).digests;
   std::vector<std::string> mismatches;
@@ -323,11 +325,13 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
     }
   }
   if (count == 0) {
-    return Verdict{0, fmt::format("{} ranks × {} tensors bit-exact (XXH3-64 of every tensor "
+    return Verdict{0, fmt::format("{} × {} bit-exact (XXH3-64 of every tensor "
                                   "matches rank 0's; hashing took {:.3f} s on rank 0)",
-                                  reports.size(), mine.size(), seconds)};
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(mine.size(), "tensor"), seconds)};
   }
-  std::string message = fmt::format("{} tensor mismatch(es) against rank 0's bytes: ", count);
+  std::string message = fmt::format("{} against rank 0's bytes: ",
+                                    detail::counted(count, "tensor mismatch", "tensor mismatches"));
   for (std::size_t i = 0; i < mismatches.size(); ++i) {
     message += (i ? "; " : "") + mismatches[i];
   }
@@ -341,9 +345,9 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
   std::size_t wants = 0;
   for (const RankWants& r : placement.all) wants += r.tensors.size();
   if (verify == Verify::none) {
-    return Verdict{0, fmt::format("{} ranks, {} local shards loaded, not compared (verify: "
-                                  "none)",
-                                  reports.size(), wants)};
+    return Verdict{0, fmt::format("{}, {} loaded, not compared (verify: none)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(wants, "local shard"))};
   }
   std::vector<std::string> mismatches;
   std::size_t count = 0;
@@ -366,12 +370,14 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
     }
   }
   if (count == 0) {
-    return Verdict{0, fmt::format("{} ranks, {} local shards bit-exact (XXH3-64 of every rank's "
+    return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
                                   "local shards matches the bytes rank 0 sent it)",
-                                  reports.size(), wants)};
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(wants, "local shard")))};
   }
-  std::string message = fmt::format("{} local shard mismatch(es) against the bytes rank 0 sent: ",
-                                    count);
+  std::string message = fmt::format("{} against the bytes rank 0 sent: ",
+                                    detail::counted(count, "local shard mismatch",
+                                                    "local shard mismatches"));
   for (std::size_t i = 0; i < mismatches.size(); ++i) {
     message += (i ? "; " : "") + mismatches[i];
   }
@@ -697,8 +703,9 @@ class Job {
   // ---- step 6: the verdict ----------------------------------------------------------------
   void reach_verdict(JobResult& result) {
     if (!several()) {
-      result.verdict = Verdict{0, fmt::format("1 rank: {} tensors loaded (nothing to compare)",
-                                              result.load.catalogue.tensors.size())};
+      const std::size_t tensors = result.load.catalogue.tensors.size();
+      result.verdict = Verdict{0, fmt::format("1 rank: {} loaded (nothing to compare)",
+                                              detail::counted(tensors, "tensor"))};
     } else {
       RankReport report{rank(), result.load.stats.bytes, result.load.stats.seconds,
                         result.digests};

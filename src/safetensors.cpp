@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 #include <boost/unordered/unordered_flat_set.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -76,10 +77,20 @@ class StrictScan {
     const bool recorded = _ordered_member.empty()
                               ? depth == 1
                               : depth == 2 && _top_key == _ordered_member;
+    if (depth == 2) _member_key = key;
     if (recorded) _doc.ordered_keys.push_back(key);
-    if (!_open.back().insert(key).second && !_doc.duplicate) {
-      _doc.duplicate = DuplicateKey{key, static_cast<int>(depth),
-                                    depth == 1 ? std::string() : _top_key};
+    if (!_open.back().insert(key).second) {
+      DuplicateKey dup{key, static_cast<int>(depth), depth == 1 ? std::string() : _top_key,
+                       depth >= 3 ? _member_key : std::string(), nullptr};
+      // The DOM builder is about to overwrite the earlier value in place; keep it. At depth
+      // 1 the open object is the root, at depth 2 (under an object root, not an array) it is
+      // the root's member _top_key.
+      if (depth == 1) dup.earlier = std::move(_doc.value[key]);
+      if (depth == 2 && _doc.value.is_object()) {
+        dup.earlier = std::move(_doc.value[_top_key][key]);
+      }
+      if (!_doc.duplicate) _doc.duplicate = dup;
+      _doc.duplicates.push_back(std::move(dup));
     }
     return _dom.key(key);
   }
@@ -100,6 +111,7 @@ class StrictScan {
       return false;
     }
     _open.emplace_back();  // an array's set stays empty: it only counts the depth
+    if (_open.size() == 2) _member_key.clear();  // a new member of the root
     return true;
   }
   bool close() {
@@ -111,6 +123,7 @@ class StrictScan {
   std::string_view _ordered_member;
   std::vector<std::unordered_set<std::string>> _open;  // keys seen, per open container
   std::string _top_key;
+  std::string _member_key;  // the last key at depth 2
   std::optional<std::string> _error;
   nlohmann::detail::json_sax_dom_parser<json> _dom;  // builds doc.value (nlohmann 3.11)
 };
@@ -323,35 +336,70 @@ struct Entry {
   std::uint64_t end;
 };
 
-Entry parse_entry(std::string_view file, const std::string& name, const json& value) {
-  if (!value.is_object()) {
+/// What parse_entry saw that the format does not define and the reference ignores.
+struct EntryNotes {
+  std::size_t entries_with_unknown_keys = 0;
+  std::string first;  // "tensor 'w' key 'extra'"
+};
+
+/// Check 9 for one entry, as the reference deserialises its `TensorInfo` (a serde struct
+/// without deny_unknown_fields): an object with dtype, shape and data_offsets, where keys
+/// besides those are ignored, or, as serde also reads a struct, an array of those three
+/// values in that order.
+Entry parse_entry(std::string_view file, const std::string& name, const json& value,
+                  EntryNotes& notes) {
+  const json* dtype_value = nullptr;
+  const json* shape_value = nullptr;
+  const json* offsets_value = nullptr;
+  if (value.is_array()) {
+    if (value.size() != 3) {
+      fail_tensor(file, name,
+                  fmt::format("entry is an array of {} elements; an entry is an object with "
+                              "dtype, shape, data_offsets (or an array of exactly those three)",
+                              value.size()));
+    }
+    dtype_value = &value[0];
+    shape_value = &value[1];
+    offsets_value = &value[2];
+  } else if (value.is_object()) {
+    for (const char* key : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(key)) {
+        fail_tensor(file, name,
+                    fmt::format("missing key '{}' (an entry has dtype, shape, data_offsets)",
+                                key));
+      }
+    }
+    if (value.size() > 3) {
+      ++notes.entries_with_unknown_keys;
+      if (notes.first.empty()) {
+        for (const auto& [key, unused] : value.items()) {
+          if (key != "dtype" && key != "shape" && key != "data_offsets") {
+            notes.first = fmt::format("tensor {} key {}", quote(name), quote(key));
+            break;
+          }
+        }
+      }
+    }
+    dtype_value = &value["dtype"];
+    shape_value = &value["shape"];
+    offsets_value = &value["data_offsets"];
+  } else {
     fail_tensor(file, name,
                 fmt::format("entry is {}, must be an object with dtype, shape, data_offsets",
                             detail::json_kind(value)));
   }
-  // The reference deserialises a fixed struct: each field exactly once, nothing else.
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!value.contains(key)) {
-      fail_tensor(file, name,
-                  fmt::format("missing key '{}' (an entry has exactly dtype, shape, data_offsets)",
-                              key));
-    }
-  }
-  for (const auto& [key, unused] : value.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      fail_tensor(file, name,
-                  fmt::format("unexpected key {} (an entry has exactly dtype, shape, data_offsets)",
-                              quote(key)));
-    }
-  }
 
   Entry entry{name, Dtype::U8, {}, 0, 0};
-  const json& dtype = value["dtype"];
-  if (!dtype.is_string()) {
+  const json& dtype = *dtype_value;
+  // serde reads an enum's unit variant from its name or from {"NAME": null}.
+  const bool unit_variant =
+      dtype.is_object() && dtype.size() == 1 && dtype.begin().value().is_null();
+  if (!dtype.is_string() && !unit_variant) {
     fail_tensor(file, name, fmt::format("dtype {} is {}, must be a string such as \"F32\"",
                                         json_brief(dtype), detail::json_kind(dtype)));
   }
-  const auto& dtype_text = dtype.get_ref<const std::string&>();
+  const std::string& dtype_text =
+      unit_variant ? dtype.begin().key() : dtype.get_ref<const std::string&>();
   auto parsed_dtype = parse_dtype(dtype_text);
   if (!parsed_dtype) {
     fail_tensor(file, name,
@@ -360,7 +408,7 @@ Entry parse_entry(std::string_view file, const std::string& name, const json& va
   }
   entry.dtype = *parsed_dtype;
 
-  const json& shape = value["shape"];
+  const json& shape = *shape_value;
   if (!shape.is_array()) {
     fail_tensor(file, name, fmt::format("shape {} is {}, must be an array of non-negative integers",
                                         json_brief(shape), detail::json_kind(shape)));
@@ -377,7 +425,7 @@ Entry parse_entry(std::string_view file, const std::string& name, const json& va
     entry.shape.push_back(*dim);
   }
 
-  const json& offsets = value["data_offsets"];
+  const json& offsets = *offsets_value;
   std::optional<std::uint64_t> begin;
   std::optional<std::uint64_t> end;
   if (offsets.is_array() && offsets.size() == 2) {
@@ -512,6 +560,7 @@ class HeaderScan {
   bool key(json::string_t& key) {
     if (_depth == 1) return top_key(key);
     if (!_capturing) return true;
+    if (_depth == 2) _member_key = key;
     if (_fast) {
       const int slot = slot_of(key);
       if (slot >= 0 && !_fast_has[slot]) {
@@ -522,9 +571,7 @@ class HeaderScan {
       }
       leave_fast();  // a key parse_entry() has to judge, or a repeated one (check 7)
     }
-    if (!_keys.back().insert(key) && !_duplicate) {
-      _duplicate = detail::DuplicateKey{key, static_cast<int>(_depth), member_name()};
-    }
+    if (!_keys.back().insert(key)) repeated_key(key);
     return _dom->key(key);
   }
 
@@ -544,18 +591,36 @@ class HeaderScan {
     // 7.
     if (_duplicate) {
       const auto& dup = *_duplicate;
-      if (dup.depth == 1) {
-        fail_tensor(_file, dup.key, "name appears twice in the header");
-      } else if (dup.owner == "__metadata__") {
-        fail(_file, fmt::format("__metadata__: key {} appears twice", quote(dup.key)));
-      } else {
+      if (dup.depth == 1) fail(_file, "__metadata__ appears twice");
+      if (dup.depth == 2) {
         fail_tensor(_file, dup.owner, fmt::format("key {} appears twice", quote(dup.key)));
       }
+      fail_tensor(_file, dup.owner,
+                  fmt::format("dtype has key {} twice; a dtype written as an object has "
+                              "exactly one key, {{\"F32\": null}}",
+                              quote(dup.key)));
     }
     // 8.
     if (_metadata_fault) std::rethrow_exception(_metadata_fault);
     // 9.
     if (_entry_fault) std::rethrow_exception(_entry_fault);
+  }
+
+  /// What the reference ignores and a reader may want to know: entry keys besides dtype,
+  /// shape and data_offsets (debug), repeated tensor names (warning). After report_faults().
+  void log_notes() const {
+    if (_notes.entries_with_unknown_keys != 0) {
+      spdlog::debug("{}: {} tensor entr{} keys besides dtype, shape, data_offsets (first: {}); "
+                    "ignored, as the safetensors reference ignores them",
+                    _file, _notes.entries_with_unknown_keys,
+                    _notes.entries_with_unknown_keys == 1 ? "y has" : "ies have", _notes.first);
+    }
+    if (_repeated_names != 0) {
+      spdlog::warn("{}: {} tensor name{} repeated in the header (first: {}); the last entry of "
+                   "each is used, as the safetensors reference does",
+                   _file, _repeated_names, _repeated_names == 1 ? " is" : "s are",
+                   quote(_first_repeated));
+    }
   }
 
   std::vector<Entry>& entries() noexcept { return _entries; }
@@ -641,18 +706,23 @@ class HeaderScan {
     _keys.clear();
     if (key == "__metadata__") {
       _member_is_metadata = true;
-      if (_metadata_seen && !_duplicate) _duplicate = detail::DuplicateKey{key, 1, {}};
+      if (_metadata_seen && !_duplicate) _duplicate = detail::DuplicateKey{key, 1, {}, {}, nullptr};
       _metadata_seen = true;
       return true;
     }
     _member_is_metadata = false;
+    _member_key.clear();
     _entries.push_back(Entry{key, Dtype::U8, {}, 0, 0});
-    if (!_names.insert(static_cast<std::uint32_t>(_entries.size() - 1)).second) {
-      if (!_duplicate) _duplicate = detail::DuplicateKey{key, 1, {}};
-      _entries.pop_back();
-      _member_is_duplicate = true;
+    // A repeated name: the reference's map keeps the last entry, yet deserialises each copy.
+    // This copy is read into the back of _entries (not in _names) and checked where it
+    // stands, then settle_member() moves it over the first copy's slot, so the tensor keeps
+    // the place of its first appearance with the last value.
+    if (auto [it, inserted] = _names.insert(static_cast<std::uint32_t>(_entries.size() - 1));
+        !inserted) {
+      _repeat_of = *it;
+      if (_repeated_names++ == 0) _first_repeated = key;
     } else {
-      _member_is_duplicate = false;
+      _repeat_of = no_repeat;
     }
     return true;
   }
@@ -712,15 +782,17 @@ class HeaderScan {
   void finish_fast() {
     const bool whole = _fast_has[0] && _fast_has[1] && _fast_has[2];
     const auto dtype = whole ? parse_dtype(_fast_dtype) : std::nullopt;
-    if (_member_is_duplicate || _entry_fault || (dtype && _fast_arrays[1].size() == 2)) {
+    if (_entry_fault || (dtype && _fast_arrays[1].size() == 2)) {
       _fast = false;
       _capturing = false;
-      if (_member_is_duplicate || _entry_fault) return;
-      Entry& entry = _entries.back();
-      entry.dtype = *dtype;
-      entry.shape.assign(_fast_arrays[0].begin(), _fast_arrays[0].end());
-      entry.begin = _fast_arrays[1][0];
-      entry.end = _fast_arrays[1][1];
+      if (!_entry_fault) {
+        Entry& entry = _entries.back();
+        entry.dtype = *dtype;
+        entry.shape.assign(_fast_arrays[0].begin(), _fast_arrays[0].end());
+        entry.begin = _fast_arrays[1][0];
+        entry.end = _fast_arrays[1][1];
+      }
+      settle_member();
       return;
     }
     leave_fast();
@@ -729,8 +801,44 @@ class HeaderScan {
     finish_member();
   }
 
-  std::string member_name() const {
-    return _member_is_metadata ? std::string("__metadata__") : _entries.back().name;
+  // A key again in one open object below the top level, classified as the reference's serde
+  // types take it (check 7): a struct's field twice (dtype, shape or data_offsets in an
+  // entry) or an enum's key twice (a dtype written {"F32":null,"F32":null}; an array entry's
+  // first element) is refused; a map keeps the last value (__metadata__'s keys, but an
+  // earlier value must still be a string, check 8); what serde ignores (an unknown entry
+  // key, anything in its value) may repeat.
+  void repeated_key(const std::string& key) {
+    if (_member_is_metadata) {
+      // At depth 2 the open object is __metadata__ itself, the root of _value, and still
+      // holds the earlier value that the DOM builder is about to replace.
+      if (_depth != 2 || _metadata_fault || !_value.is_object()) return;
+      const auto it = _value.find(key);
+      if (it == _value.end() || it->is_string()) return;
+      try {
+        fail(_file, fmt::format("__metadata__ value of key {} is {} ({}), must be a string",
+                                quote(key), detail::json_kind(*it), json_brief(*it)));
+      } catch (const Error&) {
+        _metadata_fault = std::current_exception();
+      }
+      return;
+    }
+    if (_duplicate) return;
+    const std::string& owner = _entries.back().name;
+    if (_depth == 2 && slot_of(key) >= 0) {
+      _duplicate = detail::DuplicateKey{key, 2, owner, {}, nullptr};
+    } else if (_depth == 3 && (_member_key == "dtype" || _member_key.empty())) {
+      // _member_key empty: the entry is an array, the object one of its elements.
+      _duplicate = detail::DuplicateKey{key, 3, owner, _member_key, nullptr};
+    }
+  }
+
+  // A tensor entry's value is done (taken or judged): a repeated name's copy replaces the
+  // first copy's entry and leaves the back of _entries.
+  void settle_member() {
+    if (_repeat_of == no_repeat) return;
+    if (!_entry_fault) _entries[_repeat_of] = std::move(_entries.back());
+    _entries.pop_back();
+    _repeat_of = no_repeat;
   }
 
   // The value of a top-level member is complete: check it by its rules.
@@ -744,14 +852,17 @@ class HeaderScan {
           _metadata_fault = std::current_exception();
         }
       }
-    } else if (!_member_is_duplicate && !_entry_fault) {
-      // After a fault the entries keep only their names (for check 7): the fault is thrown.
-      try {
-        Entry& entry = _entries.back();
-        entry = parse_entry(_file, entry.name, _value);
-      } catch (const Error&) {
-        _entry_fault = std::current_exception();
+    } else {
+      // After a fault the entries keep only their names: the fault is thrown.
+      if (!_entry_fault) {
+        try {
+          Entry& entry = _entries.back();
+          entry = parse_entry(_file, entry.name, _value, _notes);
+        } catch (const Error&) {
+          _entry_fault = std::current_exception();
+        }
       }
+      settle_member();
     }
     _value = nullptr;
   }
@@ -762,7 +873,12 @@ class HeaderScan {
   std::optional<std::string_view> _top_kind;  // set when the header is not a JSON object
   bool _capturing = false;  // inside a top-level member's value
   bool _member_is_metadata = false;
-  bool _member_is_duplicate = false;
+  static constexpr std::uint32_t no_repeat = static_cast<std::uint32_t>(-1);
+  std::uint32_t _repeat_of = no_repeat;  // the first copy's index when the name repeats
+  std::size_t _repeated_names = 0;
+  std::string _first_repeated;
+  std::string _member_key;  // the last key at depth 2 of the current member
+  EntryNotes _notes;
   bool _metadata_seen = false;
   // The fast form of the current entry (see the class comment).
   bool _fast = false;
@@ -779,7 +895,7 @@ class HeaderScan {
   std::vector<Entry> _entries;
   boost::unordered_flat_set<std::uint32_t, NameHash, NameEqual> _names;
   std::map<std::string, std::string> _metadata;
-  std::optional<detail::DuplicateKey> _duplicate;  // the first, in document order
+  std::optional<detail::DuplicateKey> _duplicate;  // the first refused repeat (check 7)
   std::optional<std::string> _syntax_error;
   std::exception_ptr _metadata_fault;
   std::exception_ptr _entry_fault;  // the first faulty entry, in document order
@@ -810,6 +926,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     HeaderScan scan(file, json_text.size());
     json::sax_parse(json_text.data(), json_text.data() + json_text.size(), &scan);
     scan.report_faults();
+    scan.log_notes();
     header.metadata = std::move(scan.metadata());
     entries = std::move(scan.entries());
   }
@@ -941,6 +1058,10 @@ void read_exact(int fd, char* out, std::size_t size, std::uint64_t offset, std::
   }
 }
 
+std::int64_t nanoseconds(const timespec& time) noexcept {
+  return static_cast<std::int64_t>(time.tv_sec) * 1'000'000'000 + time.tv_nsec;
+}
+
 bool looks_like_text(std::string_view bytes) {
   return !bytes.empty() && std::all_of(bytes.begin(), bytes.end(), [](char c) {
     auto byte = static_cast<unsigned char>(c);
@@ -968,6 +1089,36 @@ constexpr std::string_view lfs_prefix = "version https://git-lfs";
   fail(file, fmt::format("is a Git LFS pointer file, not safetensors data: the real file{} was "
                          "never fetched (run `git lfs pull` in its repository)",
                          size_note));
+}
+
+// What a file given as safetensors looks like when its first bytes are another format's
+// magic: the message for a header length that fails rule 2 or 3 (a safetensors file whose
+// length happens to start "PK\3\4" is still read as one). Empty: none recognised.
+std::string foreign_format(std::string_view file, std::string_view first_bytes) {
+  const auto convert = fmt::format(
+      "convert it with `python -c \"import torch, safetensors.torch as st; "
+      "st.save_file(torch.load('{}', map_location='cpu', weights_only=True), "
+      "'model.safetensors')\"`",
+      file);
+  if (first_bytes.starts_with("PK\x03\x04") || first_bytes.starts_with("PK\x05\x06")) {
+    return fmt::format("is a zip archive, as torch.save writes a PyTorch .bin/.pt (or numpy "
+                       "an .npz), not safetensors; {}",
+                       convert);
+  }
+  if (first_bytes.size() >= 2 && first_bytes[0] == '\x80' && first_bytes[1] >= 2 &&
+      first_bytes[1] <= 5) {
+    return fmt::format("is a Python pickle (protocol {}), as an older torch.save writes a "
+                       "PyTorch .bin/.pt, not safetensors; {}",
+                       static_cast<int>(first_bytes[1]), convert);
+  }
+  if (first_bytes.starts_with("GGUF")) {
+    return "is a GGUF file (llama.cpp), not safetensors; weightcast reads safetensors only";
+  }
+  if (first_bytes.starts_with("\x89HDF\r\n\x1a\n")) {
+    return "is an HDF5 file (a Keras/TensorFlow .h5), not safetensors; weightcast reads "
+           "safetensors only";
+  }
+  return {};
 }
 
 }  // namespace
@@ -1007,6 +1158,9 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   for (int i = 7; i >= 0; --i) {
     header_bytes = (header_bytes << 8) | static_cast<unsigned char>(prefix[i]);
   }
+  if (header_bytes > max_header_bytes || 8 + header_bytes > file_bytes) {
+    if (auto what = foreign_format(file, first_bytes); !what.empty()) fail(file, what);
+  }
   // 2.
   if (header_bytes > max_header_bytes) {
     fail(file, fmt::format("header length {} is larger than the format's limit of {} bytes{}",
@@ -1020,7 +1174,8 @@ SafetensorsHeaderText read_safetensors_header_text(const std::filesystem::path& 
   }
   SafetensorsHeaderText text{std::string(header_bytes, '\0'), file_bytes,
                              static_cast<std::uint64_t>(st.st_dev),
-                             static_cast<std::uint64_t>(st.st_ino)};
+                             static_cast<std::uint64_t>(st.st_ino), nanoseconds(st.st_mtim),
+                             nanoseconds(st.st_ctim)};
   read_exact(fd.get(), text.json.data(), text.json.size(), 8, file);
   return text;
 }
@@ -1031,6 +1186,8 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path, std
       text.json, text.data_bytes(), name.empty() ? path.string() : std::string(name));
   header.device = text.device;
   header.inode = text.inode;
+  header.modified_ns = text.modified_ns;
+  header.changed_ns = text.changed_ns;
   return header;
 }
 

@@ -44,6 +44,20 @@ struct Cachestat {
 // Above this fraction of resident pages, `auto` reads buffered: the bytes come from memory.
 constexpr double cached_fraction = 0.5;
 
+std::int64_t nanoseconds(const timespec& time) noexcept {
+  return static_cast<std::int64_t>(time.tv_sec) * 1'000'000'000 + time.tv_nsec;
+}
+
+// "2026-12-01 14:05:58.123456789 UTC", for messages that compare file times.
+std::string utc_text(std::int64_t ns) {
+  const std::time_t seconds = static_cast<std::time_t>(ns / 1'000'000'000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char when[32] = "?";
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &utc);
+  return fmt::format("{}.{:09} UTC", when, ns % 1'000'000'000);
+}
+
 int open_file(const ShardInfo& shard, int extra_flags) {
   return open_input_nonblocking(shard.path, extra_flags);
 }
@@ -135,6 +149,26 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
                                           "then, {} bytes now",
                                           shard.name, shard.file_bytes, st.st_size));
       }
+      // The same inode rewritten in place (truncated and written again, an inode number
+      // reused by a file renamed over it): its times moved. The status-change time also
+      // catches a rewrite whose modification time was put back (cp -p, rsync --inplace -t);
+      // a chmod or a new hard link moves it too, and then the load is refused wrongly but
+      // safely: run it again.
+      if (shard.inode != 0 && nanoseconds(st.st_mtim) != shard.modified_ns) {
+        throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} was "
+                                          "modified (modification time {} then, {} now)",
+                                          shard.name, shard.path.string(),
+                                          utc_text(shard.modified_ns),
+                                          utc_text(nanoseconds(st.st_mtim))));
+      }
+      if (shard.inode != 0 && nanoseconds(st.st_ctim) != shard.changed_ns) {
+        throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} had "
+                                          "its inode changed (status-change time {} then, {} "
+                                          "now: rewritten, chmod, or linked)",
+                                          shard.name, shard.path.string(),
+                                          utc_text(shard.changed_ns),
+                                          utc_text(nanoseconds(st.st_ctim))));
+      }
       if (policy == DirectIo::off) continue;
       if (policy == DirectIo::automatic) {
         const double cached = page_cache_fraction(fd, shard.file_bytes);
@@ -187,14 +221,10 @@ void ShardFiles::check_unchanged(std::uint32_t shard) const {
       st.st_mtim.tv_nsec == then.modified.tv_nsec) {
     return;
   }
-  std::tm utc{};
-  gmtime_r(&st.st_mtim.tv_sec, &utc);
-  char when[32] = "?";
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &utc);
   throw Error(Errc::io,
-              fmt::format("{}: changed during the load (modified at {}.{:09} UTC; {} bytes when "
+              fmt::format("{}: changed during the load (modified at {}; {} bytes when "
                           "opened, {} now): the bytes read may mix old and new contents",
-                          info.name, when, st.st_mtim.tv_nsec, then.bytes, bytes));
+                          info.name, utc_text(nanoseconds(st.st_mtim)), then.bytes, bytes));
 }
 
 std::string ShardFiles::mode() const {

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -451,6 +452,33 @@ bool is_synth_output_name(const std::string& name) {
   return std::regex_match(name, pattern);
 }
 
+// Before anything is written: the whole checkpoint must fit in the free space of
+// @p out_dir's filesystem. Each shard is reserved whole (posix_fallocate) before its data
+// are generated, but shard after shard the reservations filled the disk before one failed,
+// for a checkpoint that could never fit. A synthetic checkpoint being replaced is not
+// counted as free: its files go only after the new ones are in place. The free space is
+// what an unprivileged writer may use (f_bavail), and a refusal is 74, as running out of
+// space during the write (ENOSPC) is.
+void check_free_space(const std::filesystem::path& out_dir, std::uint64_t needed_bytes,
+                      std::size_t files, bool at_least) {
+  struct statvfs fs {};
+  if (::statvfs(out_dir.c_str(), &fs) != 0) {
+    throw system_error(Errc::io, errno,
+                       fmt::format("{}: cannot read the filesystem's free space", out_dir.string()));
+  }
+  const unsigned __int128 free_wide =
+      static_cast<unsigned __int128>(fs.f_bavail) * static_cast<unsigned __int128>(fs.f_frsize);
+  if (free_wide >= needed_bytes) return;
+  const auto free_bytes = static_cast<std::uint64_t>(free_wide);
+  throw Error(Errc::io,
+              fmt::format("synth: {} has {} free ({} bytes) but the checkpoint needs {}{} ({} "
+                          "bytes in {} file{}); nothing was written: free space, write "
+                          "elsewhere, or choose fewer --params",
+                          out_dir.string(), format_bytes(free_bytes), free_bytes,
+                          at_least ? "more than " : "", format_bytes(needed_bytes), needed_bytes,
+                          files, files == 1 ? "" : "s"));
+}
+
 void rename_into_place(const std::filesystem::path& from, const std::filesystem::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
     throw system_error(Errc::io, errno,
@@ -550,7 +578,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
                             "that directory first, or give another path",
                             out_dir.string(), std::filesystem::read_symlink(out_dir, ec).string()));
   }
-  std::filesystem::create_directories(out_dir, ec);
+  const bool created = std::filesystem::create_directories(out_dir, ec);
   if (ec) {
     throw Error(Errc::io, fmt::format("{}: cannot create directory: {}", out_dir.string(),
                                       ec.message()));
@@ -583,16 +611,27 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   }
   std::string temp_suffix = fmt::format(".partial-{}", ::getpid());
 
-  TempFiles temps;
+  const std::size_t files = shards.size() + (shards.size() > 1 ? 1 : 0);
+  // The tensor bytes alone first: a checkpoint far too large is refused before its headers
+  // (a 10T-parameter one has 11,687 shards) are built.
+  const auto refuse_if_full = [&](std::uint64_t needed_bytes, bool at_least) {
+    try {
+      check_free_space(out_dir, needed_bytes, files, at_least);
+    } catch (const Error&) {
+      if (created) std::filesystem::remove(out_dir, ec);  // empty: leave nothing behind
+      throw;
+    }
+  };
+  refuse_if_full(summary.tensor_bytes, true);
+  std::vector<std::string> headers;
+  std::uint64_t needed_bytes = 0;
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    throw_if_stopped(options.stop);
-    auto temp = out_dir / (names[i] + temp_suffix);
-    temps.add(temp);
-    summary.file_bytes +=
-        write_shard(temp, shard_header(shards[i], options.dtype), shards[i], options);
+    headers.push_back(shard_header(shards[i], options.dtype));
+    needed_bytes += 8 + headers.back().size();
+    for (const auto* t : shards[i]) needed_bytes += t->bytes;
   }
-
   std::string index_name = "model.safetensors.index.json";
+  std::string index_text;
   if (shards.size() > 1) {
     nlohmann::json index;
     index["metadata"] = {{"total_size", summary.tensor_bytes},
@@ -600,7 +639,21 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
     nlohmann::json weight_map = nlohmann::json::object();
     for (const auto& t : tensors) weight_map[t.name] = names[t.shard];
     index["weight_map"] = std::move(weight_map);
-    std::string text = index.dump(2) + "\n";
+    index_text = index.dump(2) + "\n";
+    needed_bytes += index_text.size();
+  }
+  refuse_if_full(needed_bytes, false);
+
+  TempFiles temps;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    throw_if_stopped(options.stop);
+    auto temp = out_dir / (names[i] + temp_suffix);
+    temps.add(temp);
+    summary.file_bytes += write_shard(temp, headers[i], shards[i], options);
+  }
+
+  if (shards.size() > 1) {
+    const std::string& text = index_text;
     auto temp = out_dir / (index_name + temp_suffix);
     temps.add(temp);
     Fd fd(create_temp(temp));

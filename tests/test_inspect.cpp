@@ -87,6 +87,72 @@ TEST_CASE("inspect: columns line up by display width with UTF-8 names", "[cli][i
                                     "ä           U8     [1]        1  utf8.safetensors\n"));
 }
 
+TEST_CASE("inspect: columns line up by terminal width with emoji, combining marks and zero-width "
+          "characters",
+          "[cli][inspect]") {
+  // "🚀" (U+1F680) is two columns in four bytes, which fmt's width estimate counts as one;
+  // "é" written e + U+0301 is one column in three bytes and two code points; U+200B is none.
+  weightcast::test::TempDir dir;
+  const auto file = dir / "wide.safetensors";
+  weightcast::test::write_file(
+      file, weightcast::test::make_safetensors(
+                R"({"abcdefgh":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                R"("🚀🚀🚀":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},)"
+                "\"cafe\xcc\x81\xe2\x80\x8b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}}",
+                weightcast::test::zeros(3)));
+  auto result = weightcast::test::run_cli({"inspect", file.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  REQUIRE(result.exit_status == 0);
+  CHECK_THAT(result.out, StartsWith("NAME      DTYPE  SHAPE  BYTES  SHARD\n"
+                                    "abcdefgh  U8     [1]        1  wide.safetensors\n"
+                                    "🚀🚀🚀    U8     [1]        1  wide.safetensors\n"
+                                    "cafe\xcc\x81\xe2\x80\x8b      U8     [1]        1  wide.safetensors\n"));
+}
+
+TEST_CASE("inspect: shows __metadata__, and counts agree in number", "[cli][inspect]") {
+  weightcast::test::TempDir dir;
+  const auto file = dir / "meta.safetensors";
+  const std::string long_value(300, 'v');
+  weightcast::test::write_file(
+      file, weightcast::test::make_safetensors(
+                R"({"__metadata__":{"format":"pt","重み":"ß","long":")" + long_value +
+                    R"("},"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                weightcast::test::zeros(1)));
+  auto result = weightcast::test::run_cli({"inspect", file.string()});
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  REQUIRE(result.exit_status == 0);
+  CHECK_THAT(result.out, Contains("__metadata__ (3 keys):\n"
+                                  "  format  pt\n"
+                                  "  long    " + std::string(200, 'v') + "… (300 bytes)\n"
+                                  "  重み    ß\n"));
+  CHECK_THAT(result.out, Contains("\n1 tensor, 1 shard, 1 B (1 byte)\nvalid\n"));
+}
+
+TEST_CASE("inspect and run: a directory of PyTorch .bin files says so", "[cli][inspect]") {
+  weightcast::test::TempDir dir;
+  weightcast::test::write_file(dir / "config.json", "{}");
+  weightcast::test::write_file(dir / "pytorch_model-00001-of-00002.bin", "PK\x03\x04");
+  weightcast::test::write_file(dir / "pytorch_model-00002-of-00002.bin", "PK\x03\x04");
+  weightcast::test::write_file(dir / "pytorch_model.bin.index.json", "{}");
+  for (const char* command : {"inspect", "run"}) {
+    INFO(command);
+    auto result =
+        std::string(command) == "inspect"
+            ? weightcast::test::run_cli({"inspect", dir.path().string()})
+            : weightcast::test::run_cli({"run", "--quiet", "--set", "device=host", "--set",
+                                         "checkpoint=" + dir.path().string()});
+    INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+    CHECK(result.exit_status == 66);
+    CHECK_THAT(result.err,
+               StartsWith("weightcast: error: " + dir.path().string() +
+                          ": holds no *.safetensors.index.json index and no *.safetensors file, "
+                          "only PyTorch weights (pytorch_model-00001-of-00002.bin, "
+                          "pytorch_model-00002-of-00002.bin, pytorch_model.bin.index.json), "
+                          "which weightcast does not read: convert") &&
+                   Contains("safe_serialization=True"));
+  }
+}
+
 TEST_CASE("inspect and run: a directory with no safetensors file or index exits 66 saying so",
           "[cli][inspect]") {
   // Not "does not exist": the directory exists, it just holds no checkpoint.

@@ -436,11 +436,16 @@ TEST_CASE("a shard replaced by another file of its size before the load is refus
           "[loader]") {
   // The catalogue read the shard inside the checkpoint directory; replaced by a symlink to a
   // file outside it (or renamed over) before rank 0 opened it for the load, the other file's
-  // bytes loaded with exit 0.
+  // bytes loaded with exit 0. Each case keeps the file whose header was read alive (moved
+  // aside, not deleted), so its inode number cannot be given to the replacement: the case
+  // tests the identity check, not the filesystem's inode allocator.
+  const bool rename = GENERATE(false, true);
+  INFO((rename ? "renamed over" : "relinked"));
   TempDir dir;
   std::filesystem::create_directory(dir / "ckpt");
   const auto original = write_random_checkpoint(dir.path(), 5, 4);
-  std::filesystem::copy_file(original, dir / "ckpt" / "model.safetensors");
+  const auto swapped = dir / "ckpt" / "model.safetensors";
+  std::filesystem::copy_file(original, swapped);
   Catalogue catalogue = open_checkpoint(dir / "ckpt");
   // Same size and header, other bytes, outside the directory.
   std::string bytes;
@@ -450,22 +455,76 @@ TEST_CASE("a shard replaced by another file of its size before the load is refus
   }
   bytes.back() = static_cast<char>(bytes.back() ^ 0x5a);
   test::write_file(dir / "outside.safetensors", bytes);
-  for (const bool rename : {false, true}) {
-    INFO((rename ? "renamed over" : "relinked"));
-    const auto swapped = dir / "ckpt" / "model.safetensors";
-    if (rename) {
-      std::filesystem::copy_file(dir / "outside.safetensors", dir / "ckpt" / "tmp");
-      std::filesystem::rename(dir / "ckpt" / "tmp", swapped);
-    } else {
-      std::filesystem::remove(swapped);
-      std::filesystem::create_symlink(dir / "outside.safetensors", swapped);
-    }
-    const Error e = test::expect_host_load_error(catalogue);
-    CHECK(e.code() == Errc::io);
-    CHECK_THAT(e.what(), Catch::Contains("model.safetensors: shard changed since its header "
-                                         "was read") &&
-                             Catch::Contains("is now another file"));
+  std::filesystem::rename(swapped, dir / "read.safetensors");  // keeps its inode in use
+  if (rename) {
+    std::filesystem::copy_file(dir / "outside.safetensors", dir / "ckpt" / "tmp");
+    std::filesystem::rename(dir / "ckpt" / "tmp", swapped);
+  } else {
+    std::filesystem::create_symlink(dir / "outside.safetensors", swapped);
   }
+  const Error e = test::expect_host_load_error(catalogue);
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("model.safetensors: shard changed since its header "
+                                       "was read") &&
+                           Catch::Contains("is now another file"));
+}
+
+TEST_CASE("a shard rewritten in place (same inode, same size) before the load is refused with "
+          "74",
+          "[loader]") {
+  // Truncated and written again with other bytes of the same length: device, inode and size
+  // are what the header read saw, so only the file's times tell (a replacement that reused
+  // the inode number looks the same).
+  const bool restore_mtime = GENERATE(false, true);
+  TempDir dir;
+  const auto path = write_random_checkpoint(dir.path(), 5, 4);
+  const Catalogue catalogue = open_checkpoint(path);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes.back() = static_cast<char>(bytes.back() ^ 0x5a);
+  struct stat before {};
+  REQUIRE(::stat(path.c_str(), &before) == 0);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  struct stat after {};
+  REQUIRE(::fstat(fd, &after) == 0);
+  if (restore_mtime) {
+    INFO("modification time put back, as cp -p or rsync -t would");
+    timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+    REQUIRE(::futimens(fd, times) == 0);
+    // The status-change time is the kernel's to set; on a coarse clock it may not have moved
+    // yet. Touch the inode (same mode) until it has, at most 2 s.
+    for (int i = 0; i < 200; ++i) {
+      REQUIRE(::fstat(fd, &after) == 0);
+      if (after.st_ctim.tv_sec != before.st_ctim.tv_sec ||
+          after.st_ctim.tv_nsec != before.st_ctim.tv_nsec) {
+        break;
+      }
+      ::usleep(10'000);
+      REQUIRE(::fchmod(fd, before.st_mode & 07777) == 0);
+    }
+  } else {
+    // Move the modification time on by a whole second: the test does not depend on the
+    // filesystem's timestamp granularity.
+    timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+    times[1].tv_sec += 1;
+    REQUIRE(::futimens(fd, times) == 0);
+  }
+  ::close(fd);
+  REQUIRE(::stat(path.c_str(), &after) == 0);
+  REQUIRE(after.st_ino == before.st_ino);
+  REQUIRE(after.st_size == before.st_size);
+  const Error e = test::expect_host_load_error(catalogue);
+  INFO(e.what());
+  CHECK(e.code() == Errc::io);
+  CHECK_THAT(e.what(), Catch::Contains("random.safetensors: shard changed since its header was "
+                                       "read") &&
+                           Catch::Contains(restore_mtime ? "status-change time"
+                                                         : "modification time"));
 }
 
 TEST_CASE("load_async and the coroutine form give the same bytes as load", "[loader]") {

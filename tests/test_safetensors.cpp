@@ -22,6 +22,7 @@ namespace {
 
 using namespace weightcast;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using test::make_safetensors;
 using test::write_file;
 using test::zeros;
@@ -139,6 +140,38 @@ TEST_CASE("a Git LFS pointer gets its own message", "[safetensors]") {
   auto e = read_failure(pointer, Errc::invalid_checkpoint, dir, "model-00001-of-00002.safetensors");
   CHECK_THAT(e.what(), Contains("Git LFS pointer") && Contains("git lfs pull") &&
                            Contains("4923019144 bytes"));
+}
+
+TEST_CASE("a PyTorch .bin (zip or pickle) and other formats get their own message",
+          "[safetensors]") {
+  // The first bytes of what torch 2 writes: torch.save (a zip archive), torch.save with
+  // _use_new_zipfile_serialization=False (pickle protocol 2 and torch's magic number), and
+  // pickle.dump protocol 4; padded so that only the magic can tell them apart.
+  test::TempDir dir;
+  struct Case {
+    std::string bytes;
+    std::string_view says;
+  };
+  const std::vector<Case> cases{
+      {std::string("PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00", 12), "is a zip archive"},
+      {std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8", 12),
+       "is a Python pickle (protocol 2)"},
+      {std::string("\x80\x04\x95\x0a\x00\x00\x00\x00\x00\x00\x00\x7d", 12),
+       "is a Python pickle (protocol 4)"},
+      {std::string("GGUF\x03\x00\x00\x00\x00\x00\x00\x00", 12) + "x", "is a GGUF file"},
+      {std::string("\x89HDF\r\n\x1a\n\x00\x00\x00\x00", 12), "is an HDF5 file"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.says);
+    auto e = read_failure(c.bytes + std::string(500, '\x01'), Errc::invalid_checkpoint, dir,
+                          "pytorch_model.bin");
+    CHECK_THAT(e.what(), StartsWith("pytorch_model.bin: " + std::string(c.says)) &&
+                             Contains("not safetensors"));
+    if (c.says.find("pickle") != std::string_view::npos || c.says.find("zip") != std::string_view::npos) {
+      CHECK_THAT(e.what(), Contains("PyTorch .bin/.pt") &&
+                               Contains("st.save_file(torch.load('pytorch_model.bin'"));
+    }
+  }
 }
 
 TEST_CASE("a text file gets a hint that it is not a safetensors file", "[safetensors]") {
@@ -263,10 +296,12 @@ TEST_CASE("rule 5: a header of 100,000 tensors parses (in linear time)", "[safet
   REQUIRE(header.tensors.size() == count);
   CHECK(header.tensors.front().name == "t0");
   CHECK(header.tensors.back().name == fmt::format("t{}", count - 1));
-  // A repeated name among them is still found, wherever it is.
+  // A repeated name among them keeps its last entry, as the reference's map does: moved to
+  // the end, it leaves a hole where its first entry was.
   entries.push_back(entry("t77777", "U8", "[1]", fmt::format("[{},{}]", count, count + 1)));
   CHECK_THAT(parse_failure(object(entries), count + 1).what(),
-             Contains("tensor 't77777': name appears twice"));
+             Contains("tensor 't77778': data_offsets [77778, 77779] leave a hole of 1 bytes after "
+                      "tensor 't77776'"));
 }
 
 TEST_CASE("rule 6: the header JSON must be an object", "[safetensors]") {
@@ -275,23 +310,63 @@ TEST_CASE("rule 6: the header JSON must be an object", "[safetensors]") {
   CHECK_THAT(parse_failure("null", 0).what(), Contains("is null"));
 }
 
-TEST_CASE("rule 7: no name appears twice", "[safetensors]") {
-  auto duplicate = object({entry("w.a", "F32", "[4,3]", "[0,48]"), entry("w.b", "BF16", "[8]", "[48,64]"),
-                           entry("w.a", "F32", "[4,3]", "[0,48]")});
-  CHECK_THAT(parse_failure(duplicate, 64).what(), Contains("tensor 'w.a'") && Contains("twice"));
-
-  auto inner = R"({"w.a":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})";
-  CHECK_THAT(parse_failure(inner, 4).what(),
-             Contains("tensor 'w.a'") && Contains("'dtype'") && Contains("twice"));
-
-  auto metadata = R"({"__metadata__":{"format":"pt","format":"np"}})";
-  CHECK_THAT(parse_failure(metadata, 0).what(), Contains("__metadata__") && Contains("'format'"));
-
-  SECTION("a syntax error wins over a duplicate found before it") {
-    auto both = duplicate.substr(0, duplicate.size() - 1) + ",}";
-    CHECK_THAT(parse_failure(both, 64).what(), Contains("not valid JSON"));
+TEST_CASE("rule 7: a repeated key is refused where the reference's serde struct has the field, "
+          "and keeps the last value in its maps",
+          "[safetensors]") {
+  // safetensors 0.8.0: a struct field twice is serde's "duplicate field"; its maps
+  // (HashMap<String, TensorInfo>, __metadata__'s HashMap<String, String>) insert, so the last
+  // copy wins, but each copy is deserialised first.
+  SECTION("a field of an entry twice: refused") {
+    auto inner = R"({"w.a":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})";
+    CHECK_THAT(parse_failure(inner, 4).what(),
+               Contains("tensor 'w.a'") && Contains("'dtype'") && Contains("twice"));
   }
-  SECTION("equal keys in different objects are not duplicates") {
+  SECTION("__metadata__ twice: refused, even when the first is null") {
+    for (const char* json : {R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"}})",
+                             R"({"__metadata__":null,"__metadata__":{"b":"2"}})"}) {
+      INFO(json);
+      CHECK_THAT(parse_failure(json, 0).what(), Contains("__metadata__ appears twice"));
+    }
+  }
+  SECTION("a dtype object with its key twice: refused (an enum is a map of one key)") {
+    auto json = R"({"w":{"dtype":{"U8":null,"U8":null},"shape":[2],"data_offsets":[0,2]}})";
+    CHECK_THAT(parse_failure(json, 2).what(), Contains("tensor 'w'") && Contains("key 'U8' twice"));
+    CHECK_THAT(parse_failure(R"({"w":[{"U8":null,"U8":null},[2],[0,2]]})", 2).what(),
+               Contains("key 'U8' twice"));
+  }
+  SECTION("a tensor name twice: the last entry is kept") {
+    // The first copy alone would fail rule 14 (4 bytes of shape, 2 of offsets).
+    auto json = object({entry("w.a", "U8", "[4]", "[0,2]"), entry("w.b", "U8", "[2]", "[2,4]"),
+                        entry("w.a", "U8", "[2]", "[0,2]")});
+    auto header = parse_safetensors_header(json, 4, shard_name);
+    REQUIRE(header.tensors.size() == 2);
+    CHECK(header.tensors[0].name == "w.a");
+    CHECK(header.tensors[0].shape == std::vector<std::uint64_t>{2});
+    CHECK(header.tensors[1].name == "w.b");
+  }
+  SECTION("an earlier copy of a repeated name must still be a well-formed entry") {
+    auto json = object({entry("w.a", "F7", "[2]", "[0,2]"), entry("w.a", "U8", "[2]", "[0,2]")});
+    CHECK_THAT(parse_failure(json, 2).what(), Contains("tensor 'w.a'") && Contains("'F7'"));
+  }
+  SECTION("a __metadata__ key twice: the last value is kept, an earlier one must be a string") {
+    auto last = parse_safetensors_header(R"({"__metadata__":{"a":"1","a":"2"}})", 0, shard_name);
+    CHECK(last.metadata == std::map<std::string, std::string>{{"a", "2"}});
+    CHECK_THAT(parse_failure(R"({"__metadata__":{"a":1,"a":"2"}})", 0).what(),
+               Contains("__metadata__ value of key 'a' is an integer"));
+  }
+  SECTION("keys the reference ignores may repeat: an unknown entry key, keys inside its value") {
+    for (const char* json :
+         {R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":1,"x":2}})",
+          R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":{"a":1,"a":2}}})"}) {
+      INFO(json);
+      CHECK(parse_safetensors_header(json, 2, shard_name).tensors.size() == 1);
+    }
+  }
+  SECTION("a syntax error wins over a repeated key found before it") {
+    auto both = R"({"w":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]},})";
+    CHECK_THAT(parse_failure(both, 2).what(), Contains("not valid JSON"));
+  }
+  SECTION("equal keys in different objects are not repeats") {
     auto ok = parse_safetensors_header(basic_header, 64, shard_name);
     CHECK(ok.tensors.size() == 2);
   }
@@ -317,7 +392,8 @@ TEST_CASE("rule 8: __metadata__ is null or an object of strings", "[safetensors]
   CHECK(strings.metadata == std::map<std::string, std::string>{{"format", "pt"}, {"note", "ß"}});
 }
 
-TEST_CASE("rule 9: an entry has exactly dtype, shape and data_offsets", "[safetensors]") {
+TEST_CASE("rule 9: an entry has dtype, shape and data_offsets, and other keys are ignored",
+          "[safetensors]") {
   for (std::string_view key : {"dtype", "shape", "data_offsets"}) {
     INFO("missing " << key);
     auto full = nlohmann::json::parse(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})");
@@ -326,11 +402,35 @@ TEST_CASE("rule 9: an entry has exactly dtype, shape and data_offsets", "[safete
     CHECK_THAT(parse_failure(json, 1).what(),
                Contains("tensor 'w.a'") && Contains(fmt::format("missing key '{}'", key)));
   }
-  auto extra = R"({"w.a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"offset":0}})";
-  CHECK_THAT(parse_failure(extra, 1).what(),
-             Contains("tensor 'w.a'") && Contains("unexpected key 'offset'"));
-  CHECK_THAT(parse_failure(R"({"w.a":[0,1]})", 1).what(),
-             Contains("tensor 'w.a'") && Contains("entry is an array"));
+  // safetensors 0.8.0 loads both (TensorInfo has no deny_unknown_fields).
+  for (const char* json :
+       {R"({"w.a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":"x"}})",
+        R"({"w.a":{"Dtype":"F32","offset":{"a":[1,{"b":null}]},"dtype":"U8","shape":[1],)"
+        R"("data_offsets":[0,1]}})"}) {
+    INFO(json);
+    auto header = parse_safetensors_header(json, 1, shard_name);
+    REQUIRE(header.tensors.size() == 1);
+    CHECK(header.tensors[0].dtype == Dtype::U8);
+  }
+  CHECK_THAT(parse_failure(R"({"w.a":"U8"})", 1).what(),
+             Contains("tensor 'w.a'") && Contains("entry is a string"));
+  CHECK_THAT(parse_failure(R"({"w.a":null})", 1).what(), Contains("entry is null"));
+}
+
+TEST_CASE("rule 9: an entry may be the array [dtype, shape, data_offsets], as serde reads a "
+          "struct",
+          "[safetensors]") {
+  auto header = parse_safetensors_header(R"({"w":["U8",[2],[0,2]]})", 2, shard_name);
+  REQUIRE(header.tensors.size() == 1);
+  CHECK(header.tensors[0].shape == std::vector<std::uint64_t>{2});
+  CHECK(header.tensors[0].bytes == 2);
+  for (const char* json : {R"({"w":[]})", R"({"w":["U8",[2]]})", R"({"w":["U8",[2],[0,2],1]})"}) {
+    INFO(json);
+    CHECK_THAT(parse_failure(json, 2).what(),
+               Contains("tensor 'w'") && Contains("entry is an array of"));
+  }
+  CHECK_THAT(parse_failure(R"({"w":["U8",[2.0],[0,2]]})", 2).what(),
+             Contains("dimension 0 is 2.0"));
 }
 
 TEST_CASE("rule 9: an entry is judged alike whatever its key order and wherever a fault falls",
@@ -415,6 +515,20 @@ TEST_CASE("rule 9: the dtype is a string the format defines", "[safetensors]") {
   auto numeric = R"({"w.a":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})";
   CHECK_THAT(parse_failure(numeric, 4).what(),
              Contains("tensor 'w.a'") && Contains("dtype 32 is an integer"));
+  // serde reads an enum's unit variant from {"NAME": null} too; nothing else in an object.
+  auto unit = parse_safetensors_header(
+      R"({"w":{"dtype":{"BF16":null},"shape":[1],"data_offsets":[0,2]}})", 2, shard_name);
+  REQUIRE(unit.tensors.size() == 1);
+  CHECK(unit.tensors[0].dtype == Dtype::BF16);
+  for (const char* dtype : {R"({"U8":1})", R"({"U8":[]})", R"({"U8":{}})", R"({})",
+                            R"({"U8":null,"I8":null})"}) {
+    INFO(dtype);
+    auto json = fmt::format(R"({{"w":{{"dtype":{},"shape":[2],"data_offsets":[0,2]}}}})", dtype);
+    CHECK_THAT(parse_failure(json, 2).what(), Contains("is an object, must be a string"));
+  }
+  CHECK_THAT(parse_failure(R"({"w":{"dtype":{"F7":null},"shape":[2],"data_offsets":[0,2]}})", 2)
+                 .what(),
+             Contains("unknown dtype 'F7'"));
 }
 
 TEST_CASE("rule 9: shape values are non-negative integers", "[safetensors]") {
@@ -545,9 +659,10 @@ TEST_CASE("a header with several faults reports the earliest rule", "[safetensor
   SECTION("not an object (6) before everything in it") {
     CHECK_THAT(parse_failure(R"([{"a":1},{"a":2}])", 0).what(), Contains("is an array"));
   }
-  SECTION("duplicate name (7) before an unknown dtype earlier in the document (9)") {
-    auto json = object({entry("w.z", "F7", "[1]", "[0,1]"), entry("w.a", "U8", "[1]", "[1,2]"),
-                        entry("w.a", "U8", "[1]", "[1,2]")});
+  SECTION("a repeated field (7) before an unknown dtype earlier in the document (9)") {
+    auto json = fmt::format(R"({{{},"w.a":{{"dtype":"U8","dtype":"U8","shape":[1],)"
+                            R"("data_offsets":[1,2]}}}})",
+                            entry("w.z", "F7", "[1]", "[0,1]"));
     CHECK_THAT(parse_failure(json, 2).what(), Contains("'w.a'") && Contains("twice"));
   }
   SECTION("__metadata__ (8) before a bad entry (9) placed before it") {

@@ -10,8 +10,10 @@
 #include "utils/process.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include <string>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <tuple>
@@ -452,6 +455,72 @@ TEST_CASE("synth: errors", "[synth]") {
   }
 }
 
+namespace {
+
+/// A tmpfs of @p size mounted at @p dir for the test's lifetime (a filesystem of known,
+/// small free space); `mounted()` is false where mount(2) is not permitted (not root, or a
+/// container without CAP_SYS_ADMIN), with the reason.
+class SmallFilesystem {
+ public:
+  SmallFilesystem(const fs::path& dir, const std::string& size) : _dir(dir) {
+    fs::create_directories(dir);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0) {
+      _mounted = true;
+    } else {
+      _why = fmt::format("mount -t tmpfs -o size={} is not permitted here ({})", size,
+                         std::strerror(errno));
+    }
+  }
+  ~SmallFilesystem() {
+    if (_mounted) ::umount2(_dir.c_str(), MNT_DETACH);
+  }
+  SmallFilesystem(const SmallFilesystem&) = delete;
+  SmallFilesystem& operator=(const SmallFilesystem&) = delete;
+  [[nodiscard]] bool mounted() const noexcept { return _mounted; }
+  [[nodiscard]] const std::string& why() const noexcept { return _why; }
+
+ private:
+  fs::path _dir;
+  bool _mounted = false;
+  std::string _why;
+};
+
+}  // namespace
+
+TEST_CASE("synth: a checkpoint larger than the free space is refused before anything is "
+          "written, naming both",
+          "[synth]") {
+  test::TempDir dir;
+  SmallFilesystem small(dir / "small", "4m");
+  if (!small.mounted()) {
+    WARN("skipped: " << small.why());
+    return;
+  }
+  SECTION("the library: 74, and no block written") {
+    // 20 MB of BF16 in 1 MiB shards: reserving shard after shard, the old code wrote three
+    // shards' blocks before the fourth reservation failed.
+    SynthOptions options{10'000'000, Dtype::BF16, 1 << 20, 0};
+    std::atomic<std::uint64_t> blocks{0};  // on_block runs on the writing threads
+    options.on_block = [&](std::uint64_t) { ++blocks; };
+    const auto e = expect_error([&] { write_synthetic_checkpoint(dir / "small" / "out", options); });
+    INFO(e.what());
+    CHECK(e.code() == Errc::io);
+    CHECK_THAT(e.what(), Contains((dir / "small" / "out").string() + " has 4 MiB free (4194304 "
+                                  "bytes) but the checkpoint needs ") &&
+                             Contains("nothing was written"));
+    CHECK(blocks == 0);
+    CHECK(!fs::exists(dir / "small" / "out"));  // the directory it created is gone too
+  }
+  SECTION("the CLI: --params 10T exits 74 at once") {
+    fs::create_directory(dir / "small" / "out");
+    const auto r = test::run_cli({"synth", (dir / "small" / "out").string(), "--params", "10T"});
+    INFO(r.out << r.err);
+    CHECK(r.exit_status == 74);
+    CHECK_THAT(r.err, Contains("has 4 MiB free") && Contains("TiB") && Contains("needs"));
+    CHECK(dir_listing(dir / "small" / "out").empty());
+  }
+}
+
 TEST_CASE("synth: output opens with open_checkpoint", "[synth]") {
   test::TempDir dir;
   auto single = write_synthetic_checkpoint(dir / "one", {1'000'000, Dtype::BF16, 1ull << 30, 5});
@@ -474,6 +543,9 @@ TEST_CASE("synth: the CLI writes a checkpoint and refuses bad arguments", "[synt
   INFO(ok.out << ok.err);
   CHECK(ok.exit_status == 0);
   CHECK_THAT(ok.out, Contains("tensors") && Contains("GB/s"));
+  // The parameter count as model sizes are written, and exactly: not "0.001e9 params".
+  CHECK_THAT(ok.out, Catch::Matchers::Matches(
+                         R"((.|\n)*synth: \d+ tensors, \d+ shards, \d+(\.\d+)?[KM] params \(\d{6,7}\), (.|\n)*)"));
   CHECK(fs::exists(dir / "c" / "model.safetensors.index.json"));
 
   auto bad_params = test::run_cli({"synth", (dir / "d").string(), "--params", "lots"});

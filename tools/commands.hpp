@@ -263,4 +263,8 @@ int synth(const SynthArgs& args);
 ///         (CLI11 read "-1" and any larger number as 2^64 - 1, silently).
 std::optional<std::uint64_t> parse_seed(std::string_view text);
 
+/// @return @p n as model sizes are written, three significant digits and a suffix: "1.00M"
+///         for 1,000,448, "7.24B", "125M", "10.0T"; below 1000 the number itself ("291").
+std::string human_count(std::uint64_t n);
+
 }  // namespace weightcast::cli

@@ -3,11 +3,13 @@
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
+#include "weightcast/detail/plural.hpp"
 #include "weightcast/dtype.hpp"
 #include "weightcast/log.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <string>
@@ -16,14 +18,48 @@
 namespace weightcast::cli {
 namespace {
 
-// The columns a terminal gives @p text, as fmt counts them when it pads: fmt 9 counts code
-// points, and two for the East Asian wide ones (CJK, Hangul, fullwidth forms, emoji). Measured
-// through fmt's public API, so the column widths agree with fmt's padding in any version.
+// The columns a terminal gives @p text: each code point's width from utf8proc (Unicode's
+// East Asian Width and emoji presentation: 2 for CJK and 🚀, 0 for combining marks and
+// zero-width characters), summed as wcwidth-style terminals do. fmt's own estimate, which
+// its padding uses, knows only some wide ranges and counts a combining mark as a column.
 std::size_t display_width(std::string_view text) {
-  // Padding to a width W at least the text's adds W - width one-byte fill characters; no
-  // UTF-8 text is wider than two columns per byte.
-  const std::size_t wide = 2 * text.size() + 1;
-  return wide + text.size() - fmt::formatted_size("{:<{}}", text, wide);
+  std::size_t columns = 0;
+  const auto* bytes = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
+  auto left = static_cast<utf8proc_ssize_t>(text.size());
+  while (left > 0) {
+    utf8proc_int32_t code_point = 0;
+    const utf8proc_ssize_t used = utf8proc_iterate(bytes, left, &code_point);
+    if (used <= 0) {  // not UTF-8 (printable() has escaped such bytes): a column each
+      ++columns;
+      ++bytes;
+      --left;
+      continue;
+    }
+    columns += static_cast<std::size_t>(std::max(0, utf8proc_charwidth(code_point)));
+    bytes += used;
+    left -= used;
+  }
+  return columns;
+}
+
+// @p text and spaces after it to @p columns columns (by display_width, not fmt's padding).
+std::string pad_right(std::string_view text, std::size_t columns) {
+  std::string out(text);
+  const std::size_t width = display_width(text);
+  if (width < columns) out.append(columns - width, ' ');
+  return out;
+}
+
+// Metadata values can be long (a whole config serialised into one string): one line each,
+// cut at a UTF-8 boundary.
+std::string brief_value(const std::string& value) {
+  constexpr std::size_t max_bytes = 200;
+  std::string text = printable(value);
+  if (text.size() <= max_bytes) return text;
+  std::size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  text.resize(cut);
+  return fmt::format("{}… ({} bytes)", text, value.size());
 }
 
 }  // namespace
@@ -59,17 +95,30 @@ int inspect(const InspectArgs& args) {
     rows.push_back(std::move(row));
   }
   auto print_row = [&](const Row& row) {
-    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>{}}  {}\n", row.name, name_width, row.dtype,
-               dtype_width, row.shape, shape_width, row.bytes, bytes_width, row.shard);
+    fmt::print("{}  {}  {}  {:>{}}  {}\n", pad_right(row.name, name_width),
+               pad_right(row.dtype, dtype_width), pad_right(row.shape, shape_width), row.bytes,
+               bytes_width, row.shard);
   };
   print_row(header);
   for (const auto& row : rows) print_row(row);
 
+  // `__metadata__` (every shard's, merged: the first shard wins on a repeated key).
+  if (!catalogue.metadata.empty()) {
+    std::size_t key_width = 0;
+    for (const auto& [key, value] : catalogue.metadata) {
+      key_width = std::max(key_width, display_width(printable(key)));
+    }
+    fmt::print("__metadata__ ({}):\n", detail::counted(catalogue.metadata.size(), "key"));
+    for (const auto& [key, value] : catalogue.metadata) {
+      fmt::print("  {}  {}\n", pad_right(printable(key), key_width), brief_value(value));
+    }
+  }
+
   const auto tensors = catalogue.tensors.size();
   const auto shards = catalogue.shards.size();
   const auto total = catalogue.total_bytes();
-  fmt::print("{} tensor{}, {} shard{}, {} ({} bytes)\n", tensors, tensors == 1 ? "" : "s", shards,
-             shards == 1 ? "" : "s", format_bytes(total), total);
+  fmt::print("{}, {}, {} ({})\n", detail::counted(tensors, "tensor"),
+             detail::counted(shards, "shard"), format_bytes(total), detail::counted(total, "byte"));
   fmt::print("valid\n");
   return 0;
 }

@@ -2,6 +2,7 @@
 #include "commands.hpp"
 
 #include "weightcast/config.hpp"
+#include "weightcast/detail/plural.hpp"
 #include "weightcast/dtype.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/synth.hpp"
@@ -10,7 +11,9 @@
 
 #include <fmt/core.h>
 
+#include <array>
 #include <atomic>
+#include <cmath>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -63,6 +66,23 @@ void honour_block_delay_hook(SynthOptions& options) {
 
 }  // namespace
 
+std::string human_count(std::uint64_t n) {
+  // As model sizes are written (125M, 1.3B, 7B), with three significant digits: 1.00M,
+  // 12.3M, 125M; below a thousand, the number itself.
+  static constexpr std::array<std::pair<double, const char*>, 4> units{
+      {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}}};
+  for (const auto& [scale, suffix] : units) {
+    const double value = static_cast<double>(n) / scale;
+    if (value < 1) continue;
+    // Rounded to three digits first, so that 999,999 is 1.00M rather than 1000K.
+    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
+    const double rounded = std::round(value * std::pow(10, decimals)) / std::pow(10, decimals);
+    if (rounded >= 1000 && scale < 1e12) continue;  // belongs to the next unit up
+    return fmt::format("{:.{}f}{}", rounded, decimals, suffix);
+  }
+  return fmt::format("{}", n);
+}
+
 std::optional<std::uint64_t> parse_seed(std::string_view text) {
   std::uint64_t seed = 0;
   const char* end = text.data() + text.size();
@@ -111,9 +131,9 @@ int synth(const SynthArgs& args) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   fmt::print("synth: wrote {}\n", summary.checkpoint.string());
-  fmt::print("synth: {} tensors, {} shard{}, {:.3f}e9 params, {} bytes ({})\n", summary.tensors,
-             summary.shards, summary.shards == 1 ? "" : "s",
-             static_cast<double>(summary.params) / 1e9, summary.file_bytes,
+  fmt::print("synth: {}, {}, {} params ({}), {} bytes ({})\n",
+             detail::counted(summary.tensors, "tensor"), detail::counted(summary.shards, "shard"),
+             human_count(summary.params), summary.params, summary.file_bytes,
              format_bytes(summary.file_bytes));
   // 1 GB = 1e9 B, as in every throughput weightcast reports.
   fmt::print("synth: {:.3f} s, {:.2f} GB/s\n", seconds,

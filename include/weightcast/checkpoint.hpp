@@ -34,6 +34,11 @@ struct ShardInfo {
   /// opens the shard for the load; 0, 0: unknown (a catalogue from the wire), not checked.
   std::uint64_t device = 0;
   std::uint64_t inode = 0;  ///< See `device`.
+  /// Modification and status-change times of that file when its header was read (`st_mtim`,
+  /// `st_ctim`), ns since the epoch: a rewrite in place (same inode, same size) changes
+  /// them. Checked with `device` and `inode`, and only when `inode` is not 0.
+  std::int64_t modified_ns = 0;
+  std::int64_t changed_ns = 0;  ///< See `modified_ns`.
 };
 
 /// One tensor of a checkpoint: where its bytes are and what they mean.

@@ -11,9 +11,15 @@
  * `SafeTensors::read_metadata` then `Metadata::validate`), so that a file with several faults
  * reports the one the reference reports:
  *  1. file ≥ 8 bytes;  2. N ≤ 100,000,000;  3. 8 + N ≤ file size;  4. header is UTF-8;
- *  5. header is JSON;  6. a JSON object;  7. no duplicate name;  8. `__metadata__` is null or
- *  an object of strings;  9. each entry is exactly {dtype, shape, data_offsets} with a known
- *  dtype and non-negative integer shape and offsets;  then, tensors sorted by offsets:
+ *  5. header is JSON (serde_json: no BOM, no NUL, at most 127 nested containers);  6. a JSON
+ *  object;  7. no repeated struct field: `__metadata__` once, dtype, shape and data_offsets
+ *  once per entry, a dtype object of one key (a repeated tensor name or `__metadata__` key
+ *  keeps its last value, as the reference's maps do; every copy must pass 8 and 9);
+ *  8. `__metadata__` is null or an object of strings;  9. each entry has dtype, shape and
+ *  data_offsets (other keys are ignored, as the reference's `TensorInfo` ignores them; serde
+ *  also reads the entry as the array [dtype, shape, data_offsets] and a dtype as
+ *  {"F32": null}) with a known dtype and non-negative integer shape and offsets (not `-0`,
+ *  `2.0` or `1e3`: serde_json reads those as floats);  then, tensors sorted by offsets:
  *  10. begin equals the previous end (no hole, no overlap);  11. end ≥ begin;
  *  12. element count fits 64 bits;  13. whole bytes (sub-byte dtypes);  14. size equals
  *  end − begin;  and finally 15. the data section ends exactly at the end of the file.
@@ -46,6 +52,11 @@ struct SafetensorsHeader {
   /// from memory (parse_safetensors_header).
   std::uint64_t device = 0;
   std::uint64_t inode = 0;  ///< See `device`.
+  /// Modification and status-change times of the file read (`st_mtim`, `st_ctim`), ns since
+  /// the epoch; 0 for a header parsed from memory. With `device`, `inode` and the size they
+  /// tell a rewrite in place from the file whose header this is.
+  std::int64_t modified_ns = 0;
+  std::int64_t changed_ns = 0;  ///< See `modified_ns`.
 };
 
 /**
@@ -66,6 +77,8 @@ struct SafetensorsHeaderText {
   std::uint64_t file_bytes = 0;  ///< Size of the whole file, bytes.
   std::uint64_t device = 0;      ///< `st_dev` of the file read.
   std::uint64_t inode = 0;       ///< `st_ino` of the file read.
+  std::int64_t modified_ns = 0;  ///< `st_mtim` of the file read, ns since the epoch.
+  std::int64_t changed_ns = 0;   ///< `st_ctim` of the file read, ns since the epoch.
   /// Bytes after the header (file size − 8 − N): the data section as the file holds it.
   [[nodiscard]] std::uint64_t data_bytes() const noexcept { return file_bytes - 8 - json.size(); }
 };

@@ -117,6 +117,8 @@ struct SynthSummary {
  *         symbolic link as @p out_dir, a zero `params` or `shard_bytes`, a sub-byte dtype
  *         whose tensors would not be whole bytes, an @p out_dir holding a checkpoint file
  *         synth did not write, or one another synth is writing now (its flock(2)); `io` (74)
+ *         when the checkpoint's bytes exceed the free space of @p out_dir's filesystem
+ *         (statvfs f_bavail; checked before any file is created, naming both figures), and
  *         naming the file or directory when it cannot be created, opened, locked, written,
  *         closed or renamed; `interrupted` (130) when `options.stop` is requested before the
  *         commit.

@@ -11,7 +11,7 @@
 namespace weightcast::test {
 
 /// Truncates shard 0 of @p catalogue to @p file_bytes and makes the catalogue agree, so that
-/// the load passes its size check and the reader itself meets the end of the file.
+/// the load passes its size and time checks and the reader itself meets the end of the file.
 void truncate_shard(Catalogue& catalogue, std::uint64_t file_bytes);
 
 /// Loads @p catalogue into host memory (make_host_device, make_local_transport) with

@@ -21,11 +21,19 @@
 
 namespace weightcast::detail {
 
-/// A key that appeared twice in one JSON object.
+/// A key that appeared again in one JSON object.
 struct DuplicateKey {
   std::string key;    ///< The repeated key.
   int depth = 0;      ///< 1 for a key of the top-level object, 2 for one level below…
   std::string owner;  ///< The top-level key whose value holds the object (empty at depth 1).
+  /// At depth 3 and deeper: the depth-2 key whose value holds the object (`dtype` for
+  /// `{"w":{"dtype":{"F32":null,"F32":null}}}`); empty above.
+  std::string member;
+  /// At depth 1 and 2: the value the repeated key had before this repetition, which the
+  /// DOM replaced by the later one (nlohmann keeps the last of equal keys, as serde's maps
+  /// do); null deeper. The safetensors reference deserialises every copy, so a caller can
+  /// check the earlier ones too.
+  nlohmann::json earlier;
 };
 
 /// A JSON syntax error; `what()` is one line without nlohmann's "[json.exception…]" prefix.
@@ -38,6 +46,7 @@ class JsonSyntaxError : public std::runtime_error {
 struct JsonDocument {
   nlohmann::json value;                  ///< The parsed document.
   std::optional<DuplicateKey> duplicate;  ///< The first repeated key, in document order.
+  std::vector<DuplicateKey> duplicates;   ///< Every repetition, document order (front: the same as duplicate).
   std::vector<std::string> ordered_keys;  ///< Keys of the recorded object, document order.
 };
 

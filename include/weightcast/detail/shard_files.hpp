@@ -48,7 +48,8 @@ class ShardFiles {
    *         a symlink loop: throw_open_failure()) or to one that is not a regular file (a
    *         FIFO put in its place); `io` (74) for one that cannot be opened otherwise
    *         (permission, the open-file limit) or fstat(2)ed, that is now another file than
-   *         the one whose header was read (device and inode), whose size changed since, or
+   *         the one whose header was read (device and inode), whose size, modification
+   *         time or status-change time changed since (a rewrite in place), or
    *         (`direct_io: on`) whose filesystem refuses O_DIRECT, naming the file.
    * @note `auto` logs one notice per load when it falls back to buffered reads.
    *       @p catalogue must outlive the ShardFiles (messages name its shards).
