@@ -373,7 +373,7 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
     return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
                                   "local shards matches the bytes rank 0 sent it)",
                                   detail::counted(reports.size(), "rank"),
-                                  detail::counted(wants, "local shard")))};
+                                  detail::counted(wants, "local shard"))};
   }
   std::string message = fmt::format("{} against the bytes rank 0 sent: ",
                                     detail::counted(count, "local shard mismatch",
