@@ -14,6 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=${WEIGHTCAST_VENV:-${VIRTUAL_ENV:-build/py-venv}}
+# Absolute: pytest runs from tests/python below.
+venv=$(realpath -m "$venv")
 python=${PYTHON:-python3}
 if [[ ! -x "$venv/bin/python" ]]; then
   echo "test_python.sh: creating $venv" >&2
