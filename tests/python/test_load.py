@@ -167,6 +167,16 @@ def test_malformed_corpus_cases_as_expected():
                 continue
             assert_same(weightcast.load(path), ref)
         else:
+            # The reference decides: the corpus calls bad_duplicate_name invalid, but
+            # safetensors loads it (a repeated name keeps its last entry), and so does
+            # weightcast (tests/test_reference_verdicts.cpp).
+            try:
+                ref = load_file(str(path))
+            except SafetensorError:
+                ref = None
+            if ref is not None:
+                assert_same(weightcast.load(path), ref)
+                continue
             with pytest.raises(weightcast.Error) as e:
                 weightcast.load(path)
             assert e.value.status == 65, (name, str(e.value))
