@@ -72,13 +72,14 @@ run_asan() {
   local out_of_fds='^control plane: rank 0 keeps accepting after running out of file descriptors$'
   ASAN_OPTIONS="$asan${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
     ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE install \
-    -E "^multirank: |$out_of_fds" || status=1
-  # The [multirank] tests start Open MPI, which unloads its plugins in MPI_Finalize: their
+    -E "^(multirank|job|placement): |$out_of_fds" || status=1
+  # The [multirank] tests (and the job and placement tests, which also run under mpirun) start
+  # Open MPI, which unloads its plugins in MPI_Finalize: their
   # leaks at exit have no symbol. Unwinding each allocation fully (slower, so only here)
   # puts libmpi on the stack, which lsan.supp names.
   ASAN_OPTIONS="$asan:fast_unwind_on_malloc=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
     ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE install \
-    -R '^multirank: ' || status=1
+    -R '^(multirank|job|placement): ' || status=1
   echo "sanitize: asan tests ran in $((SECONDS - start)) s"
   return $status
 }
