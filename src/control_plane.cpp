@@ -867,10 +867,10 @@ struct ControlPlane::Impl {
         terminating = true;  // rank 0's hang-up is expected now
       }
       changed.notify_all();
-      // Hang up at once: rank 0 counts that as "told" and need not wait for this rank.
-      for (auto& connection : connections) {
-        if (connection) ::shutdown(connection->socket.native_handle(), SHUT_RDWR);
-      }
+      // The connection stays open until this process ends or the job lets go of the control
+      // plane, both after this rank has reported the failure: rank 0 waits for that hang-up
+      // (bounded by abort_grace) before it ends, and a launcher tears the job down on rank
+      // 0's exit, which would cut this rank's message off if it hung up first.
       run_ending_hook();
       return;
     }

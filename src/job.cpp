@@ -179,8 +179,10 @@ class Watchdog {
       });
       if (_closing) return;
       if (_remote_since && !_unwinding) {
-        if (_changed.wait_until(lock, *_remote_since + unwind_grace,
-                                [this] { return _closing || _unwinding; })) {
+        // A call with no timeout (Blocking) cannot come back for another rank's failure:
+        // end at once rather than after the grace, which a launcher's teardown may not wait.
+        if (!_blocking && _changed.wait_until(lock, *_remote_since + unwind_grace,
+                                              [this] { return _closing || _unwinding; })) {
           continue;
         }
         lock.unlock();
