@@ -77,8 +77,10 @@ elif [ -f python/CMakeLists.txt ]; then
   wrapper=$PWD/$WORK/python3
   printf '#!/bin/sh\nexec chroot %q /usr/bin/python3 "$@"\n' "$PYROOT" >"$wrapper"
   chmod +x "$wrapper"
-  nanobind_dir=${WEIGHTCAST_BUNDLE_NANOBIND_DIR:-$(python3 -m nanobind --cmake_dir 2>/dev/null ||
-    /work/venv/bin/python -m nanobind --cmake_dir)}
+  # nanobind from the project's Python venv (scripts/test_python.sh makes it), else python3's.
+  venv_py=$(realpath -m "${WEIGHTCAST_VENV:-build/py-venv}")/bin/python
+  nanobind_dir=${WEIGHTCAST_BUNDLE_NANOBIND_DIR:-$("$venv_py" -m nanobind --cmake_dir 2>/dev/null ||
+    python3 -m nanobind --cmake_dir)}
   # nanobind builds STABLE_ABI only where FindPython has Development.SABIModule: CMake >= 3.26
   # (Debian 12 has 3.25); else CMake from PyPI in a small venv of its own.
   CMAKE_PY=cmake

@@ -9,6 +9,7 @@ packages=(
   libxxhash-dev libcli11-dev nlohmann-json3-dev libspdlog-dev
   libopenmpi-dev openmpi-bin libseccomp-dev libutf8proc-dev
   fio time
+  patchelf debootstrap
   clang libclang-rt-14-dev
   python3-dev python3-venv
 )
