@@ -668,8 +668,7 @@ class Job {
                                    _options.verify == Verify::digest);
     } else {
       auto placement = std::make_shared<LoadPlacement>();
-      placement->all = {std::move(mine)};
-      validate_wants(catalogue, placement->all);
+      placement->all = {std::move(mine)};  // load() checks it against the catalogue
       placement->mine = placement->all.front();
       _placement = std::move(placement);
     }

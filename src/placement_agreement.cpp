@@ -57,8 +57,7 @@ std::shared_ptr<const LoadPlacement> agree_placement(ControlPlane& control,
   auto placement = std::make_shared<LoadPlacement>();
   placement->expect_digests = expect_digests;
   if (world <= 1) {
-    placement->all = {mine};
-    validate_wants(catalogue, placement->all);
+    placement->all = {mine};  // load() checks it against the catalogue
   } else if (rank != 0) {
     const std::vector<RankWants> one{mine};
     RankReport report;
