@@ -47,8 +47,8 @@ mkdir -p "$WORK"
 # Each step's cap, seconds. Their sum must fit the budget less the reserve (checked below).
 # probe bounds step 0's own timeouts (nvidia-smi, the library search, --version, torch).
 declare -A CAPS=(
-  [probe]=25 [tests]=48 [synth]=28 [h2d]=12 [pieces]=12 [nccl_groups]=12 [readback]=10
-  [prewarm]=8 [warm]=22 [direct]=26 [torch]=26 [nccl2]=12 [scatter]=6 [py_load]=12
+  [probe]=25 [tests]=40 [synth]=28 [h2d]=12 [pieces]=12 [nccl_groups]=12 [readback]=10
+  [prewarm]=8 [warm]=22 [direct]=26 [torch]=26 [nccl2]=12 [scatter]=14 [py_load]=12
   [py_fsdp]=12
 )
 caps_sum=0
@@ -216,11 +216,12 @@ fi
 # ---- 1: the [gpu] tests --------------------------------------------------------------------
 step "1 [gpu] tests"
 if [ -d "${WEIGHTCAST_CORPUS:-/nonexistent}/real" ]; then
-  filter="[gpu],[pinned],[gpu-info]"
+  # The [placement][gpu] tests run in step 7, in a row of their own.
+  filter="[gpu]~[placement],[pinned],[gpu-info]"
   why_filter="with the corpus at $WEIGHTCAST_CORPUS"
 else
   # Without the corpus (it does not travel): the tests that read it are left out.
-  filter="[gpu]~[corpus],[pinned],[gpu-info]~[run]"
+  filter="[gpu]~[corpus]~[placement],[pinned],[gpu-info]~[run]"
   why_filter="the corpus tests left out (no WEIGHTCAST_CORPUS)"
 fi
 require=0
@@ -393,9 +394,13 @@ elif ! "$TESTS" --list-tags 2>/dev/null | grep -q '\[placement\]'; then
   record "placement: nccl scatter" skip - - "not in this build (no [placement] tests: issue 18)"
 else
   t=$(cap scatter)
-  WEIGHTCAST_REQUIRE_GPU=1 measure scatter "$t" "$TESTS" "[placement][gpu]"
+  # ncclSend/ncclRecv rank 0 to itself and a placed load into device memory run on one GPU;
+  # fsdp over nccl between ranks needs 2 GPUs (NCCL refuses two ranks on one) and says so.
+  WEIGHTCAST_REQUIRE_GPU=1 WEIGHTCAST_CLI=$WC measure scatter "$t" "$TESTS" "[placement][gpu]" --durations yes
   status=$?
-  record "placement: nccl scatter" "$(outcome $status)" - "$(rss_of scatter)" "[placement][gpu] tests (one GPU: world size 1)"
+  summary=$(grep -E '^(All tests passed|test cases:)' "$WORK/scatter.log" | tail -1)
+  skipped=$(grep -o 'skipped: needs 2 CUDA devices[^;]*' "$WORK/scatter.log" | head -1)
+  record "placement: nccl scatter" "$(outcome $status)" - "$(rss_of scatter)" "[placement][gpu]: ${summary:-exit $status}${skipped:+; fsdp between ranks $skipped}"
 fi
 
 PYDIR=${BUNDLE:+$BUNDLE/python}

@@ -33,11 +33,12 @@ echo "# command: mpirun ${mpirun_args[*]} $cli run --set checkpoint=$dir --set d
 printf '%-10s %5s %9s' mode round seconds
 for ((r = 0; r < ranks; r++)); do printf ' %14s' "rank$r-rss(MiB)"; done
 echo
-port=30600
+# A port free now (the kernel's pick for port 0) for each job, not a fixed range.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 declare -A total_s
 for ((round = 1; round <= rounds; round++)); do
   for mode in replicate fsdp; do
-    port=$((port + 1))
+    port=$(free_port)
     begin=$(date +%s.%N)
     mpirun "${mpirun_args[@]}" "$cli" run --set "checkpoint=$dir" --set device=host \
       --set transport=mpi --set "chunk_size=$chunk" --set "placement=$mode" \

@@ -72,6 +72,33 @@ struct ReadBackBuffers {
   CudaStream stream;  // declared last: destroyed first, waiting for its copies into `halves`
 };
 
+/// Copies [source, + bytes) of device memory to the host through @p buffers (made at the
+/// first call, halves of at most @p half_cap bytes) and hands it to @p consume in order.
+void read_back_through(int ordinal, std::optional<ReadBackBuffers>& buffers,
+                       std::uint64_t half_cap, const std::byte* source, std::uint64_t bytes,
+                       const std::function<void(const std::byte*, std::size_t)>& consume) {
+  if (bytes == 0) return;
+  set_cuda_device(ordinal);
+  if (!buffers) buffers.emplace(std::min(half_cap, read_back_half_bytes));
+  ReadBackBuffers& rb = *buffers;
+  const std::uint64_t half = rb.halves[0].bytes();
+  const auto issue = [&](std::uint64_t at, int b) {
+    WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(rb.halves[b].data(), source + at,
+                                        std::min(half, bytes - at), cudaMemcpyDeviceToHost,
+                                        rb.stream.get()));
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(rb.copied[b].get(), rb.stream.get()));
+  };
+  issue(0, 0);
+  for (std::uint64_t done = 0, b = 0; done < bytes; b ^= 1) {
+    const std::uint64_t n = std::min(half, bytes - done);
+    // Half b^1 was consumed in the previous round: refill it while b is consumed.
+    if (done + n < bytes) issue(done + n, static_cast<int>(b ^ 1));
+    WEIGHTCAST_CUDA_TRY(cudaEventSynchronize(rb.copied[b].get()));
+    consume(rb.halves[b].data(), n);
+    done += n;
+  }
+}
+
 class CudaArena final : public Arena {
  public:
   CudaArena(int ordinal, std::uint64_t bytes)
@@ -91,25 +118,7 @@ class CudaArena final : public Arena {
     if (bytes == 0) return;
     // const, but callers may read back from several threads: one at a time.
     const std::lock_guard lock(_read_back_mutex);
-    set_cuda_device(_ordinal);
-    if (!_read_back) _read_back.emplace(std::min(this->bytes(), read_back_half_bytes));
-    ReadBackBuffers& rb = *_read_back;
-    const std::uint64_t half = rb.halves[0].bytes();
-    const auto issue = [&](std::uint64_t at, int b) {
-      WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(rb.halves[b].data(), data() + offset + at,
-                                          std::min(half, bytes - at), cudaMemcpyDeviceToHost,
-                                          rb.stream.get()));
-      WEIGHTCAST_CUDA_TRY(cudaEventRecord(rb.copied[b].get(), rb.stream.get()));
-    };
-    issue(0, 0);
-    for (std::uint64_t done = 0, b = 0; done < bytes; b ^= 1) {
-      const std::uint64_t n = std::min(half, bytes - done);
-      // Half b^1 was consumed in the previous round: refill it while b is consumed.
-      if (done + n < bytes) issue(done + n, static_cast<int>(b ^ 1));
-      WEIGHTCAST_CUDA_TRY(cudaEventSynchronize(rb.copied[b].get()));
-      consume(rb.halves[b].data(), n);
-      done += n;
-    }
+    read_back_through(_ordinal, _read_back, this->bytes(), data() + offset, bytes, consume);
   }
 
  private:
@@ -223,6 +232,13 @@ class CudaDevice final : public Device {
 
   [[nodiscard]] void* upload_event() const noexcept override { return _last_upload.get(); }
 
+  void read_back(const std::byte* data, std::uint64_t bytes,
+                 const std::function<void(const std::byte*, std::size_t)>& consume)
+      const override {
+    const std::lock_guard lock(_read_back_mutex);
+    read_back_through(_ordinal, _read_back, read_back_half_bytes, data, bytes, consume);
+  }
+
  private:
   static CudaStream make_stream(int ordinal) {
     set_cuda_device(ordinal);
@@ -233,6 +249,8 @@ class CudaDevice final : public Device {
   std::string _name;
   CudaStream _copy_stream;
   CudaEvent _last_upload;
+  mutable std::mutex _read_back_mutex;
+  mutable std::optional<ReadBackBuffers> _read_back;  // made at the first read_back
 };
 
 }  // namespace

@@ -179,6 +179,10 @@ struct InFlight {
 struct HeldSlot {
   detail::SlotLease lease;
   const std::byte* source = nullptr;  ///< The chunk's first byte in the slot.
+  /// Transport nccl (device memory only): the bytes rank 0 sends, uploaded from the slot —
+  /// the whole chunk for a broadcast, else each delivery's in plan order, packed. Null
+  /// under mpi, which sends from the slot.
+  std::byte* device = nullptr;
 };
 
 class Pipeline {
@@ -229,6 +233,16 @@ class Pipeline {
       const std::uint64_t slot_bytes = largest + (alignment > 1 ? 2ull * alignment : 0);
       _ring.emplace(_executor, std::min<std::size_t>(_options.buffer_depth, _plan.chunks.size()),
                     slot_bytes, &_device);
+      // A placed load over a transport of device memory (nccl): one device region per slot
+      // for what its chunk sends (upload_sends), taken once, before the first read.
+      if (_placement && _device.name() != "host" && _transport.world_size() > 1) {
+        for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+          _device_send_slot_bytes = std::max(_device_send_slot_bytes, send_bytes(c));
+        }
+        if (_device_send_slot_bytes > 0) {
+          _device_sends = _device.allocate_arena(_device_send_slot_bytes * _ring->slots());
+        }
+      }
       _ready.clear();
       for (std::size_t i = 0; i < _ring->slots(); ++i) {
         _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
@@ -491,16 +505,51 @@ class Pipeline {
     }
   }
 
+  // The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
+  // device region holds.
+  [[nodiscard]] std::uint64_t send_bytes(std::size_t c) const {
+    if (_plan.chunk_broadcast[c]) return _plan.chunks[c].bytes;
+    std::uint64_t total = 0;
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      if (_plan.deliveries[i].rank != 0) total += _plan.deliveries[i].bytes;
+    }
+    return total;
+  }
+
+  // Rank 0 under nccl, which sends device memory only: what chunk `c` sends goes up from the
+  // slot into the slot's device region (`_device_sends`) — the whole chunk for a broadcast,
+  // else each delivery's bytes (gathered on the host when strided) packed in plan order. The
+  // copies complete before the chunk is posted, so the sends need no stream wait.
+  awaitable<void> upload_sends(std::size_t c, HeldSlot& held) {
+    if (_transport.world_size() == 1) co_return;
+    held.device = _device_sends->data() + held.lease.index() * _device_send_slot_bytes;
+    if (_plan.chunk_broadcast[c]) {
+      co_await wait(_device.upload(held.source, held.device, _plan.chunks[c].bytes),
+                    upload_poll_cap);
+      co_return;
+    }
+    std::uint64_t at = 0;
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      const Delivery& d = _plan.deliveries[i];
+      if (d.rank == 0) continue;
+      const std::byte* data = gather(d, held.source, _scratch);
+      co_await wait(_device.upload(data, held.device + at, d.bytes), upload_poll_cap);
+      at += d.bytes;
+    }
+  }
+
   // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
   // 0's sends (each rank's slice of the chunk as one message) and this rank's receives.
   InFlight post_placed(std::size_t c, bool root) {
     InFlight posted;
     const Chunk& chunk = _plan.chunks[c];
     const std::byte* source = nullptr;
+    std::byte* device = nullptr;  // nccl: what rank 0 sends, on the device (upload_sends)
     if (root) {
       if (_held.empty()) throw Error(Errc::internal, "a placed chunk reached its post unread");
       posted.lease = std::move(_held.front().lease);
       source = _held.front().source;
+      device = _held.front().device;
       _held.pop_front();
     }
     // A cast want lands in a window first; the cast follows once the chunk has landed.
@@ -516,7 +565,8 @@ class Pipeline {
       for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
         const Piece& piece = _plan.pieces[p];
         if (root) {
-          _ranges.push_back({const_cast<std::byte*>(source) + piece.chunk_offset, piece.bytes});
+          std::byte* from = device != nullptr ? device : const_cast<std::byte*>(source);
+          _ranges.push_back({from + piece.chunk_offset, piece.bytes});
         } else {
           const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
           _ranges.push_back({destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
@@ -527,10 +577,16 @@ class Pipeline {
     }
     _sends.clear();
     _receives.clear();
+    std::uint64_t device_at = 0;
     for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
       const Delivery& d = _plan.deliveries[i];
       if (root) {
         if (d.rank == 0) continue;
+        if (device != nullptr) {
+          _sends.push_back({d.rank, device + device_at, d.bytes});
+          device_at += d.bytes;
+          continue;
+        }
         std::vector<std::byte> packed;
         const std::byte* data = gather(d, source, packed);
         if (!packed.empty()) posted.buffers.push_back(std::move(packed));
@@ -558,15 +614,28 @@ class Pipeline {
     if (_plan.chunk_broadcast[c]) {
       for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
         const Piece& piece = _plan.pieces[p];
-        land(static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]), piece.bytes);
+        const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
+        hash_landed_on_device(w, piece.tensor_offset, piece.bytes);
+        land(w, piece.bytes);
       }
     } else {
       for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
         const Delivery& d = _plan.deliveries[i];
-        if (d.rank == _me) land(d.want, d.bytes);
+        if (d.rank != _me) continue;
+        hash_landed_on_device(d.want, d.local_offset, d.bytes);
+        land(d.want, d.bytes);
       }
     }
     report_progress(c);
+  }
+
+  // A receiving rank's in-place device want (nccl) is hashed from where it landed, read back
+  // through the device: no host copy of it passed this rank. Rank 0 hashed it from its slot
+  // (copy_to_mine); a cast want from its window, above.
+  void hash_landed_on_device(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+    if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
+    _device.read_back(_want_data[w] + local_offset, bytes,
+                      [&](const std::byte* data, std::size_t n) { _received->update(w, data, n); });
   }
 
   void land(std::uint32_t w, std::uint64_t bytes) {
@@ -669,7 +738,9 @@ class Pipeline {
       const std::byte* source = lease.data() + _slot_head[slot];
       if (_placement) {
         co_await upload_placed(c, source);
-        _held.push_back(HeldSlot{std::move(lease), source});
+        HeldSlot held{std::move(lease), source};
+        if (_device_sends) co_await upload_sends(c, held);
+        _held.push_back(std::move(held));
       } else if (reads_into_arena(chunk)) {
         // The read put the chunk in its place already.
       } else if (discarding()) {
@@ -1001,6 +1072,10 @@ class Pipeline {
 
   std::optional<detail::ShardFiles> _files;
   std::optional<detail::StagingRing> _ring;
+  // Rank 0, placed over nccl: per slot, its chunk's sends on the device. Declared before
+  // `_posted`, so freed after every exchange in flight has been aborted and drained.
+  std::shared_ptr<Arena> _device_sends;
+  std::uint64_t _device_send_slot_bytes = 0;
   std::vector<std::unique_ptr<ReadyChannel>> _ready;  // per slot
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
@@ -1087,6 +1162,20 @@ Plan plan_placed_load(LoadResult& result, Device& device, Transport& transport,
                       fmt::format("placement: rank {}: tensor '{}': destination.memory: device "
                                   "memory, which transport {} cannot receive into",
                                   rank, want.tensor, transport.name()));
+  }
+  if (device.name() != "host") {
+    // A cast runs on the host (cast_into); an arena want's destination is the device's.
+    std::unordered_map<std::string_view, Dtype> dtypes;
+    for (const TensorInfo& t : result.catalogue.tensors) dtypes.emplace(t.name, t.dtype);
+    for (const TensorWant& want : placement.mine.tensors) {
+      const auto& cast = want.destination.dtype;
+      WEIGHTCAST_EXPECT(!cast || *cast == dtypes.at(want.tensor), Errc::config,
+                        fmt::format("placement: rank {}: tensor '{}': destination.dtype: a cast "
+                                    "from {} to {} happens in host memory; the load's device "
+                                    "is {}",
+                                    rank, want.tensor, dtype_name(dtypes.at(want.tensor)),
+                                    dtype_name(*cast), device.name()));
+    }
   }
   Plan plan = make_placed_plan(result.catalogue, placement.all, options.chunk_bytes,
                                rank == 0 ? -1 : rank);

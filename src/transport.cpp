@@ -39,7 +39,7 @@ std::unique_ptr<Pending> Transport::exchange(std::span<const Message> sends,
                                              std::span<const Message> receives, int) {
   if (sends.empty() && receives.empty()) return nullptr;
   throw Error(Errc::config, fmt::format("transport {}: cannot deliver slices point to point "
-                                        "(placement other than replicate needs transport mpi)",
+                                        "(transports mpi and nccl can)",
                                         name()));
 }
 

@@ -155,6 +155,9 @@ class MpiTransport final : public Transport {
         if (armed && !requests.empty()) session.abandon();
       }
     } guard{_session, requests};
+    // The session's communicator, as every broadcast: a caller's (its ranks, not the world's)
+    // or our duplicate of MPI_COMM_WORLD, whose errors return instead of aborting the job.
+    const MPI_Comm comm = to_comm(_session.communicator());
     auto post = [&](const Message& m, bool send) {
       constexpr std::uint64_t max_count = INT_MAX;
       total += m.bytes;
@@ -162,9 +165,9 @@ class MpiTransport final : public Transport {
         const auto count = static_cast<int>(std::min(max_count, m.bytes - offset));
         MPI_Request request = MPI_REQUEST_NULL;
         const int rc = send ? MPI_Isend(m.data + offset, count, MPI_BYTE, m.peer, tag,
-                                        MPI_COMM_WORLD, &request)
-                            : MPI_Irecv(m.data + offset, count, MPI_BYTE, m.peer, tag,
-                                        MPI_COMM_WORLD, &request);
+                                        comm, &request)
+                            : MPI_Irecv(m.data + offset, count, MPI_BYTE, m.peer, tag, comm,
+                                        &request);
         if (rc != MPI_SUCCESS) {
           throw Error(Errc::unavailable,
                       fmt::format("transport mpi: {} of {} bytes {} rank {} failed: {}",

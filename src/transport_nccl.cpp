@@ -1,5 +1,6 @@
 // The nccl data plane: one ncclBroadcast (ncclUint8: every dtype moves as raw bytes) per
-// range, grouped per chunk, on a comm stream of the transport's own, after the chunk's H2D.
+// range, grouped per chunk, on a comm stream of the transport's own, after the chunk's H2D;
+// a placed chunk's slices as ncclSend/ncclRecv, grouped per chunk the same way.
 //
 // Non-blocking communicator (NCCL docs, "Creating a communicator with options" and
 // "Nonblocking group operation"): every NCCL call may return ncclInProgress while NCCL is
@@ -248,6 +249,32 @@ class NcclTransport final : public Transport {
   [[nodiscard]] std::string_view name() const noexcept override { return "nccl"; }
   [[nodiscard]] int rank() const noexcept override { return _rank; }
   [[nodiscard]] int world_size() const noexcept override { return _world_size; }
+
+  // Placement's deliveries: NCCL's documented scatter (NCCL docs, "Point-to-point
+  // communication": ncclSend/ncclRecv fused in ncclGroupStart/End, sizes free per rank).
+  // Calls within a group to the same peer execute in order, and groups on the one comm
+  // stream in stream order, so messages match as the plan posts them: @p tag is MPI's only.
+  // Counts are size_t: no split. Device memory at both ends (the loader uploads what rank 0
+  // sends). Failures abort and drain as a broadcast's do (enqueue_group, NcclGroup).
+  std::unique_ptr<Pending> exchange(std::span<const Message> sends,
+                                    std::span<const Message> receives, int /*tag*/) override {
+    if (sends.empty() && receives.empty()) return nullptr;
+    std::uint64_t total = 0;
+    return enqueue_group("ncclSend/ncclRecv", nullptr, total, [&] {
+      for (const Message& m : receives) {
+        if (m.bytes == 0) continue;
+        WEIGHTCAST_NCCL_TRY(ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm(), stream()),
+                            comm());
+        total += m.bytes;
+      }
+      for (const Message& m : sends) {
+        if (m.bytes == 0) continue;
+        WEIGHTCAST_NCCL_TRY(ncclSend(m.data, m.bytes, ncclUint8, m.peer, comm(), stream()),
+                            comm());
+        total += m.bytes;
+      }
+    });
+  }
 
   std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
     const Range range{data, bytes};

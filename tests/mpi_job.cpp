@@ -5,6 +5,8 @@
 //                  it is, neither initialise nor finalise it;
 //       split    - a communicator of this program's (MPI_COMM_WORLD split with the ranks
 //                  reversed) handed in: the job's ranks are the communicator's;
+//       split-fsdp - split, with placement fsdp: the point-to-point slices go between the
+//                  communicator's ranks too (each line then holds a local shard's digest);
 //       mismatch - MPI_COMM_WORLD handed in, world rank 1 with another chunk_size: every rank
 //                  must throw (config, 78) before any collective, and MPI stay usable.
 // Each rank writes OUT_DIR/r<world rank>.txt: "job_rank <r> of <n>", then "<tensor> <xxh3>"
@@ -26,7 +28,7 @@
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: mpi_job world|split|mismatch CHECKPOINT PORT OUT_DIR\n");
+    std::fprintf(stderr, "usage: mpi_job world|split|split-fsdp|mismatch CHECKPOINT PORT OUT_DIR\n");
     return 64;
   }
   const std::string_view mode = argv[1];
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
   rendezvous.timeout = std::chrono::seconds(60);
   job.rendezvous = rendezvous;
   job.checkpoint = argv[2];
-  if (mode == "split") {
+  if (mode == "split-fsdp") job.placement.mode = weightcast::PlacementMode::fsdp;
+  if (mode == "split" || mode == "split-fsdp") {
     MPI_Comm_split(MPI_COMM_WORLD, 0, world_size - 1 - world_rank, &split);
     job.mpi_communicator = weightcast::mpi_communicator(split);
     // Only the communicator's rank 0 (world rank N-1) may need the checkpoint.
@@ -66,10 +69,18 @@ int main(int argc, char** argv) {
     const weightcast::JobResult result = weightcast::run_job(job);
     out.print("job_rank {} of {}\n", result.world.rank, result.world.world_size);
     out.print("verdict {}\n", result.verdict.message);
-    const auto digests = weightcast::tensor_digests(result.load);
-    for (std::size_t i = 0; i < digests.size(); ++i) {
-      out.print("{} {}\n", result.load.catalogue.tensors[i].name,
-                weightcast::digest_hex(digests[i]));
+    if (result.load.placed) {
+      const auto digests = weightcast::local_digests(result.load);
+      for (std::size_t i = 0; i < digests.size(); ++i) {
+        out.print("{} {}\n", result.load.wants.tensors[i].tensor,
+                  weightcast::digest_hex(digests[i]));
+      }
+    } else {
+      const auto digests = weightcast::tensor_digests(result.load);
+      for (std::size_t i = 0; i < digests.size(); ++i) {
+        out.print("{} {}\n", result.load.catalogue.tensors[i].name,
+                  weightcast::digest_hex(digests[i]));
+      }
     }
   } catch (const weightcast::Error& e) {
     out.print("error {} {}\n", weightcast::exit_status(e.code()), e.what());

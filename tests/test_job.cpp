@@ -29,6 +29,11 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 using namespace weightcast;
 using namespace weightcast::test;
 using Catch::Matchers::Contains;
@@ -363,6 +368,40 @@ TEST_CASE("job: a communicator handed in gives the job its ranks", "[job][mpi]")
     CHECK(lines[0] == fmt::format("job_rank {} of 3", 2 - world_rank));
     CHECK_THAT(lines[1], Contains("bit-exact"));
     check_tensors(lines);
+    CHECK(lines.back() == "allreduce 3");
+  }
+}
+
+TEST_CASE("job: a communicator handed in carries a placed load's slices between its ranks",
+          "[job][mpi][placement]") {
+  // The slices went on MPI_COMM_WORLD: with the ranks reversed, the job's rank 2 (world rank
+  // 0) waited for a message from world rank 0, itself.
+  REQUIRE_MPI();
+  const auto checkpoint = corpus_dir() / "real" / corpus_file;
+  TempDir dir;
+  // A port free now (the kernel's pick for port 0), not another fixed one.
+  const int port = [] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    const bool bound = fd >= 0 &&
+                       ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+    if (fd >= 0) ::close(fd);
+    REQUIRE(bound);
+    return static_cast<int>(ntohs(address.sin_port));
+  }();
+  const auto r = run_mpi_job("split-fsdp", checkpoint, port, dir.path());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  for (int world_rank = 0; world_rank < 3; ++world_rank) {
+    INFO("world rank " << world_rank);
+    const auto lines = rank_lines(dir.path(), world_rank);
+    REQUIRE(lines.size() > 3);
+    CHECK(lines[0] == fmt::format("job_rank {} of 3", 2 - world_rank));
+    CHECK_THAT(lines[1], Contains("local shards bit-exact"));
     CHECK(lines.back() == "allreduce 3");
   }
 }

@@ -124,6 +124,21 @@ class Device {
    *       wait for the next chunk's copies.
    */
   [[nodiscard]] virtual void* upload_event() const noexcept { return nullptr; }
+
+  /**
+   * @brief Hands @p bytes of this device's memory at @p data (an arena's, or a caller's
+   *        in-place destination on this device) to @p consume, in order, in one or more calls,
+   *        as `Arena::read_back` does: for digests of what landed, not the load path.
+   *
+   * `host` makes one call pointing at @p data; `cuda` copies through two pinned bounce halves
+   * of up to 4 MiB, kept by the device from the first call. The caller must have waited for
+   * every copy and transfer into the range.
+   * @throws Error as `Arena::read_back` does for a CUDA copy that fails.
+   */
+  virtual void read_back(const std::byte* data, std::uint64_t bytes,
+                         const std::function<void(const std::byte*, std::size_t)>& consume) const {
+    if (bytes != 0) consume(data, bytes);
+  }
 };
 
 /// @return the host device: `memcpy` uploads into a host arena.

@@ -81,13 +81,17 @@ class Transport {
    *
    * Messages between two ranks match in the order both post them (MPI's non-overtaking
    * rule; NCCL's in-order send/recv), so every rank posts the plan's chunks in plan order.
-   * `mpi`: `MPI_Isend`/`MPI_Irecv` on host memory, a message over `INT_MAX` bytes split into
-   * several. `nccl`: `ncclSend`/`ncclRecv` inside `ncclGroupStart/End` on the comm stream
-   * (NCCL's documented scatter), device memory. The default throws.
+   * `mpi`: `MPI_Isend`/`MPI_Irecv` on host memory, on the session's communicator, a message
+   * over `INT_MAX` bytes split into several. `nccl`: `ncclSend`/`ncclRecv` inside one
+   * `ncclGroupStart/End` on the comm stream (NCCL docs, "Point-to-point communication": a
+   * group's calls to one peer run in order; NCCL ≥ 2.7), device memory at both ends, a peer
+   * may be this rank itself; it fails, aborts and drains as `broadcast_group` does
+   * (`make_nccl_transport`). The default throws.
    * @param tag distinguishes one chunk's messages from the next (0 ≤ tag < 32768).
    * @return null when there is nothing to do, else the whole exchange in flight.
    * @throws Error `unavailable` (69) naming the call when a send or receive cannot be
-   *         started or fails; `config` (78) from a transport that cannot exchange slices
+   *         started or fails (`nccl`: also `timeout` (75) and `internal` (70) as
+   *         `broadcast_group`); `config` (78) from a transport that cannot exchange slices
    *         (`local`: world size 1 has no peer).
    */
   virtual std::unique_ptr<Pending> exchange(std::span<const Message> sends,
