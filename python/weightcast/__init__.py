@@ -51,6 +51,12 @@ def _prefer_torch_cuda_libraries() -> None:
 _prefer_torch_cuda_libraries()
 
 from . import _weightcast  # noqa: E402
+
+import atexit as _atexit  # noqa: E402
+
+# MPI, once a load on several ranks has initialised it, lives until the interpreter exits
+# (a process initialises MPI once); it is finalised here, on the thread that initialised it.
+_atexit.register(_weightcast.shutdown)
 from ._api import LoadReport, load, load_into  # noqa: E402
 from ._errors import Error  # noqa: E402
 from ._progress import Progress  # noqa: E402
