@@ -52,12 +52,18 @@ class LoadReport:
     """Destination keys written, in checkpoint file order."""
     cast_keys: list[str]
     """Loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
+    staged_keys: list[str]
+    """Loaded keys that could not land in place (a cast the receiver does not make: F8 into
+    FP32, F16 into BF16, any cast into CUDA memory; a strided destination; one on another
+    device than the load's): they landed in a tensor of the checkpoint's dtype, which
+    ``copy_`` then wrote into the destination (so memory beyond the model for those only)."""
     bytes: int
-    """Checkpoint bytes read."""
+    """Bytes this rank received: its local shards, in the checkpoint's dtype."""
     seconds: float
-    """Wall time of the load pipeline, seconds."""
+    """Wall time of the load pipeline on this rank, seconds."""
     def __init__(self, missing_keys: list[str] = ..., unexpected_keys: list[str] = ...,
-                 loaded_keys: list[str] = ..., cast_keys: list[str] = ..., bytes: int = ...,
+                 loaded_keys: list[str] = ..., cast_keys: list[str] = ...,
+                 staged_keys: list[str] = ..., bytes: int = ...,
                  seconds: float = ...) -> None: ...
 
 def load(

@@ -238,8 +238,12 @@ class LoadReport:
     """Destination keys written, in checkpoint file order."""
     cast_keys: list[str] = field(default_factory=list)
     """The loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
+    staged_keys: list[str] = field(default_factory=list)
+    """The loaded keys that could not land in place (a cast the receiver does not make, a
+    strided destination, one on another device): they landed in a tensor of the checkpoint's
+    dtype, which torch's ``copy_`` then wrote into the destination."""
     bytes: int = 0
-    """Checkpoint bytes read (every tensor of the checkpoint, at world size 1)."""
+    """Bytes this rank received (its local shards, in the checkpoint's dtype)."""
     seconds: float = 0.0
     """Wall time of the load pipeline (files open to last byte), seconds."""
 
@@ -416,13 +420,15 @@ def load_into(
         # another device) received into a tensor of the checkpoint's dtype; torch's copy_
         # casts and scatters, so the values are exactly Tensor.to's.
         with torch.no_grad():
-            for local, landed in staged:
+            for _, local, landed in staged:
                 local.copy_(landed)
         if dev[0] == "cuda":
             torch.cuda.current_stream(dev[1]).synchronize()
-        del staged, local, landed
+    staged_keys = [key for key, _, _ in staged]
+    del staged
     return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
                       loaded_keys=list(state["routes"]), cast_keys=state["casts"],
+                      staged_keys=staged_keys,
                       bytes=int(stats["bytes"]), seconds=float(stats["seconds"]))
 
 
@@ -496,8 +502,8 @@ def _routes(owner: str, target: Mapping[str, Any], ties: list[list[str]], catalo
 def _wants(routes: dict[str, str], shards: dict[str, _LocalShard], ties: list[list[str]],
            metas: dict[str, dict], device: tuple[str, int]) -> tuple[list[tuple], list[tuple]]:
     """This rank's wants for the library (name, offset, shape, data pointer, capacity bytes,
-    memory, dtype to cast to), one per destination memory, and the (destination, landed)
-    pairs that land in a tensor of the checkpoint's dtype first, for torch to copy.
+    memory, dtype to cast to), one per destination memory, and the (key, destination, landed)
+    triples that land in a tensor of the checkpoint's dtype first, for torch to copy.
 
     A want lands in the destination itself when the library can write it there: contiguous,
     on the load's device, in the checkpoint's dtype or one ``_RECEIVER_CASTS`` makes."""
@@ -531,7 +537,7 @@ def _wants(routes: dict[str, str], shards: dict[str, _LocalShard], ties: list[li
             dest = local
         else:
             dest = torch.empty(local.shape, dtype=src_dtype, device=torch_device)
-            staged.append((local, dest))
+            staged.append((key, local, dest))
             cast = None
         offset: list[int] | None = None
         shape: list[int] | None = None

@@ -108,6 +108,7 @@ def main() -> None:
         report[f"{name}_report"] = {"missing": result.missing_keys,
                                     "unexpected": result.unexpected_keys,
                                     "cast": len(result.cast_keys),
+                                    "staged": result.staged_keys,
                                     "loaded": len(result.loaded_keys)}
 
     # Bad input: a destination the checkpoint lacks, under strict, raises on every rank.

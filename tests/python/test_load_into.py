@@ -199,8 +199,25 @@ def test_non_contiguous_and_odd_destinations(tmp_path):
     save_file({"t": torch.arange(12.0).reshape(3, 4)}, str(tmp_path / "t.safetensors"))
     big = torch.zeros(4, 3)
     dest = {"t": big.t()[:, :]}  # a transposed view: not contiguous
-    weightcast.load_into(dest, tmp_path / "t.safetensors")
+    report = weightcast.load_into(dest, tmp_path / "t.safetensors")
     assert torch.equal(big.t(), torch.arange(12.0).reshape(3, 4))
+    assert report.staged_keys == ["t"]  # strided: it lands first, then copy_ scatters it
+
+
+def test_destinations_the_receiver_can_write_land_in_place(tmp_path):
+    """Contiguous host tensors in the checkpoint's dtype, or one cast away (BF16/F16 <-> F32),
+    receive the bytes themselves; other casts land first in the checkpoint's dtype."""
+    save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4).bfloat16(),
+               "c": torch.full((2,), 0.5, dtype=torch.float16)}, str(tmp_path / "m.safetensors"))
+    dest = {"a": torch.zeros(2, 3), "b": torch.zeros(4), "c": torch.zeros(2, dtype=torch.bfloat16)}
+    pointers = {k: v.data_ptr() for k, v in dest.items()}
+    report = weightcast.load_into(dest, tmp_path / "m.safetensors")
+    assert report.loaded_keys == ["a", "b", "c"] and report.cast_keys == ["b", "c"]
+    assert report.staged_keys == ["c"]  # F16 -> BF16 is torch's cast, not the receiver's
+    assert report.bytes == 6 * 4 + 4 * 2 + 2 * 2
+    assert {k: v.data_ptr() for k, v in dest.items()} == pointers
+    assert torch.equal(dest["a"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(dest["b"], torch.ones(4)) and dest["c"].tolist() == [0.5, 0.5]
 
 
 def test_a_missing_checkpoint_is_66(tmp_path):

@@ -95,6 +95,7 @@ def test_fsdp2_load_into_matches_set_model_state_dict_bit_exact(ranks, dtype):
         assert r[f"{dtype}_mismatch"] == [], r["rank"]
         rep = r[f"{dtype}_report"]
         assert rep["missing"] == [] and rep["unexpected"] == [] and rep["loaded"] > 0
+        assert rep["staged"] == []  # every local shard landed in to_local() itself
         # A BF16 checkpoint: FP32 params are every one a cast at the receiver.
         assert rep["cast"] == (rep["loaded"] if dtype == "float32" else 0)
     # The shards are uneven and each rank holds its own: 256 vocab rows as 86/86/84.
