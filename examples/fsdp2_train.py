@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -26,6 +27,9 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightcast
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from load_hf_model import rebuild_transient_buffers  # noqa: E402  (the example beside this one)
 
 
 def world_from_launcher(master_port: int | None) -> tuple[int, int, int]:
@@ -43,18 +47,6 @@ def world_from_launcher(master_port: int | None) -> tuple[int, int, int]:
     os.environ.setdefault("MASTER_PORT", "29500")
     return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
             int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def rebuild_transient_buffers(model: torch.nn.Module) -> None:
-    """Non-persistent buffers (a rotary embedding's inv_freq) are in no checkpoint, and
-    to_empty left them uninitialised: rebuild each such module from its config."""
-    for module in model.modules():
-        persistent = set(module.state_dict(keep_vars=True))
-        transient = [n for n, _ in module.named_buffers(recurse=False) if n not in persistent]
-        if transient and hasattr(module, "config"):
-            fresh = type(module)(module.config)
-            for name in transient:
-                getattr(module, name).copy_(getattr(fresh, name))
 
 
 def main(argv: list[str] | None = None) -> float:

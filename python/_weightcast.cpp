@@ -1,11 +1,14 @@
 // weightcast._weightcast: the C++ side of the Python package. It binds the library's own
-// entry points (open_checkpoint, load) and hands the arena out as DLPack tensors; the
-// torch-facing API (dtype views, load_into, progress) is Python, in weightcast/*.py.
+// entry points (open_checkpoint, load for one process, run_job for every rank of a world,
+// with the caller's in-place destinations as its wants) and hands the arena out as DLPack
+// tensors; the torch-facing API (dtype views, load_into's keys and wants, progress) is
+// Python, in weightcast/*.py.
 //
 // Why a load runs on a thread of its own: the calling thread then waits with the GIL
 // released and wakes every 50 ms to run Python's signal handlers (PyErr_CheckSignals), so
 // Ctrl-C requests LoadOptions::stop and the load ends within moments; a blocking call in the
-// main thread would not see SIGINT until it returned.
+// main thread would not see SIGINT until it returned. Jobs all run on one such thread
+// (JobThread), the one MPI is initialised on.
 //
 // Only the standard library, nanobind and the public headers (which include nothing else):
 // the module can be built on a host that has none of the library's dependencies, given

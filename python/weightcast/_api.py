@@ -403,16 +403,29 @@ def load_into(
     def plan(catalogue: Any, rank: int, world_size: int) -> list[tuple]:
         # Every rank, once rank 0 has sent the catalogue: the same checks on every rank, so a
         # refused load raises on every rank with the same keys, before any byte moves.
-        routes, unexpected, missing, casts = _routes(owner, target, ties, catalogue, mapper,
-                                                     strict)
-        wants, staged = _wants(routes, shards, ties, {m["name"]: m for m in catalogue.tensors},
-                               dev)
+        try:
+            routes, unexpected, missing, casts = _routes(owner, target, ties, catalogue,
+                                                         mapper, strict)
+            wants, staged = _wants(routes, shards, ties,
+                                   {m["name"]: m for m in catalogue.tensors}, dev)
+        except Error:
+            raise
+        except Exception as e:  # a key_map callable's own: this rank re-raises it below
+            state["raised"] = e
+            raise Error(f"load_into: key_map or a destination raised {type(e).__name__}: {e}",
+                        USAGE) from e
         state.update(routes=routes, unexpected=unexpected, missing=missing, casts=casts,
                      staged=staged)
         return wants
 
-    result = _run_job(checkpoint, options, device=dev, placement=None, rendezvous_port=port,
-                      plan=plan, progress=progress, rank=world["rank"])
+    try:
+        result = _run_job(checkpoint, options, device=dev, placement=None,
+                          rendezvous_port=port, plan=plan, progress=progress,
+                          rank=world["rank"])
+    except Error:
+        if "raised" in state:
+            raise state.pop("raised") from None
+        raise
     stats = result.stats
     staged = state.pop("staged")
     if staged:

@@ -184,6 +184,18 @@ def test_key_map_prefix_dict_and_callable(saved):
     assert e.value.status == 64
 
 
+def test_a_key_map_callable_that_raises_raises_its_own_exception(tmp_path):
+    save_file({"w": torch.ones(2)}, str(tmp_path / "w.safetensors"))
+
+    def broken(key: str) -> str:
+        raise LookupError(f"no rule for {key}")
+
+    dest = {"w": torch.zeros(2)}
+    with pytest.raises(LookupError, match="no rule for w"):
+        weightcast.load_into(dest, tmp_path / "w.safetensors", key_map=broken)
+    assert dest["w"].tolist() == [0.0, 0.0]
+
+
 def test_meta_tensors_ask_for_to_empty(saved):
     path, _ = saved[False]
     with torch.device("meta"):
@@ -289,13 +301,12 @@ def test_the_load_hf_model_example_runs(saved):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(ref.config, torch_dtype=torch.float32)
     model.to_empty(device="cpu")
-    for module in model.modules():
-        persistent = set(module.state_dict(keep_vars=True))
-        transient = [n for n, _ in module.named_buffers(recurse=False) if n not in persistent]
-        if transient and hasattr(module, "config"):
-            fresh = type(module)(module.config)
-            for name in transient:
-                getattr(module, name).copy_(getattr(fresh, name))
+    sys.path.insert(0, str(example.parent))
+    try:
+        from load_hf_model import rebuild_transient_buffers
+    finally:
+        sys.path.remove(str(example.parent))
+    rebuild_transient_buffers(model)
     weightcast.load_into(model, path)
     ids = torch.arange(8).unsqueeze(0)
     with torch.no_grad():
