@@ -148,9 +148,22 @@ class JobThread {
     if (_thread.joinable()) _thread.join();
   }
 
+  /// In a child made by fork(): the thread was not copied, and the parent's MPI is not the
+  /// child's to use (MPI 4.0 leaves fork undefined). The state is forgotten, not destroyed:
+  /// joining or finalising what the parent owns would hang the child.
+  void after_fork_in_child() noexcept {
+    new (&_mutex) std::mutex;
+    new (&_changed) std::condition_variable;
+    if (_thread.joinable()) new (&_thread) std::thread;  // the parent's; leaked, not joined
+    _queue.clear();
+    (void)mpi.release();
+    forked = true;
+  }
+
   // Used on the job thread only.
   std::unique_ptr<MpiSession> mpi;
   bool mpi_suspect = false;  // a job failed after its broadcasts may have started
+  bool forked = false;       // this process is a fork of one that may have used MPI
 
  private:
   void serve() {
@@ -422,6 +435,11 @@ MpiCommunicator job_mpi(const World& world) {
                 "transport mpi: an earlier load on several ranks failed after its broadcasts "
                 "had started, and MPI cannot be used again in this process (MPI 4.0 §5.12: a "
                 "broadcast in flight cannot be cancelled); end the process and start again");
+  }
+  if (thread.forked && mpi_initialized()) {
+    throw Error(Errc::unavailable,
+                "transport mpi: this process is a fork of one that initialised MPI, which a "
+                "forked child cannot use (MPI 4.0 leaves fork undefined); load in the parent");
   }
   if (!thread.mpi) {
     if (!mpi_launched() && !mpi_initialized()) {
@@ -716,6 +734,8 @@ NB_MODULE(_weightcast, m) {
       "progress"_a.none(), "progress_interval_s"_a,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
       "alone reads the checkpoint.");
+  m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
+        "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
   m.def("shutdown", [] {
         nb::gil_scoped_release release;
         JobThread::get().shutdown();

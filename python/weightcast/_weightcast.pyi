@@ -58,6 +58,9 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
     (``placement`` decides) or this rank's wants: (name, offset, shape, data_ptr,
     capacity_bytes, "host"|"cuda", dtype name or None) tuples, landing in place."""
 
+def after_fork_in_child() -> None:
+    """Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork)."""
+
 def shutdown() -> None:
     """Finalises MPI if weightcast initialised it and ends the job thread (atexit)."""
 
