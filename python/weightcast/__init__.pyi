@@ -134,6 +134,8 @@ def load(
         checkpoint's dtype and shape (F4 as ``float4_e2m1fn_x2`` with the last dimension
         halved, as safetensors does), contiguous. The arena is freed when the last tensor
         viewing it is. On CUDA the data is complete, on every stream, when the call returns.
+        On several ranks with ``placement="fsdp"``: this rank's local shard of each tensor
+        (its ``Shard(0)`` rows; shape ``[0, ...]`` where it has none), by name.
 
     Raises:
         Error: 66 when the checkpoint or a shard does not exist; 65 when it breaks the
