@@ -18,9 +18,10 @@ Every variant runs as a fresh `mpirun -np N` job (gloo CPU backend, rendezvous o
   load_file_every_rank  every rank load_file()s every shard (the whole model in each rank's
                         RAM), then set_model_state_dict(full_state_dict=True) slices locally:
                         transformers' path before its FSDP memory fix.
-  weightcast_load_into  fully_shard + to_empty as above, then weightcast.load_into(model, path);
-                        only where `import weightcast` works; a load_into that refuses the world
-                        is reported with its message.
+  weightcast_load_into  fully_shard + to_empty as above, then weightcast.load_into(model, path)
+                        (rank 0 reads; each rank's local shards land in to_local() itself over
+                        MPI, FP32 params cast at the receiver); only where `import weightcast`
+                        works; a load_into that refuses the world is reported with its message.
   weightcast_replicate  `mpirun -np N weightcast run CFG --set device=host [--set
   weightcast_fsdp        placement=replicate|fsdp] --report r.{rank}.json` (CLI, no torch, the
                         checkpoint's dtype); fsdp only where the binary accepts the key.
@@ -147,7 +148,7 @@ def worker(args) -> int:
         res["base_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         t0 = time.perf_counter()
         with torch.no_grad():
-            load(args.worker, model, ckpt, files, rank)
+            load(args.worker, model, ckpt, files, rank, args.wc_port)
         res["seconds"] = time.perf_counter() - t0
         res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         dist.barrier()
@@ -167,7 +168,8 @@ def worker(args) -> int:
     return rc
 
 
-def load(variant: str, model, ckpt: Path, files: list[Path], rank: int) -> None:
+def load(variant: str, model, ckpt: Path, files: list[Path], rank: int,
+         wc_port: int | None = None) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if variant == "fsdp2_broadcast":
@@ -209,7 +211,7 @@ def load(variant: str, model, ckpt: Path, files: list[Path], rank: int) -> None:
     elif variant == "weightcast_load_into":
         import weightcast
 
-        weightcast.load_into(model, ckpt, progress=False)
+        weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port)
     else:
         raise ValueError(f"unknown variant {variant}")
 
@@ -296,6 +298,7 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--param-dtype", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--wc-port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -362,6 +365,7 @@ def main() -> int:
                 Path(result.format(rank=r)).unlink(missing_ok=True)
             cmd = mpirun_prefix(args.ranks) + [sys.executable, me, "--worker", v,
                                                "--param-dtype", dt, "--port", str(free_port()),
+                                               "--wc-port", str(free_port()),
                                                "--checkpoint", str(ckpt), "--result", result]
             rc, wall, out = run_job(cmd, args.timeout)
             row["wall"] = wall

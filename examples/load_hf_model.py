@@ -19,6 +19,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import weightcast
 
 
+def rebuild_transient_buffers(model: torch.nn.Module) -> None:
+    """Non-persistent buffers (a rotary embedding's inv_freq) are in no checkpoint, and
+    to_empty left them uninitialised: rebuild each such module from its config."""
+    for module in model.modules():
+        persistent = set(module.state_dict(keep_vars=True))
+        transient = [n for n, _ in module.named_buffers(recurse=False) if n not in persistent]
+        if transient and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name in transient:
+                getattr(module, name).copy_(getattr(fresh, name))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a directory written by save_pretrained")
@@ -30,15 +42,7 @@ def main() -> None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, args.dtype))
     model.to_empty(device=args.device)
-    # Non-persistent buffers (a rotary embedding's inv_freq) are in no checkpoint, and
-    # to_empty left them uninitialised: rebuild each such module from its config.
-    for module in model.modules():
-        persistent = set(module.state_dict(keep_vars=True))
-        transient = [n for n, _ in module.named_buffers(recurse=False) if n not in persistent]
-        if transient and hasattr(module, "config"):
-            fresh = type(module)(module.config)
-            for name in transient:
-                getattr(module, name).copy_(getattr(fresh, name))
+    rebuild_transient_buffers(model)
 
     start = time.perf_counter()
     report = weightcast.load_into(model, args.checkpoint)

@@ -1,11 +1,14 @@
 // weightcast._weightcast: the C++ side of the Python package. It binds the library's own
-// entry points (open_checkpoint, load) and hands the arena out as DLPack tensors; the
-// torch-facing API (dtype views, load_into, progress) is Python, in weightcast/*.py.
+// entry points (open_checkpoint, load for one process, run_job for every rank of a world,
+// with the caller's in-place destinations as its wants) and hands the arena out as DLPack
+// tensors; the torch-facing API (dtype views, load_into's keys and wants, progress) is
+// Python, in weightcast/*.py.
 //
 // Why a load runs on a thread of its own: the calling thread then waits with the GIL
 // released and wakes every 50 ms to run Python's signal handlers (PyErr_CheckSignals), so
 // Ctrl-C requests LoadOptions::stop and the load ends within moments; a blocking call in the
-// main thread would not see SIGINT until it returned.
+// main thread would not see SIGINT until it returned. Jobs all run on one such thread
+// (JobThread), the one MPI is initialised on.
 //
 // Only the standard library, nanobind and the public headers (which include nothing else):
 // the module can be built on a host that has none of the library's dependencies, given
@@ -16,8 +19,11 @@
 #include "weightcast/device.hpp"
 #include "weightcast/dtype.hpp"
 #include "weightcast/error.hpp"
+#include "weightcast/job.hpp"
 #include "weightcast/loader.hpp"
+#include "weightcast/placement.hpp"
 #include "weightcast/transport.hpp"
+#include "weightcast/transport_mpi.hpp"
 #include "weightcast/world.hpp"
 
 #include <nanobind/nanobind.h>
@@ -29,8 +35,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -79,9 +91,100 @@ struct PyCatalogue {
 };
 
 /// The result of a load: the catalogue and stats, and the arena until `tensors()` hands it
-/// to a capsule.
+/// to a capsule; for a job, the world and rank 0's verdict too.
 struct PyLoadResult {
   std::shared_ptr<LoadResult> result;
+  int rank = 0;
+  int world_size = 1;
+  std::string verdict;
+};
+
+// ---- the job thread ---------------------------------------------------------------------
+//
+// Every job (run_job) runs on this one thread of the module's own, for the life of the
+// process. MPI, once weightcast initialises it, stays initialised until the interpreter
+// exits (a process may initialise MPI once only, MPI 4.0 §11.2.1, so a job of its own that
+// finalised it would leave a second load unable to start); it is initialised at
+// MPI_THREAD_FUNNELED (MpiSession), so every later MPI call must come from the thread that
+// initialised it: this one. `shutdown` (atexit) finalises MPI here and joins the thread.
+class JobThread {
+ public:
+  static JobThread& get() {
+    static JobThread* thread = new JobThread;  // never destroyed: shutdown() joins it
+    return *thread;
+  }
+
+  template <class Work>
+  auto submit(Work work) -> std::future<decltype(work())> {
+    using Result = decltype(work());
+    auto task = std::make_shared<std::packaged_task<Result()>>(std::move(work));
+    std::future<Result> done = task->get_future();
+    {
+      std::lock_guard lock(_mutex);
+      if (_closed) throw Error(Errc::unavailable, "weightcast: the interpreter is exiting");
+      if (!_thread.joinable()) _thread = std::thread([this] { serve(); });
+      _queue.emplace_back([task] { (*task)(); });
+    }
+    _changed.notify_one();
+    return done;
+  }
+
+  /// Finalises MPI if weightcast initialised it (on this thread), then ends the thread.
+  void shutdown() {
+    {
+      std::lock_guard lock(_mutex);
+      if (_closed) return;
+      if (_thread.joinable()) {
+        _queue.emplace_back([this] {
+          // A broadcast left in flight by a failed job: MPI_Finalize would wait for it
+          // forever; make no MPI call (the process is ending anyway).
+          if (mpi && mpi_suspect) mpi->abandon();
+          mpi.reset();
+        });
+      }
+      _closed = true;
+    }
+    _changed.notify_one();
+    if (_thread.joinable()) _thread.join();
+  }
+
+  /// In a child made by fork(): the thread was not copied, and the parent's MPI is not the
+  /// child's to use (MPI 4.0 leaves fork undefined). The state is forgotten, not destroyed:
+  /// joining or finalising what the parent owns would hang the child.
+  void after_fork_in_child() noexcept {
+    new (&_mutex) std::mutex;
+    new (&_changed) std::condition_variable;
+    if (_thread.joinable()) new (&_thread) std::thread;  // the parent's; leaked, not joined
+    _queue.clear();
+    (void)mpi.release();
+    forked = true;
+  }
+
+  // Used on the job thread only.
+  std::unique_ptr<MpiSession> mpi;
+  bool mpi_suspect = false;  // a job failed after its broadcasts may have started
+  bool forked = false;       // this process is a fork of one that may have used MPI
+
+ private:
+  void serve() {
+    for (;;) {
+      std::function<void()> next;
+      {
+        std::unique_lock lock(_mutex);
+        _changed.wait(lock, [this] { return !_queue.empty() || _closed; });
+        if (_queue.empty()) return;
+        next = std::move(_queue.front());
+        _queue.pop_front();
+      }
+      next();
+    }
+  }
+
+  std::mutex _mutex;
+  std::condition_variable _changed;
+  std::deque<std::function<void()>> _queue;
+  bool _closed = false;
+  std::thread _thread;
 };
 
 // How a safetensors dtype crosses DLPack. Types DLPack and every torch >= 2.3 agree on go
@@ -135,17 +238,17 @@ LoadResult& checked(const PyLoadResult& r) {
 /// Runs @p work on a thread of its own while this thread waits with the GIL released,
 /// running Python's signal handlers every 50 ms. A handler that raises (Ctrl-C's
 /// KeyboardInterrupt) requests a stop and re-raises here once the load has ended.
+/// With @p on_job_thread, the work runs on the JobThread instead of a thread of its own.
 template <class Work>
-auto run_interruptible(Work work) {
+auto run_interruptible(Work work, bool on_job_thread = false) {
   std::stop_source stop;
   std::optional<nb::python_error> raised;
   using Result = decltype(work(stop.get_token()));
   std::future<Result> done;
   {
     nb::gil_scoped_release release;
-    done = std::async(std::launch::async, [&work, token = stop.get_token()] {
-      return work(token);
-    });
+    auto run = [&work, token = stop.get_token()] { return work(token); };
+    done = on_job_thread ? JobThread::get().submit(run) : std::async(std::launch::async, run);
     while (done.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
       nb::gil_scoped_acquire acquire;
       if (!raised && PyErr_CheckSignals() != 0) {
@@ -224,19 +327,11 @@ nb::dict stats_dict(const LoadStats& s) {
   return d;
 }
 
-PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
-                     int device_ordinal, const PyOptions& py_options, nb::object progress,
-                     double progress_interval_s) {
-  const Config config = effective_config(py_options);
-  LoadOptions options = LoadOptions::from_config(config);
-  const DeviceKind kind = parse_device_kind(device_kind);
-  // Element-aligned host tensors at no cost for files whose offsets are aligned (the
-  // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
-  options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+/// `check_load_options`, naming the keyword the caller wrote rather than the C++ field.
+void check_keyword_options(const LoadOptions& options) {
   try {
     check_load_options(options);
   } catch (const Error& e) {
-    // Name the keyword the caller wrote, not the C++ field.
     std::string message = e.what();
     for (auto [field, keyword] : {std::pair{"LoadOptions::chunk_bytes", "chunk_size"},
                                   std::pair{"LoadOptions::", ""}}) {
@@ -246,29 +341,43 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
     }
     throw Error(e.code(), message);
   }
+}
 
-  // The progress hook runs on the load's thread: it takes the GIL only every
-  // `progress_interval_s` (and for the last chunk), and a renderer that raises is dropped
-  // (reported as unraisable) rather than failing the load.
+/// The progress hook runs on the load's thread: it takes the GIL only every
+/// @p interval_s (and for the last chunk), and a renderer that raises is dropped (reported
+/// as unraisable) rather than failing the load. None: no hook.
+std::function<void(const LoadProgress&)> progress_hook(nb::object progress, double interval_s) {
+  if (progress.is_none()) return {};
   auto last = std::make_shared<std::chrono::steady_clock::time_point>();
   auto callback = std::make_shared<nb::object>(std::move(progress));
-  if (!callback->is_none()) {
-    const auto interval = std::chrono::duration<double>(progress_interval_s);
-    options.on_progress = [callback, last, interval](const LoadProgress& p) {
-      const auto now = std::chrono::steady_clock::now();
-      if (p.chunks_done != p.chunks_total && now - *last < interval) return;
-      *last = now;
-      nb::gil_scoped_acquire acquire;
-      if (callback->is_none()) return;
-      try {
-        (*callback)(p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
-                    fs_str(std::string(p.shard_name)));
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("weightcast progress renderer");
-        *callback = nb::none();
-      }
-    };
-  }
+  const auto interval = std::chrono::duration<double>(interval_s);
+  return [callback, last, interval](const LoadProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (p.chunks_done != p.chunks_total && now - *last < interval) return;
+    *last = now;
+    nb::gil_scoped_acquire acquire;
+    if (callback->is_none()) return;
+    try {
+      (*callback)(p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
+                  fs_str(std::string(p.shard_name)));
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("weightcast progress renderer");
+      *callback = nb::none();
+    }
+  };
+}
+
+PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
+                     int device_ordinal, const PyOptions& py_options, nb::object progress,
+                     double progress_interval_s) {
+  const Config config = effective_config(py_options);
+  LoadOptions options = LoadOptions::from_config(config);
+  const DeviceKind kind = parse_device_kind(device_kind);
+  // Element-aligned host tensors at no cost for files whose offsets are aligned (the
+  // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
+  options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  check_keyword_options(options);
+  options.on_progress = progress_hook(std::move(progress), progress_interval_s);
 
   Catalogue copy = catalogue.catalogue;
   // `options` (and the Python callback it holds) outlives the thread and is released here,
@@ -281,7 +390,179 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
     auto transport = make_local_transport();
     return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
   });
-  return PyLoadResult{std::move(result)};
+  PyLoadResult out;
+  out.result = std::move(result);
+  return out;
+}
+
+// ---- a job on one or several ranks (run_job) --------------------------------------------
+
+/// "where: TypeError: message" for a Python exception (GIL held).
+std::string fmt_python_error(nb::python_error& e, const char* where) {
+  nb::handle type = e.type();
+  return std::string(where) + ": " + nb::cast<std::string>(type.attr("__name__")) + ": " +
+         nb::cast<std::string>(nb::str(e.value()));
+}
+
+/// A Python exception raised by a hook the job calls, as the library's `Error`: a
+/// `weightcast.Error` keeps its status and message; any other exception is `usage` (64),
+/// named by its type. The job then ends every rank with it.
+[[noreturn]] void rethrow_as_error(nb::python_error& e, const char* where) {
+  nb::object error_class = nb::module_::import_("weightcast._errors").attr("Error");
+  if (e.matches(error_class)) {
+    const int status = nb::cast<int>(e.value().attr("status"));
+    throw Error(errc_for_exit_status(status), nb::cast<std::string>(nb::str(e.value())));
+  }
+  throw Error(Errc::usage, fmt_python_error(e, where));
+}
+
+/// Whether this process was started by an MPI launcher (mpirun, mpiexec, srun --mpi=pmix):
+/// only then does MPI_Init_thread join the other ranks rather than make a world of one.
+bool mpi_launched() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return true;
+  }
+  return false;
+}
+
+/// The job thread's MPI session, made on first use (the JobThread's own thread only).
+/// @throws Error `unavailable` (69) when MPI cannot be used for @p world.
+MpiCommunicator job_mpi(const World& world) {
+  JobThread& thread = JobThread::get();
+  if (thread.mpi_suspect) {
+    throw Error(Errc::unavailable,
+                "transport mpi: an earlier load on several ranks failed after its broadcasts "
+                "had started, and MPI cannot be used again in this process (MPI 4.0 §5.12: a "
+                "broadcast in flight cannot be cancelled); end the process and start again");
+  }
+  if (thread.forked && mpi_initialized()) {
+    throw Error(Errc::unavailable,
+                "transport mpi: this process is a fork of one that initialised MPI, which a "
+                "forked child cannot use (MPI 4.0 leaves fork undefined); load in the parent");
+  }
+  if (!thread.mpi) {
+    if (!mpi_launched() && !mpi_initialized()) {
+      throw Error(Errc::unavailable,
+                  "transport mpi: " + world.describe() + ", but this process was not started "
+                  "by mpirun: host tensors on several ranks travel over MPI, which needs the "
+                  "ranks started by mpirun (mpirun -n " + std::to_string(world.world_size) +
+                  " python ...); under torchrun load to CUDA (device='cuda', transport nccl)");
+    }
+    thread.mpi = std::make_unique<MpiSession>();
+  }
+  if (thread.mpi->rank() != world.rank || thread.mpi->world_size() != world.world_size) {
+    throw Error(Errc::unavailable,
+                "transport mpi: MPI says rank " + std::to_string(thread.mpi->rank()) + " of " +
+                    std::to_string(thread.mpi->world_size()) + ", but this is " +
+                    world.describe() + "; launch every rank with mpirun -n " +
+                    std::to_string(world.world_size));
+  }
+  return MpiCommunicator{thread.mpi->communicator()};
+}
+
+/// A Python want (name, offset, shape, data_ptr, capacity, memory, dtype) as the library's.
+TensorWant want_of(const nb::handle& item) {
+  nb::tuple t = nb::cast<nb::tuple>(item);
+  if (t.size() != 7) throw Error(Errc::internal, "weightcast: a want is a 7-tuple");
+  TensorWant w;
+  w.tensor = nb::cast<std::string>(t[0]);
+  if (!t[1].is_none()) w.offset = nb::cast<std::vector<std::uint64_t>>(t[1]);
+  if (!t[2].is_none()) w.shape = nb::cast<std::vector<std::uint64_t>>(t[2]);
+  w.destination.data = reinterpret_cast<std::byte*>(nb::cast<std::uintptr_t>(t[3]));
+  w.destination.capacity_bytes = nb::cast<std::uint64_t>(t[4]);
+  const std::string memory = nb::cast<std::string>(t[5]);
+  w.destination.memory = memory == "cuda" ? MemoryKind::cuda : MemoryKind::host;
+  if (!t[6].is_none()) {
+    const std::string name = nb::cast<std::string>(t[6]);
+    const auto dtype = parse_dtype(name);
+    if (!dtype) throw Error(Errc::internal, "weightcast: no dtype '" + name + "'");
+    w.destination.dtype = *dtype;
+  }
+  return w;
+}
+
+/// One rank's part of a job (weightcast::run_job), from the Python keywords.
+///
+/// @p plan, when not None, is called on every rank once the catalogue is known (on the job
+/// thread, with the GIL), as plan(catalogue, rank, world_size): it may raise (a
+/// `weightcast.Error` ends every rank with its status and message), and returns None (each
+/// rank receives what `placement` gives it, in the arena) or this rank's wants (in place).
+PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device_kind,
+                        int device_ordinal, const PyOptions& py_options,
+                        std::optional<std::string> placement,
+                        std::optional<int> rendezvous_port, nb::object plan,
+                        nb::object progress, double progress_interval_s) {
+  const Config config = effective_config(py_options);
+  World world = detect_world(config);
+  const DeviceKind kind = parse_device_kind(device_kind);
+  // A CUDA device's ordinal is the world's local rank (job.hpp); the caller's device wins.
+  if (kind == DeviceKind::cuda) world.local_rank = device_ordinal;
+  JobOptions job = JobOptions::from_config(config, world);
+  job.checkpoint = checkpoint;
+  job.device = kind;
+  job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  check_keyword_options(job.load);
+  job.load.on_progress = progress_hook(std::move(progress), progress_interval_s);
+  if (placement) {
+    if (*placement == "replicate") {
+      job.placement = PlacementSpec{};
+    } else if (*placement == "fsdp") {
+      job.placement = PlacementSpec{PlacementMode::fsdp, {}};
+    } else {
+      throw Error(Errc::config, "placement: '" + *placement + "' is not one of replicate, fsdp");
+    }
+  }
+  if (rendezvous_port) {
+    if (*rendezvous_port < 1 || *rendezvous_port > 65535) {
+      throw Error(Errc::config, "rendezvous_port: " + std::to_string(*rendezvous_port) +
+                                    " is not a TCP port (1 to 65535)");
+    }
+    job.rendezvous->port = static_cast<std::uint16_t>(*rendezvous_port);
+  }
+  // Python unwinds: an exception on every rank, also where MPI is left with a broadcast in
+  // flight (MPI is then unusable in this process: job_mpi refuses it after).
+  job.failure_policy = FailurePolicy::throw_error;
+  auto plan_fn = std::make_shared<nb::object>(std::move(plan));
+  if (!plan_fn->is_none()) {
+    const PlacementSpec spec = job.placement;
+    job.wants = [plan_fn, spec](const Catalogue& catalogue, int rank, int world_size) {
+      nb::gil_scoped_acquire acquire;
+      try {
+        nb::object got = (*plan_fn)(PyCatalogue{catalogue}, rank, world_size);
+        if (got.is_none()) return resolve_placement(spec, catalogue, rank, world_size);
+        RankWants wants;
+        for (nb::handle item : got) wants.tensors.push_back(want_of(item));
+        return wants;
+      } catch (nb::python_error& e) {
+        rethrow_as_error(e, "load_into");
+      }
+    };
+  }
+  const bool several = world.world_size > 1;
+  const bool mpi = several && kind == DeviceKind::host;
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  job.on_load_start = [started] { started->store(true); };
+
+  auto result = run_interruptible(
+      [&](std::stop_token stop) {
+        JobOptions o = job;
+        o.load.stop = stop;
+        if (mpi) o.mpi_communicator = job_mpi(world);
+        try {
+          return std::make_shared<JobResult>(run_job(o));
+        } catch (...) {
+          if (mpi && started->load()) JobThread::get().mpi_suspect = true;
+          throw;
+        }
+      },
+      /*on_job_thread=*/true);
+  PyLoadResult out;
+  out.rank = result->world.rank;
+  out.world_size = result->world.world_size;
+  out.verdict = result->verdict.message;
+  out.result = std::make_shared<LoadResult>(std::move(result->load));
+  return out;
 }
 
 /// The tensors of @p r as (name, dtype, tensor) with one capsule owning the arena; the
@@ -303,16 +584,22 @@ nb::list py_tensors(PyLoadResult& r) {
   alignas(256) static std::byte empty_tensor_storage[1];
 
   nb::list out;
-  for (std::size_t i = 0; i < result.catalogue.tensors.size(); ++i) {
-    const TensorView view = result.tensor(i);
+  // A placed load (placement fsdp on several ranks) holds this rank's local shards only.
+  const std::size_t count =
+      result.placed ? result.wants.tensors.size() : result.catalogue.tensors.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    const TensorView view = result.placed ? result.local(i) : result.tensor(i);
     const TensorInfo& info = *view.info;
     const Export e = export_of(info.dtype);
-    std::vector<std::size_t> shape(info.shape.begin(), info.shape.end());
+    const std::vector<std::uint64_t> local =
+        view.want != nullptr ? local_shape(info, *view.want) : info.shape;
+    const std::uint64_t bytes = view.want != nullptr ? local_bytes(info, *view.want) : info.bytes;
+    std::vector<std::size_t> shape(local.begin(), local.end());
     // F4 with an odd last dimension (or a scalar) has no float4_e2m1fn_x2 shape: it goes as
     // raw bytes like F6; `weightcast.load` refuses it up front unless asked for bytes.
     const bool f4_pairs = e.packed_f4 && !shape.empty() && shape.back() % 2 == 0;
     if (e.raw || (e.packed_f4 && !f4_pairs)) {
-      shape = {static_cast<std::size_t>(info.bytes)};
+      shape = {static_cast<std::size_t>(bytes)};
     } else if (e.packed_f4) {
       shape.back() /= 2;
     }
@@ -320,7 +607,7 @@ nb::list py_tensors(PyLoadResult& r) {
     // dimensions, while safetensors and torch take any count: a tensor of many dimensions goes
     // flat and the Python side views it in its shape (`weightcast._dtypes.as_torch`).
     if (shape.size() > kMaxExportDims) {
-      shape = {static_cast<std::size_t>(info.bytes / (e.dtype.bits / 8))};
+      shape = {static_cast<std::size_t>(bytes / (e.dtype.bits / 8))};
     }
     void* data = view.data != nullptr ? static_cast<void*>(view.data)
                  : cuda && result.arena->data() != nullptr
@@ -337,7 +624,8 @@ nb::list py_tensors(PyLoadResult& r) {
     nb::ndarray<nb::pytorch> array(data, shape.size(), shape.data(), owner, strides.data(),
                                    e.dtype, device_type, device_id);
     out.append(nb::make_tuple(info.name, std::string(dtype_name(info.dtype)),
-                              nb::cast(array, nb::rv_policy::reference)));
+                              nb::cast(array, nb::rv_policy::reference),
+                              nb::tuple(nb::cast(local))));
   }
   r.result->arena.reset();
   return out;
@@ -386,6 +674,11 @@ NB_MODULE(_weightcast, m) {
 
   nb::class_<PyLoadResult>(m, "LoadResult", "A finished load: its stats, and the arena.")
       .def_prop_ro("stats", [](const PyLoadResult& r) { return stats_dict(checked(r).stats); })
+      .def_prop_ro("rank", [](const PyLoadResult& r) { return r.rank; }, "This rank.")
+      .def_prop_ro("world_size", [](const PyLoadResult& r) { return r.world_size; },
+                   "The number of ranks of the load.")
+      .def_prop_ro("verdict", [](const PyLoadResult& r) { return r.verdict; },
+                   "Rank 0's verdict of a job, the same on every rank (\"\" for `load`).")
       .def("tensors", &py_tensors,
            "(name, dtype, tensor) per tensor; the arena then belongs to the tensors.");
 
@@ -418,6 +711,36 @@ NB_MODULE(_weightcast, m) {
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
       "Loads a catalogue into a host or CUDA arena on this process (world size 1).");
+
+  m.def(
+      "run_job",
+      [](const nb::bytes& checkpoint, const std::string& device, int ordinal,
+         std::optional<nb::bytes> config, std::optional<std::string> chunk_size,
+         std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
+         std::optional<std::string> direct_io, std::optional<std::string> timeout,
+         std::optional<std::string> reader, std::optional<std::string> placement,
+         std::optional<int> rendezvous_port, nb::object plan, nb::object progress,
+         double progress_interval_s) {
+        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
+                    std::move(chunk_size), buffer_depth, io_depth,
+                    std::move(direct_io), std::move(timeout), std::move(reader)};
+        return py_run_job(fs_path(checkpoint), device, ordinal, o, std::move(placement),
+                          rendezvous_port, std::move(plan), std::move(progress),
+                          progress_interval_s);
+      },
+      "checkpoint"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
+      "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
+      "reader"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(), "plan"_a.none(),
+      "progress"_a.none(), "progress_interval_s"_a,
+      "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
+      "alone reads the checkpoint.");
+  m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
+        "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
+  m.def("shutdown", [] {
+        nb::gil_scoped_release release;
+        JobThread::get().shutdown();
+      },
+      "Finalises MPI if weightcast initialised it and ends the job thread (atexit).");
 
   m.def(
       "detect_world",

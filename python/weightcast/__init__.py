@@ -51,6 +51,16 @@ def _prefer_torch_cuda_libraries() -> None:
 _prefer_torch_cuda_libraries()
 
 from . import _weightcast  # noqa: E402
+
+import atexit as _atexit  # noqa: E402
+import os as _os  # noqa: E402
+
+# MPI, once a load on several ranks has initialised it, lives until the interpreter exits
+# (a process initialises MPI once); it is finalised here, on the thread that initialised it.
+_atexit.register(_weightcast.shutdown)
+# A forked child (a DataLoader worker) has no copy of the job thread, and may not use the
+# parent's MPI: it forgets both rather than join or finalise them.
+_os.register_at_fork(after_in_child=_weightcast.after_fork_in_child)
 from ._api import LoadReport, load, load_into  # noqa: E402
 from ._errors import Error  # noqa: E402
 from ._progress import Progress  # noqa: E402

@@ -52,12 +52,18 @@ class LoadReport:
     """Destination keys written, in checkpoint file order."""
     cast_keys: list[str]
     """Loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
+    staged_keys: list[str]
+    """Loaded keys that could not land in place (a cast the receiver does not make: F8 into
+    FP32, F16 into BF16, any cast into CUDA memory; a strided destination; one on another
+    device than the load's): they landed in a tensor of the checkpoint's dtype, which
+    ``copy_`` then wrote into the destination (so memory beyond the model for those only)."""
     bytes: int
-    """Checkpoint bytes read."""
+    """Bytes this rank received: its local shards, in the checkpoint's dtype."""
     seconds: float
-    """Wall time of the load pipeline, seconds."""
+    """Wall time of the load pipeline on this rank, seconds."""
     def __init__(self, missing_keys: list[str] = ..., unexpected_keys: list[str] = ...,
-                 loaded_keys: list[str] = ..., cast_keys: list[str] = ..., bytes: int = ...,
+                 loaded_keys: list[str] = ..., cast_keys: list[str] = ...,
+                 staged_keys: list[str] = ..., bytes: int = ...,
                  seconds: float = ...) -> None: ...
 
 def load(
@@ -74,8 +80,16 @@ def load(
     progress: bool | Callable[[Progress], None] | None = None,
     reader: str | None = None,
     unsupported_dtypes: str = "error",
+    rendezvous_port: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Loads every tensor of a safetensors checkpoint.
+    """Loads every tensor of a safetensors checkpoint, on this rank or on every rank.
+
+    Under a launcher (mpirun, srun, torchrun: the world as ``weightcast run`` detects it,
+    from the config's ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's
+    variables) every rank calls it: rank 0 alone reads the checkpoint (the others never open
+    ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
+    must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
+    every rank, its message naming the rank ("rank 2: ...").
 
     Args:
         checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory
@@ -95,7 +109,9 @@ def load(
         timeout: the longest any stage may make no progress: seconds, a ``timedelta`` or a
             duration string (``"300s"``); default 300 s. NaN, infinite, zero or negative
             seconds raise (78).
-        placement: ``"replicate"`` or ``"fsdp"``; at world size 1 both give whole tensors.
+        placement: ``"replicate"`` (every rank gets every tensor whole) or ``"fsdp"`` (each
+            rank gets its ``Shard(0)`` local shard, ``torch.chunk``'s split, of every tensor
+            of at least one dimension); at world size 1 both give whole tensors.
         config: a weightcast YAML config (configs/default.yaml); keywords given here override
             its keys.
         progress: None (default): a one-line bar on stderr on rank 0 when stderr is a
@@ -104,6 +120,9 @@ def load(
             (78).
         reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
             ``"pread"``.
+        rendezvous_port: rank 0's TCP port where the ranks meet (1 to 65535); default the
+            config's ``rendezvous.port``, 29555. Unused at world size 1. Rank 0's address is
+            ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``).
         unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
             F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
             an odd last dimension) raises before any byte is read, as
@@ -115,13 +134,16 @@ def load(
         checkpoint's dtype and shape (F4 as ``float4_e2m1fn_x2`` with the last dimension
         halved, as safetensors does), contiguous. The arena is freed when the last tensor
         viewing it is. On CUDA the data is complete, on every stream, when the call returns.
+        On several ranks with ``placement="fsdp"``: this rank's local shard of each tensor
+        (its ``Shard(0)`` rows; shape ``[0, ...]`` where it has none), by name.
 
     Raises:
         Error: 66 when the checkpoint or a shard does not exist; 65 when it breaks the
             safetensors format (naming file, tensor and numbers) or holds a dtype torch cannot
             represent; 74 on a failed read; 75 when a stage stalls past ``timeout``; 78 for a
             bad keyword or config value (naming it); 69 when CUDA is asked for where the build
-            or machine has none, or several ranks are detected (not yet supported in Python).
+            or machine has none, a peer rank is lost, or host tensors on several ranks were
+            not started by mpirun; 75 when a rank stalls (naming it).
         KeyboardInterrupt: Ctrl-C stops the load within moments (the GIL is released while it
             runs; signal handlers run every 50 ms).
     """
@@ -141,6 +163,7 @@ def load_into(
     config: PathLike | None = None,
     progress: bool | Callable[[Progress], None] | None = None,
     reader: str | None = None,
+    rendezvous_port: int | None = None,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place.
 
@@ -148,9 +171,13 @@ def load_into(
     through the tensors it returns) or the mapping given. A plain tensor gets its whole
     checkpoint tensor; a DTensor (FSDP2 ``fully_shard``, tensor parallel) gets its local shard,
     from its device mesh and placements (``Shard(d)``, ``Replicate()``), written into
-    ``to_local()``. A dtype that differs is cast on landing between floating dtypes (BF16/
-    F16/F8 into FP32, FP32 into BF16/F16 with round-to-nearest-even), bit-exact with
-    ``Tensor.to``. Tensors sharing memory (tied weights, ``lm_head.weight`` and
+    ``to_local()``. Bytes land in the destinations themselves (no copy of the checkpoint
+    beside the model); on several ranks every rank calls it, rank 0 alone reads, and each
+    rank receives only its local shards. A dtype that differs is cast on landing between
+    floating dtypes: BF16/F16 into FP32 and FP32 into BF16/F16 (round-to-nearest-even) by the
+    receiver, the bytes travelling in the checkpoint's dtype, bit-exact with ``Tensor.to``
+    but for NaN payloads (NaN stays NaN of its sign); other pairs (F8 into FP32, F16 into
+    BF16) land in the checkpoint's dtype and ``copy_`` casts them. Tensors sharing memory (tied weights, ``lm_head.weight`` and
     ``embed_tokens.weight``) are one destination: the group is loaded when any of its keys is
     in the checkpoint. Every check runs before any byte is read.
 
@@ -169,8 +196,8 @@ def load_into(
             raises (64), naming the checkpoint key.
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
-        chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader: as
-            for ``load``.
+        chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
+            rendezvous_port: as for ``load``.
 
     Returns:
         A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, bytes,
@@ -182,8 +209,9 @@ def load_into(
             tensor, a key_map mapping two checkpoint keys to one destination, or a destination
             that is not a tensor, a DTensor placed other than Shard(d)/Replicate(), a
             destination ``copy_`` cannot write (elements sharing memory, as ``expand`` makes;
-            an inference tensor outside inference mode), ``strict`` not a bool; 69 for
-            several ranks (not yet supported in Python); and whatever ``load`` raises.
+            an inference tensor outside inference mode), ``strict`` not a bool; and whatever
+            ``load`` raises. On several ranks every check runs on every rank once rank 0 has
+            sent the catalogue, so a refused load raises on every rank.
     """
 
 def build_info() -> dict[str, object]:

@@ -93,22 +93,23 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
                 CONFIG)
 
 
-def _single_process_world(config: bytes | None, what: str) -> dict:
-    world = _core.detect_world(config)
-    if world["world_size"] > 1:
-        raise Error(
-            f"weightcast.{what}: {world['describe']}: loading on several ranks from Python needs "
-            "the distributed entry point, which this build of the package does not have yet; "
-            "run one process, or the `weightcast run` CLI on every rank",
-            UNAVAILABLE,
-        )
-    return world
+def _world(config: bytes | None) -> dict:
+    """This process's world as ``weightcast run`` detects it (the config's ``world.*``, else
+    torchrun's, Slurm's or Open MPI's environment)."""
+    return _core.detect_world(config)
 
 
 def _check_placement(placement: object) -> None:
-    # At world size 1 every placement is the whole tensor.
     if placement not in (None, "replicate", "fsdp"):
         raise Error(f"placement: {placement!r} is not one of 'replicate', 'fsdp'", CONFIG)
+
+
+def _port(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, 1 to 65535)", CONFIG)
+    return value
 
 
 def _reader_text(reader: object) -> str | None:
@@ -138,22 +139,44 @@ def _progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
     return lambda *args: user(_progress.Progress(*args))
 
 
-def _load_catalogue(catalogue: Any, *, device: tuple[str, int], config: bytes | None,
-                    chunk_size: object, buffer_depth: object, io_depth: object,
-                    direct_io: object, timeout: object, reader: str | None,
-                    progress: object, rank: int) -> Any:
-    return _core.load(
-        catalogue, device[0], device[1], config, _size_text(chunk_size, "chunk_size"),
-        _count(buffer_depth, "buffer_depth"), _count(io_depth, "io_depth"),
-        _direct_io_text(direct_io), _duration_text(timeout), _reader_text(reader),
-        _progress_hook(progress, rank), _PROGRESS_INTERVAL_S)
+@dataclass(frozen=True)
+class _Options:
+    """The keywords ``load`` and ``load_into`` share, checked and as the extension takes them:
+    (config, chunk_size, buffer_depth, io_depth, direct_io, timeout, reader)."""
+
+    config: bytes | None
+    core: tuple
+
+    @staticmethod
+    def of(*, config: object, chunk_size: object, buffer_depth: object, io_depth: object,
+           direct_io: object, timeout: object, reader: object) -> _Options:
+        config_s = _fs_path(config, "config") if config is not None else None
+        return _Options(config_s, (
+            config_s, _size_text(chunk_size, "chunk_size"), _count(buffer_depth, "buffer_depth"),
+            _count(io_depth, "io_depth"), _direct_io_text(direct_io), _duration_text(timeout),
+            _reader_text(reader)))
 
 
-def _tensors(result: Any, catalogue: Any) -> dict[str, torch.Tensor]:
-    out = {}
-    for (name, st_dtype, tensor), meta in zip(result.tensors(), catalogue.tensors):
-        out[name] = _dtypes.as_torch(tensor, st_dtype, meta["shape"])
-    return out
+def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
+             placement: str | None, rendezvous_port: int | None,
+             plan: Callable[..., Any] | None, progress: object, rank: int) -> Any:
+    """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
+    the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
+    ``checkpoint``."""
+    return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
+                         *options.core, placement, rendezvous_port, plan,
+                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S)
+
+
+def _tensors(result: Any) -> dict[str, torch.Tensor]:
+    return {name: _dtypes.as_torch(tensor, st_dtype, shape)
+            for name, st_dtype, tensor, shape in result.tensors()}
+
+
+def _check_catalogue(catalogue: Any, unsupported_dtypes: str) -> None:
+    for meta in catalogue.tensors:
+        _dtypes.check_shape(meta, catalogue.shards)
+        _dtypes.check_representable(meta, unsupported_dtypes)
 
 
 def load(
@@ -170,6 +193,7 @@ def load(
     progress: bool | Callable[[_progress.Progress], None] | None = None,
     reader: str | None = None,
     unsupported_dtypes: str = "error",
+    rendezvous_port: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint; see ``weightcast/__init__.pyi``."""
     import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
@@ -178,18 +202,26 @@ def load(
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
     _check_placement(placement)
-    config_s = _fs_path(config, "config") if config is not None else None
-    world = _single_process_world(config_s, "load")
-    dev = _resolve_device(device, config_s)
+    port = _port(rendezvous_port)
+    options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
+                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader)
+    world = _world(options.config)
+    dev = _resolve_device(device, options.config)
+    if world["world_size"] > 1:
+        # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
+        # raises on every rank before any byte moves.
+        def plan(catalogue: Any, rank: int, world_size: int) -> None:
+            _check_catalogue(catalogue, unsupported_dtypes)
+
+        result = _run_job(checkpoint, options, device=dev, placement=placement,
+                          rendezvous_port=port, plan=plan, progress=progress,
+                          rank=world["rank"])
+        return _tensors(result)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
-    for meta in catalogue.tensors:
-        _dtypes.check_shape(meta, catalogue.shards)
-        _dtypes.check_representable(meta, unsupported_dtypes)
-    result = _load_catalogue(
-        catalogue, device=dev, config=config_s, chunk_size=chunk_size,
-        buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io, timeout=timeout,
-        reader=reader, progress=progress, rank=world["rank"])
-    return _tensors(result, catalogue)
+    _check_catalogue(catalogue, unsupported_dtypes)
+    result = _core.load(catalogue, dev[0], dev[1], *options.core,
+                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S)
+    return _tensors(result)
 
 
 @dataclass(frozen=True)
@@ -206,8 +238,12 @@ class LoadReport:
     """Destination keys written, in checkpoint file order."""
     cast_keys: list[str] = field(default_factory=list)
     """The loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
+    staged_keys: list[str] = field(default_factory=list)
+    """The loaded keys that could not land in place (a cast the receiver does not make, a
+    strided destination, one on another device): they landed in a tensor of the checkpoint's
+    dtype, which torch's ``copy_`` then wrote into the destination."""
     bytes: int = 0
-    """Checkpoint bytes read (every tensor of the checkpoint, at world size 1)."""
+    """Bytes this rank received (its local shards, in the checkpoint's dtype)."""
     seconds: float = 0.0
     """Wall time of the load pipeline (files open to last byte), seconds."""
 
@@ -321,6 +357,7 @@ def load_into(
     config: PathLike | None = None,
     progress: bool | Callable[[_progress.Progress], None] | None = None,
     reader: str | None = None,
+    rendezvous_port: int | None = None,
 ) -> LoadReport:
     """Loads a checkpoint into a model's own tensors; see ``weightcast/__init__.pyi``."""
     import torch
@@ -344,18 +381,84 @@ def load_into(
             raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
                         "memory to load into; call model.to_empty(device=...) first", USAGE)
 
-    config_s = _fs_path(config, "config") if config is not None else None
-    world = _single_process_world(config_s, "load_into")
+    options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
+                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader)
+    port = _port(rendezvous_port)
+    world = _world(options.config)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)
-    catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
-    metas = {m["name"]: m for m in catalogue.tensors}
-    for meta in metas.values():  # every tensor lands in the arena, routed or not
-        _dtypes.check_shape(meta, catalogue.shards)
+    if device is None and options.config is None:
+        # Land where the destinations are when they all live on one GPU.
+        devices = {v.local.device for v in shards.values()}
+        only = next(iter(devices)) if len(devices) == 1 else None
+        dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
+            if only is not None and only.type == "cuda" else ("host", 0)
+    else:
+        dev = _resolve_device(device, options.config)
     mapper = _key_mapper(key_map)
+    ties = _tie_groups({k: v.local for k, v in shards.items()})
+    state: dict[str, Any] = {}
 
-    routes: dict[str, str] = {}  # destination key -> checkpoint key, checkpoint file order
+    def plan(catalogue: Any, rank: int, world_size: int) -> list[tuple]:
+        # Every rank, once rank 0 has sent the catalogue: the same checks on every rank, so a
+        # refused load raises on every rank with the same keys, before any byte moves.
+        try:
+            routes, unexpected, missing, casts = _routes(owner, target, ties, catalogue,
+                                                         mapper, strict)
+            wants, staged = _wants(routes, shards, ties,
+                                   {m["name"]: m for m in catalogue.tensors}, dev)
+        except Error:
+            raise
+        except Exception as e:  # a key_map callable's own: this rank re-raises it below
+            state["raised"] = e
+            raise Error(f"load_into: key_map or a destination raised {type(e).__name__}: {e}",
+                        USAGE) from e
+        state.update(routes=routes, unexpected=unexpected, missing=missing, casts=casts,
+                     staged=staged)
+        return wants
+
+    try:
+        result = _run_job(checkpoint, options, device=dev, placement=None,
+                          rendezvous_port=port, plan=plan, progress=progress,
+                          rank=world["rank"])
+    except Error:
+        if "raised" in state:
+            raise state.pop("raised") from None
+        raise
+    stats = result.stats
+    staged = state.pop("staged")
+    if staged:
+        # Destinations the library cannot land in (a cast it does not do, a strided tensor,
+        # another device) received into a tensor of the checkpoint's dtype; torch's copy_
+        # casts and scatters, so the values are exactly Tensor.to's.
+        with torch.no_grad():
+            for _, local, landed in staged:
+                local.copy_(landed)
+        if dev[0] == "cuda":
+            torch.cuda.current_stream(dev[1]).synchronize()
+    staged_keys = [key for key, _, _ in staged]
+    del staged
+    return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
+                      loaded_keys=list(state["routes"]), cast_keys=state["casts"],
+                      staged_keys=staged_keys,
+                      bytes=int(stats["bytes"]), seconds=float(stats["seconds"]))
+
+
+# Casts the library makes at the receiver, into host memory (placement.hpp's
+# TensorDestination::dtype): (checkpoint dtype, destination dtype).
+_RECEIVER_CASTS = {("BF16", "F32"), ("F16", "F32"), ("F32", "BF16"), ("F32", "F16")}
+_ST_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def _routes(owner: str, target: Mapping[str, Any], ties: list[list[str]], catalogue: Any,
+            mapper: Callable[[str], str | None], strict: bool
+            ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    """(routes: destination key -> checkpoint key in file order, unexpected, missing, casts),
+    raising as ``load_state_dict`` does for shape mismatches and, under strict, for missing
+    and unexpected keys."""
+    metas = {m["name"]: m for m in catalogue.tensors}
+    routes: dict[str, str] = {}
     unexpected: list[str] = []
     for name in metas:
         key = mapper(name)
@@ -371,8 +474,7 @@ def load_into(
             routes[key] = name
         else:
             unexpected.append(name)
-    missing = [k for group in _tie_groups({k: v.local for k, v in shards.items()})
-               if not any(k in routes for k in group) for k in group]
+    missing = [k for group in ties if not any(k in routes for k in group) for k in group]
     order = {k: i for i, k in enumerate(target)}
     missing.sort(key=order.__getitem__)
 
@@ -380,6 +482,7 @@ def load_into(
     casts: list[str] = []
     for key, name in routes.items():
         meta, dest = metas[name], target[key]
+        _dtypes.check_shape(meta, catalogue.shards)
         _dtypes.check_representable(meta, "error")  # a dtype torch lacks raises, naming it
         src_dtype = _dtypes.torch_dtype(meta["dtype"])
         shape = _checkpoint_shape(meta)
@@ -406,36 +509,56 @@ def load_into(
             parts.append(f"unexpected key(s) in the checkpoint: {_shown(unexpected)}")
         raise Error(f"load_into {owner} (strict): " + "; ".join(parts) +
                     " (strict=False loads the rest; key_map renames keys)", INVALID_CHECKPOINT)
+    return routes, unexpected, missing, casts
 
-    if device is None and config_s is None:
-        # Land where the destinations are when they all live on one GPU.
-        devices = {v.local.device for v in shards.values()}
-        only = next(iter(devices)) if len(devices) == 1 else None
-        dev = ("cuda", only.index or 0) if only is not None and only.type == "cuda" \
-            else ("host", 0)
-    else:
-        dev = _resolve_device(device, config_s)
-    # Until in-place landing (the placement API) is in the library, the checkpoint lands in
-    # an arena and each tensor is copied (and cast) into its destination by torch itself,
-    # so a cast is exactly `Tensor.to`'s.
-    result = _load_catalogue(
-        catalogue, device=dev, config=config_s, chunk_size=chunk_size,
-        buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io, timeout=timeout,
-        reader=reader, progress=progress, rank=world["rank"])
-    stats = result.stats
-    tensors = _tensors(result, catalogue)
-    with torch.no_grad():
-        for key, name in routes.items():
-            shard = shards[key]
-            src = tensors[name]
-            for dim, (begin, length) in enumerate(zip(shard.offset, shard.shape)):
-                if length != src.shape[dim]:
-                    src = src.narrow(dim, begin, length)
-            shard.local.copy_(src)
-    if dev[0] == "cuda":
-        # The copies run on the caller's current stream; the arena goes once they are done.
-        torch.cuda.current_stream(dev[1]).synchronize()
-    del tensors
-    return LoadReport(missing_keys=missing, unexpected_keys=unexpected,
-                      loaded_keys=list(routes), cast_keys=casts, bytes=int(stats["bytes"]),
-                      seconds=float(stats["seconds"]))
+
+def _wants(routes: dict[str, str], shards: dict[str, _LocalShard], ties: list[list[str]],
+           metas: dict[str, dict], device: tuple[str, int]) -> tuple[list[tuple], list[tuple]]:
+    """This rank's wants for the library (name, offset, shape, data pointer, capacity bytes,
+    memory, dtype to cast to), one per destination memory, and the (key, destination, landed)
+    triples that land in a tensor of the checkpoint's dtype first, for torch to copy.
+
+    A want lands in the destination itself when the library can write it there: contiguous,
+    on the load's device, in the checkpoint's dtype or one ``_RECEIVER_CASTS`` makes."""
+    import torch
+
+    # Tied keys are one memory: the key loaded last in file order writes it, as copying each
+    # in turn would leave it.
+    writer = {}
+    for group in ties:
+        routed = [k for k in routes if k in group]
+        for k in group:
+            writer[k] = routed[-1] if routed else k
+    memory = "cuda" if device[0] == "cuda" else "host"
+    torch_device = torch.device("cuda", device[1]) if memory == "cuda" else torch.device("cpu")
+    wants: list[tuple] = []
+    staged: list[tuple] = []
+    for key, name in routes.items():
+        if writer.get(key, key) != key:
+            continue
+        shard, meta = shards[key], metas[name]
+        local = shard.local
+        st_dtype = meta["dtype"]
+        src_dtype = _dtypes.torch_dtype(st_dtype)
+        cast = None
+        castable = True
+        if src_dtype != local.dtype:
+            cast = _ST_NAMES.get(str(local.dtype).removeprefix("torch."))
+            castable = memory == "host" and (st_dtype, cast) in _RECEIVER_CASTS
+        direct = castable and local.is_contiguous() and local.device == torch_device
+        if direct:
+            dest = local
+        else:
+            dest = torch.empty(local.shape, dtype=src_dtype, device=torch_device)
+            staged.append((key, local, dest))
+            cast = None
+        offset: list[int] | None = None
+        shape: list[int] | None = None
+        if shard.shape != _checkpoint_shape(meta):  # a slice of the checkpoint tensor
+            offset, shape = list(shard.offset), list(shard.shape)
+            if st_dtype == "F4" and shape:  # torch's float4_e2m1fn_x2 holds two per element
+                offset[-1] *= 2
+                shape[-1] *= 2
+        wants.append((name, offset, shape, dest.data_ptr(), dest.numel() * dest.element_size(),
+                      memory, cast))
+    return wants, staged

@@ -23,8 +23,18 @@ class LoadResult:
 
     @property
     def stats(self) -> dict[str, Any]: ...
-    def tensors(self) -> list[tuple[str, str, Any]]:
-        """(name, dtype, tensor) per tensor; the arena then belongs to the tensors."""
+    @property
+    def rank(self) -> int:
+        """This rank."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks of the load."""
+    @property
+    def verdict(self) -> str:
+        """Rank 0's verdict of a job, the same on every rank ("" for ``load``)."""
+    def tensors(self) -> list[tuple[str, str, Any, tuple[int, ...]]]:
+        """(name, dtype, tensor, shape) per tensor (a placed load: per local shard, its local
+        shape); the arena then belongs to the tensors."""
 
 def open_checkpoint(path: bytes) -> Catalogue:
     """Opens and validates a checkpoint's headers (weightcast::open_checkpoint); ``path`` as
@@ -35,6 +45,24 @@ def load(catalogue: Catalogue, device: str, ordinal: int, config: bytes | None,
          direct_io: str | None, timeout: str | None, reader: str | None,
          progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1)."""
+
+def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
+            chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
+            direct_io: str | None, timeout: str | None, reader: str | None,
+            placement: str | None, rendezvous_port: int | None,
+            plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
+            progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
+    """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
+    alone reads the checkpoint. ``plan(catalogue, rank, world_size)``, on every rank once the
+    catalogue is known, may raise (``Error`` ends every rank with its status) and returns None
+    (``placement`` decides) or this rank's wants: (name, offset, shape, data_ptr,
+    capacity_bytes, "host"|"cuda", dtype name or None) tuples, landing in place."""
+
+def after_fork_in_child() -> None:
+    """Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork)."""
+
+def shutdown() -> None:
+    """Finalises MPI if weightcast initialised it and ends the job thread (atexit)."""
 
 def detect_world(config: bytes | None) -> dict[str, Any]:
     """This process's world: the config's world.* keys, else torchrun, Slurm, Open MPI."""

@@ -88,3 +88,37 @@ def test_a_failed_load_leaks_no_arena(tmp_path):
         pass
     gc.collect()
     assert _weightcast.live_arenas() == base
+
+
+def test_a_forked_child_loads_on_a_job_thread_of_its_own(tmp_path):
+    """load_into runs on the module's job thread, which a fork() does not copy: the child
+    forgets the parent's, loads on a new one, and its exit joins only its own (a join of the
+    parent's would hang it)."""
+    import os
+    import time
+
+    path, ref = _checkpoint(tmp_path)
+    dest = {"a": torch.zeros(128, 64)}
+    weightcast.load_into(dest, path, strict=False)  # the parent's job thread now exists
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery, only an exit status
+        status = 1
+        try:
+            mine = {"b": torch.zeros(10, dtype=torch.int64)}
+            weightcast.load_into(mine, path, strict=False)
+            _weightcast.shutdown()  # what atexit runs
+            status = 0 if torch.equal(mine["b"], ref["b"]) else 2
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert torch.equal(dest["a"], ref["a"])

@@ -326,7 +326,10 @@ def test_a_progress_callable_that_raises_does_not_fail_the_load(tmp_path):
     assert len(seen) == 1 and isinstance(seen[0].exc_value, ValueError)  # reported once
 
 
-def test_several_ranks_are_refused_plainly(tmp_path, monkeypatch):
+def test_host_tensors_on_a_torchrun_world_without_mpirun_are_refused_plainly(tmp_path,
+                                                                              monkeypatch):
+    """torchrun's variables alone make a world of 3 but no MPI world for host tensors to
+    travel in: every rank raises at once (no rendezvous is waited for), saying so."""
     path = tmp_path / "a.safetensors"
     save_file({"x": torch.ones(2)}, str(path))
     monkeypatch.setenv("RANK", "1")
@@ -334,9 +337,12 @@ def test_several_ranks_are_refused_plainly(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    with pytest.raises(weightcast.Error) as e:
-        weightcast.load(path)
-    assert e.value.status == 69 and "rank 1 of 3" in str(e.value)
+    for call in (lambda: weightcast.load(path),
+                 lambda: weightcast.load_into({"x": torch.zeros(2)}, path)):
+        with pytest.raises(weightcast.Error) as e:
+            call()
+        assert e.value.status == 69 and "rank 1 of 3" in str(e.value)
+        assert "not started by mpirun" in str(e.value) and "mpirun -n 3" in str(e.value)
 
 
 def test_error_pickles():
