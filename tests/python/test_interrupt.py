@@ -33,6 +33,9 @@ def test_ctrl_c_stops_a_load_within_moments(tmp_path):
         if not sent:
             sent.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGINT)
+            # Hold the load (this is its thread) past the main thread's signal check: the
+            # plan may widen the chunks, and on an idle machine the load could end first.
+            time.sleep(0.5)
 
     with pytest.raises(KeyboardInterrupt):
         weightcast.load(path, chunk_size=256, direct_io=False, progress=progress)
