@@ -29,6 +29,7 @@ say() { printf 'gpu_bundle_selftest [%4s s]: %s\n' "$(($(date +%s) - START))" "$
 # old scripts. WEIGHTCAST_SELFTEST_REPACK=0 tests BUNDLE_DIR as it is.
 if [ "${WEIGHTCAST_SELFTEST_REPACK:-1}" != 0 ] || [ ! -x "$BUNDLE/bin/weightcast" ]; then
   say "packing the bundle (bench/gpu_bundle.sh $BUNDLE)"
+  mkdir -p "$(dirname "$BUNDLE")"  # out/ is absent in a fresh clone
   bash bench/gpu_bundle.sh "$BUNDLE" >"${BUNDLE%/}.pack.log" 2>&1 || { tail -30 "${BUNDLE%/}.pack.log"; exit 1; }
   say "packed: $(grep '^size:' "$BUNDLE/BUNDLE.txt")"
 fi
