@@ -2,6 +2,7 @@
 // final reports. Boost.Asio lives here only (it is slow to compile).
 #include "weightcast/control_plane.hpp"
 
+#include "weightcast/config.hpp"
 #include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/running_time.hpp"
 #include "weightcast/log.hpp"
@@ -308,8 +309,8 @@ struct ControlPlane::Impl {
   }
 
   // Waits on `changed` until @p done() holds, at most @p most of the time this process ran
-  // (the rule of the loader's watchdog): in steps of at most a heartbeat interval, each
-  // counting at most as long as it asked for. A wait that runs out on a step that ended far
+  // (detail::RunningClock, as the loader's watchdog counts): in steps of at most a heartbeat
+  // interval. A wait that runs out on a step that ended far
   // later than asked (this process was stopped, then resumed) takes one step more: the
   // reader thread resumed with this one, and what arrived meanwhile (the catalogue, an ABORT,
   // heartbeats) is waiting in the sockets for it; the time stopped is no peer's stall. Caller

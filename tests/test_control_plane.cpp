@@ -3,6 +3,7 @@
 // clients, descriptor exhaustion).
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
 #include "weightcast/control_plane.hpp"
 #include "weightcast/detail/control_wire.hpp"
 #include "weightcast/error.hpp"
