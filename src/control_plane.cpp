@@ -842,7 +842,7 @@ struct ControlPlane::Impl {
       changed.notify_all();
     }
     // Nothing left to beat for: the reader thread returns as soon as its other work is done
-    // (join_finished_reader relies on it returning promptly once the peers hung up).
+    // (~ControlPlane joins it).
     if (none_open && heartbeat_timer) heartbeat_timer->cancel();
     // Hang up but keep the descriptor: the main thread may be in send_all() on this
     // connection (share, gather, abort), and close() would write the socket's handle while
@@ -1075,8 +1075,18 @@ void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
   });
 }
 
-void ControlPlane::join_finished_reader() noexcept {
-  if (_impl && _impl->reader_done && _impl->reader.joinable()) _impl->reader.join();
+void ControlPlane::stop_reader(std::chrono::milliseconds most) noexcept {
+  Impl* impl = _impl.get();
+  if (impl == nullptr || !impl->reader.joinable() ||
+      impl->reader.get_id() == std::this_thread::get_id()) {
+    return;
+  }
+  impl->io.stop();  // thread-safe; run() returns once the handler in progress, if any, ends
+  const auto until = Clock::now() + most;
+  while (!impl->reader_done && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (impl->reader_done) impl->reader.join();
 }
 
 int ControlPlane::rank() const noexcept { return _impl->world.rank; }
