@@ -6,7 +6,6 @@
 // message with where the value came from (`file:line: key: ` or `--set key=value: `).
 #include "weightcast/config.hpp"
 
-#include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/file_open.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/safetensors.hpp"
@@ -33,69 +32,6 @@
 #include <vector>
 
 namespace weightcast {
-
-std::string_view to_string(DeviceKind kind) noexcept {
-  switch (kind) {
-    case DeviceKind::automatic: return "auto";
-    case DeviceKind::host: return "host";
-    case DeviceKind::cuda: return "cuda";
-  }
-  return "auto";
-}
-
-std::string_view to_string(TransportKind kind) noexcept {
-  switch (kind) {
-    case TransportKind::automatic: return "auto";
-    case TransportKind::local: return "local";
-    case TransportKind::mpi: return "mpi";
-    case TransportKind::nccl: return "nccl";
-  }
-  return "auto";
-}
-
-std::string_view to_string(DirectIo mode) noexcept {
-  switch (mode) {
-    case DirectIo::automatic: return "auto";
-    case DirectIo::on: return "on";
-    case DirectIo::off: return "off";
-  }
-  return "auto";
-}
-
-std::string_view to_string(ReaderKind kind) noexcept {
-  switch (kind) {
-    case ReaderKind::automatic: return "auto";
-    case ReaderKind::uring: return "uring";
-    case ReaderKind::pread: return "pread";
-  }
-  return "auto";
-}
-
-std::string_view to_string(Destination destination) noexcept {
-  switch (destination) {
-    case Destination::arena: return "arena";
-    case Destination::discard: return "discard";
-  }
-  return "arena";
-}
-
-std::string_view to_string(Verify verify) noexcept {
-  switch (verify) {
-    case Verify::none: return "none";
-    case Verify::digest: return "digest";
-  }
-  return "digest";
-}
-
-std::string_view to_string(LogLevel level) noexcept {
-  switch (level) {
-    case LogLevel::error: return "error";
-    case LogLevel::warn: return "warn";
-    case LogLevel::info: return "info";
-    case LogLevel::debug: return "debug";
-  }
-  return "info";
-}
 
 namespace {
 
@@ -1505,27 +1441,6 @@ std::chrono::milliseconds parse_duration(std::string_view text, std::string_view
   } catch (const Error& e) {
     throw Error(Errc::config, fmt::format("{}: {}", key, e.what()));
   }
-}
-
-std::string format_bytes(std::uint64_t bytes) {
-  static constexpr std::array<std::string_view, 7> units{"B",   "KiB", "MiB", "GiB",
-                                                         "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  std::size_t unit = 0;
-  std::uint64_t scaled = bytes;
-  while (scaled >= 1024 && unit + 1 < units.size()) {
-    scaled >>= 10;
-    ++unit;
-  }
-  std::uint64_t divisor = 1ull << (10 * unit);
-  if (bytes % divisor == 0) return fmt::format("{} {}", bytes / divisor, units[unit]);
-  double value = static_cast<double>(bytes) / static_cast<double>(divisor);
-  // 1023.999 MiB would print as "1024.00 MiB"; say "1.00 GiB" instead.
-  if (std::round(value * 100.0) >= 1024.0 * 100.0 && unit + 1 < units.size()) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return fmt::format("{:.2f} {}", value, units[unit]);
 }
 
 std::string Config::to_yaml() const {

@@ -2,6 +2,7 @@
 // final reports. Boost.Asio lives here only (it is slow to compile).
 #include "weightcast/control_plane.hpp"
 
+#include "weightcast/config.hpp"
 #include "weightcast/detail/control_wire.hpp"
 #include "weightcast/detail/running_time.hpp"
 #include "weightcast/log.hpp"
@@ -308,8 +309,8 @@ struct ControlPlane::Impl {
   }
 
   // Waits on `changed` until @p done() holds, at most @p most of the time this process ran
-  // (the rule of the loader's watchdog): in steps of at most a heartbeat interval, each
-  // counting at most as long as it asked for. A wait that runs out on a step that ended far
+  // (detail::RunningClock, as the loader's watchdog counts): in steps of at most a heartbeat
+  // interval. A wait that runs out on a step that ended far
   // later than asked (this process was stopped, then resumed) takes one step more: the
   // reader thread resumed with this one, and what arrived meanwhile (the catalogue, an ABORT,
   // heartbeats) is waiting in the sockets for it; the time stopped is no peer's stall. Caller
@@ -841,7 +842,7 @@ struct ControlPlane::Impl {
       changed.notify_all();
     }
     // Nothing left to beat for: the reader thread returns as soon as its other work is done
-    // (join_finished_reader relies on it returning promptly once the peers hung up).
+    // (~ControlPlane joins it).
     if (none_open && heartbeat_timer) heartbeat_timer->cancel();
     // Hang up but keep the descriptor: the main thread may be in send_all() on this
     // connection (share, gather, abort), and close() would write the socket's handle while
@@ -1074,8 +1075,18 @@ void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
   });
 }
 
-void ControlPlane::join_finished_reader() noexcept {
-  if (_impl && _impl->reader_done && _impl->reader.joinable()) _impl->reader.join();
+void ControlPlane::stop_reader(std::chrono::milliseconds most) noexcept {
+  Impl* impl = _impl.get();
+  if (impl == nullptr || !impl->reader.joinable() ||
+      impl->reader.get_id() == std::this_thread::get_id()) {
+    return;
+  }
+  impl->io.stop();  // thread-safe; run() returns once the handler in progress, if any, ends
+  const auto until = Clock::now() + most;
+  while (!impl->reader_done && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (impl->reader_done) impl->reader.join();
 }
 
 int ControlPlane::rank() const noexcept { return _impl->world.rank; }

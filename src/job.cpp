@@ -45,6 +45,11 @@ using Clock = std::chrono::steady_clock;
 // (InterruptHandler::ending_grace) for the ending to finish: this stays below.
 constexpr std::chrono::milliseconds unwind_grace{2'000};
 
+// How long a thread that ends the process waits for the control plane's reader, once
+// stopped, to return (ControlPlane::stop_reader): a handler in progress takes microseconds;
+// the bound keeps a reader stuck in one (a caller's hook) from holding the exit.
+constexpr std::chrono::milliseconds reader_stop_most{500};
+
 /// How long a rank other than 0 that sent its ABORT waits for rank 0 to take it
 /// (`ControlPlane::linger`) before it ends.
 std::chrono::milliseconds linger_most(std::chrono::milliseconds timeout) {
@@ -189,7 +194,7 @@ class Watchdog {
         // The calling thread is stuck: end with the job's failure, once every rank knows.
         const auto failure = _control.remote_failure();
         _control.await_told();
-        _control.join_finished_reader();
+        _control.stop_reader(reader_stop_most);
         _failure.end_process(failure ? Error(*failure)
                                      : Error(Errc::internal, "the job ended without a cause"));
       }
@@ -226,7 +231,7 @@ class Watchdog {
     _control.defer_to_root(root_grace(timeout));
     if (const auto failure = _control.remote_failure()) {
       _control.await_told();
-      _control.join_finished_reader();
+      _control.stop_reader(reader_stop_most);
       _failure.end_process(*failure);
     }
     const Error error(Errc::timeout,
@@ -235,7 +240,7 @@ class Watchdog {
     _control.abort(error);
     _failure.report(error);
     _control.linger(linger_most(timeout));
-    _control.join_finished_reader();
+    _control.stop_reader(reader_stop_most);
     _failure.end_process(error);
   }
 
@@ -837,7 +842,7 @@ class Job {
     // keeps a communicator it never sees.
     if (_mpi) _mpi->abandon();
     if (mpi_left_in_flight && _options.failure_policy == FailurePolicy::end_process) {
-      _control->join_finished_reader();
+      _control->stop_reader(reader_stop_most);
       _failure.end_process(error);
     }
     detach();

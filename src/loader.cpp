@@ -2,6 +2,7 @@
 #include "weightcast/asio.hpp"
 #include "weightcast/loader.hpp"
 
+#include "weightcast/detail/running_time.hpp"
 #include "weightcast/detail/shard_files.hpp"
 #include "weightcast/detail/staging_ring.hpp"
 #include "weightcast/digest.hpp"
@@ -201,7 +202,7 @@ class Pipeline {
         _landed(catalogue.tensors.size(), 0),
         _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
         _to_land(executor, broadcasts_in_flight - 2),
-        _last_progress(Clock::now()) {
+        _last_progress(_running.now()) {
     _placement = options.placement.get();
   }
 
@@ -608,7 +609,7 @@ class Pipeline {
       cast_into(window.want, landed.buffers[window.buffer].data(), window.local_offset,
                 window.bytes);
     }
-    _last_progress = Clock::now();
+    _last_progress = _running.now();
     stage_event(Stage::broadcast, c, landed.begin);
     const Chunk& chunk = _plan.chunks[c];
     if (_plan.chunk_broadcast[c]) {
@@ -721,7 +722,7 @@ class Pipeline {
         const std::uint32_t shard = _plan.chunks[_slot_chunk[request->user]].shard;
         if (--reads_left[shard] == 0) _files->check_unchanged(shard);
         _ready[request->user]->try_send(boost::system::error_code{});
-        _last_progress = Clock::now();
+        _last_progress = _running.now();
         stage_event(Stage::read, _slot_chunk[request->user], _read_begin[request->user]);
       }
     }
@@ -766,7 +767,7 @@ class Pipeline {
         }
         for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
       }
-      _last_progress = Clock::now();
+      _last_progress = _running.now();
       stage_event(Stage::upload, c, upload_begin);
       // The lease ends here: the slot is free again only now that its upload is complete.
       lease = detail::SlotLease{};
@@ -863,11 +864,11 @@ class Pipeline {
       if (_options.stop.stop_requested()) throw stopped();
       if (ec) throw boost::system::system_error(ec);  // cancelled: another stage failed
       // A wake-up far later than asked: this process was stopped (SIGSTOP, a debugger) or
-      // starved, and could make no progress meanwhile. That time is not a stall of the load
-      // (a rank stopped for `timeout` and resumed ended the job blaming the others); if the
-      // others stalled on it, they have said so.
-      if (const auto late = Clock::now() - due; late > suspended_after) _last_progress += late;
-      if (Clock::now() - _last_progress >= _options.timeout) {
+      // starved, and could make no progress meanwhile (detail::RunningClock).
+      // That time is not a stall of the load (a rank stopped for `timeout` and resumed ended
+      // the job blaming the others); if the others stalled on it, they have said so.
+      _running.woke(due);
+      if (_running.now() - _last_progress >= _options.timeout) {
         // A broadcast is collective: where this rank waits on one, the rank holding it back
         // is another (stopped, stuck, or gone without its connection closing).
         const std::string where =
@@ -943,7 +944,7 @@ class Pipeline {
   // the arena; tensors whose last piece it carried are ready.
   void chunk_landed(std::size_t c, Clock::time_point begin) {
     const Chunk& chunk = _plan.chunks[c];
-    _last_progress = Clock::now();
+    _last_progress = _running.now();
     stage_event(Stage::broadcast, c, begin);
     for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
       const std::uint32_t t = _plan.pieces[chunk.first_piece + p].tensor;
@@ -1111,7 +1112,10 @@ class Pipeline {
   std::vector<Transport::Message> _sends;
   std::vector<Transport::Message> _receives;
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring
-  Clock::time_point _last_progress;
+  // Progress is stamped in the time this process ran: the watchdog's `timeout` leaves out
+  // the stretches it was stopped.
+  detail::RunningClock _running{suspended_after};
+  Clock::time_point _last_progress;  // _running's time
   asio::steady_timer _watchdog_timer{_executor};
   bool _finished = false;
   std::optional<std::size_t> _landing;  // the chunk whose broadcast the landing stage awaits

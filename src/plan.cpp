@@ -1,6 +1,6 @@
 #include "weightcast/plan.hpp"
 
-#include "weightcast/config.hpp"
+#include "weightcast/units.hpp"
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>

@@ -9,7 +9,7 @@
 #include "weightcast/detail/index.hpp"
 #include "weightcast/synth.hpp"
 
-#include "weightcast/config.hpp"
+#include "weightcast/units.hpp"
 #include "weightcast/error.hpp"
 #include "weightcast/safetensors.hpp"
 

@@ -1,5 +1,7 @@
 #include "weightcast/world.hpp"
 
+#include "weightcast/config.hpp"
+
 #include "weightcast/error.hpp"
 
 #include <fmt/core.h>

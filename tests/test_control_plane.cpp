@@ -3,14 +3,17 @@
 // clients, descriptor exhaustion).
 #include "weightcast/catalogue_wire.hpp"
 #include "weightcast/checkpoint.hpp"
+#include "weightcast/config.hpp"
 #include "weightcast/control_plane.hpp"
 #include "weightcast/detail/control_wire.hpp"
 #include "weightcast/error.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/ports.hpp"
 #include "utils/tcp_client.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/core.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -261,8 +264,8 @@ TEST_CASE("catalogue wire: the decoder never trusts the peer", "[control_plane]"
 }
 
 TEST_CASE("control plane: 3 ranks meet, share, report and agree", "[control_plane]") {
-  constexpr std::uint16_t port = 29651;
-  auto peer = [](int rank) {
+  const std::uint16_t port = test::free_port();
+  auto peer = [port](int rank) {
     ControlPlane control(world_of(rank, 3), loopback(port));
     const std::string shared = control.share({});
     RankReport report{rank, 100, 0.5, {1, 2, static_cast<std::uint64_t>(rank == 2 ? 9 : 3)}};
@@ -293,10 +296,10 @@ TEST_CASE("control plane: bytes longer than one frame reach every rank whole and
           "[control_plane]") {
   // A catalogue past the 64 MiB of one frame (a header near the format's 100 MB limit
   // encodes to about 78 MB) goes in pieces; what follows it is a share of its own.
-  constexpr std::uint16_t port = 29667;
+  const std::uint16_t port = test::free_port();
   std::string big(wire::max_share_bytes + 12'345, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) >> 7);
-  auto peer = [](int rank) {
+  auto peer = [port](int rank) {
     ControlPlane control(world_of(rank, 3), loopback(port));
     std::string first = control.share({});
     std::string second = control.share({});
@@ -336,7 +339,7 @@ TEST_CASE("catalogue wire: a shape of any number of dimensions travels, as the f
 TEST_CASE("control plane: the heartbeat carries each rank's progress to rank 0 and back",
           "[control_plane]") {
   // timeout 1 s: a heartbeat every 100 ms.
-  constexpr std::uint16_t port = 29654;
+  const std::uint16_t port = test::free_port();
   const auto timeout = std::chrono::milliseconds(1000);
   std::promise<void> reported;
   auto done = reported.get_future().share();
@@ -378,7 +381,7 @@ TEST_CASE("control plane: the ranks that did not join are listed as ranges, not 
   // message stays a line (it listed every rank: megabytes).
   try {
     ControlPlane root(world_of(0, 1 << 20),
-                      loopback(29681, "", std::chrono::milliseconds(300)));
+                      loopback(test::free_port(), "", std::chrono::milliseconds(300)));
     FAIL("rank 0 saw a world of 2^20 ranks join");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::timeout);
@@ -391,8 +394,8 @@ TEST_CASE("control plane: a rank of another job is refused by its launcher's job
           "[control_plane]") {
   // Two plain mpirun jobs on one port set no token: without the job id, a rank of one joined
   // the other (and the jobs failed with false digest mismatches).
-  constexpr std::uint16_t port = 29655;
-  auto options = [](const std::string& job_id) {
+  const std::uint16_t port = test::free_port();
+  auto options = [port](const std::string& job_id) {
     RendezvousOptions o = loopback(port, "", std::chrono::seconds(2));
     o.job_id = job_id;
     o.job_id_source = "PMIX_NAMESPACE";
@@ -416,10 +419,11 @@ TEST_CASE("control plane: a rank of another job is refused by its launcher's job
   REQUIRE(stray.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   auto [code, what] = stray.get();
   CHECK(code == Errc::config);
-  CHECK_THAT(what, Contains("refused this rank: rank 1 belongs to another job: its launcher's "
-                            "job id is '222', this job's is '111' (PMIX_NAMESPACE); two jobs "
-                            "are using rendezvous port 29655: give each its own "
-                            "rendezvous.port"));
+  CHECK_THAT(what, Contains(fmt::format("refused this rank: rank 1 belongs to another job: its "
+                                        "launcher's job id is '222', this job's is '111' "
+                                        "(PMIX_NAMESPACE); two jobs are using rendezvous port "
+                                        "{}: give each its own rendezvous.port",
+                                        port)));
   // A peer without a job id (started by hand) is not refused for it.
   auto unknown = std::async(std::launch::async, [&] {
     ControlPlane control(world_of(1, 2), options(""));
@@ -434,7 +438,7 @@ TEST_CASE("control plane: a rank of another job is refused by its launcher's job
 TEST_CASE("control plane: a rank 0 that cannot listen says why and what to try",
           "[control_plane]") {
   // Every bind failure said "another job on this port?".
-  constexpr std::uint16_t port = 29664;
+  const std::uint16_t port = test::free_port();
   auto listen_error = [](RendezvousOptions options) {
     try {
       ControlPlane root(world_of(0, 2), options);
@@ -447,13 +451,15 @@ TEST_CASE("control plane: a rank 0 that cannot listen says why and what to try",
   {
     test::TcpListener taken(port);
     CHECK_THAT(listen_error(loopback(port, "", 1s)),
-               Contains("cannot listen on 127.0.0.1:29664: Address already in use (another job "
-                        "on this port? give each job its own rendezvous.port)"));
+               Contains(fmt::format("cannot listen on 127.0.0.1:{}: Address already in use "
+                                    "(another job on this port? give each job its own "
+                                    "rendezvous.port)",
+                                    port)));
   }
   RendezvousOptions elsewhere = loopback(port, "", 1s);
   elsewhere.address = "192.0.2.1";  // TEST-NET-1 (RFC 5737): no host has it
   CHECK_THAT(listen_error(elsewhere),
-             Contains("cannot listen on 192.0.2.1:29664: ") &&
+             Contains(fmt::format("cannot listen on 192.0.2.1:{}: ", port)) &&
                  Contains("(no interface of this host has that address: set "
                           "rendezvous.address to one of this host's, or leave it auto)"));
   // An IPv6 address is written in brackets beside a port, and may be given so.
@@ -467,13 +473,13 @@ TEST_CASE("control plane: a rank 0 that cannot listen says why and what to try",
     ControlPlane peer(world_of(1, 2), v6);
     FAIL("joined nobody");
   } catch (const Error& e) {
-    CHECK_THAT(e.what(), Contains("rank 0 at [::1]:29664"));
+    CHECK_THAT(e.what(), Contains(fmt::format("rank 0 at [::1]:{}", port)));
   }
 }
 
 TEST_CASE("control plane: a wrong token is refused on both sides", "[control_plane]") {
-  constexpr std::uint16_t port = 29652;
-  auto intruder = std::async(std::launch::async, [] {
+  const std::uint16_t port = test::free_port();
+  auto intruder = std::async(std::launch::async, [port] {
     try {
       ControlPlane control(world_of(1, 2), loopback(port, "wrong"));
     } catch (const Error& e) {
@@ -497,13 +503,14 @@ TEST_CASE("control plane: a wrong token is refused on both sides", "[control_pla
 }
 
 TEST_CASE("control plane: no rank 0 is unavailable within the timeout", "[control_plane]") {
+  const std::uint16_t nobody = test::free_port();  // nothing listens there
   const auto start = std::chrono::steady_clock::now();
   try {
-    ControlPlane control(world_of(1, 2), loopback(29653, "t", std::chrono::milliseconds(1500)));
+    ControlPlane control(world_of(1, 2), loopback(nobody, "t", std::chrono::milliseconds(1500)));
     FAIL("connected to nobody");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::unavailable);
-    CHECK_THAT(e.what(), Contains("cannot reach rank 0 at 127.0.0.1:29653"));
+    CHECK_THAT(e.what(), Contains(fmt::format("cannot reach rank 0 at 127.0.0.1:{}", nobody)));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
 }
@@ -678,7 +685,7 @@ TEST_CASE("control wire: the token comparison", "[control_plane]") {
 TEST_CASE("control plane: a flood of silent connections neither holds descriptors nor locks "
           "the peers out",
           "[control_plane]") {
-  constexpr std::uint16_t port = 29654;
+  const std::uint16_t port = test::free_port();
   LogCapture log;
   auto root = std::async(std::launch::async, serve_job, 3, loopback(port));
   // 200 connections that say nothing, all before the real peers.
@@ -710,7 +717,7 @@ TEST_CASE("control plane: a flood of silent connections neither holds descriptor
 
 TEST_CASE("control plane: a hello trickled a byte at a time does not hold up the job",
           "[control_plane]") {
-  constexpr std::uint16_t port = 29655;
+  const std::uint16_t port = test::free_port();
   auto root = std::async(std::launch::async, serve_job, 3, loopback(port));
   test::TcpClient slow(port);
   std::atomic<bool> stop{false};
@@ -737,7 +744,7 @@ TEST_CASE("control plane: a hello trickled a byte at a time does not hold up the
 
 TEST_CASE("control plane: a connection that does not finish its hello in 5 s is closed",
           "[control_plane]") {
-  constexpr std::uint16_t port = 29656;
+  const std::uint16_t port = test::free_port();
   LogCapture log;
   auto root = std::async(std::launch::async, serve_job, 2, loopback(port, "t0ken", 9s));
   test::TcpClient slow(port);
@@ -758,7 +765,7 @@ TEST_CASE("control plane: a connection that does not finish its hello in 5 s is 
 }
 
 TEST_CASE("control plane: a frame header claiming 4 GiB is refused at once", "[control_plane]") {
-  constexpr std::uint16_t port = 29657;
+  const std::uint16_t port = test::free_port();
   auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
   test::TcpClient hostile(port);
   const auto sent = Clock::now();
@@ -773,7 +780,7 @@ TEST_CASE("control plane: a frame header claiming 4 GiB is refused at once", "[c
 }
 
 TEST_CASE("control plane: a peer gives up at once on a reply claiming 4 GiB", "[control_plane]") {
-  constexpr std::uint16_t port = 29658;
+  const std::uint16_t port = test::free_port();
   test::TcpListener fake_root(port);
   const auto start = Clock::now();
   auto peer = std::async(std::launch::async, join_job, 1, 2, loopback(port, "t0ken", 10s));
@@ -786,8 +793,9 @@ TEST_CASE("control plane: a peer gives up at once on a reply claiming 4 GiB", "[
   REQUIRE(connection.send(header_claiming(wire::Frame::reject, 0xffffffffu)));
   REQUIRE(peer.wait_for(5s) == std::future_status::ready);
   CHECK(Clock::now() - start < 3s);
-  CHECK_THAT(peer.get(), Contains("rendezvous: 127.0.0.1:29658 answered this rank's hello with "
-                                  "a malformed message") &&
+  CHECK_THAT(peer.get(), Contains(fmt::format("rendezvous: 127.0.0.1:{} answered this rank's hello "
+                                              "with a malformed message",
+                                              port)) &&
                              Contains("refusal message of 4294967295 bytes, over the limit of "
                                       "65536"));
 }
@@ -796,9 +804,9 @@ TEST_CASE("control plane: a rank 0 that accepts but never answers is a timeout, 
           "[control_plane]") {
   // A stopped rank 0 (its listener's backlog still accepts) or another service on the port:
   // the peer said "rank 0 closed the connection during the rendezvous" (69), which was false.
-  constexpr std::uint16_t port = 29663;
+  const std::uint16_t port = test::free_port();
   test::TcpListener silent_root(port);
-  auto peer = std::async(std::launch::async, [] {
+  auto peer = std::async(std::launch::async, [port] {
     try {
       ControlPlane control(world_of(1, 2), loopback(port, "t0ken", 1500ms));
     } catch (const Error& e) {
@@ -811,13 +819,14 @@ TEST_CASE("control plane: a rank 0 that accepts but never answers is a timeout, 
   REQUIRE(peer.wait_for(10s) == std::future_status::ready);
   const auto [code, what] = peer.get();
   CHECK(code == Errc::timeout);
-  CHECK_THAT(what, Contains("rendezvous: 127.0.0.1:29663 accepted this rank's connection but "
-                            "did not answer its hello within 1500 ms (timeout)"));
+  CHECK_THAT(what, Contains(fmt::format("rendezvous: 127.0.0.1:{} accepted this rank's connection "
+                                        "but did not answer its hello within 1500 ms (timeout)",
+                                        port)));
 }
 
 TEST_CASE("control plane: without the token a connection learns nothing of the job",
           "[control_plane]") {
-  constexpr std::uint16_t port = 29659;
+  const std::uint16_t port = test::free_port();
   auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
   for (const std::string token : {"wrong", "t0ke", "t0kenX", ""}) {
     INFO("token '" << token << "'");
@@ -842,7 +851,7 @@ TEST_CASE("control plane: without the token a connection learns nothing of the j
 }
 
 TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane]") {
-  constexpr std::uint16_t port = 29660;
+  const std::uint16_t port = test::free_port();
   auto root = std::async(std::launch::async, serve_job, 2, loopback(port));
   { test::TcpClient listening(port); }  // waits until rank 0 listens on 127.0.0.1
   // 127.0.0.2 is loopback too on Linux: it would connect to a wildcard (0.0.0.0) bind.
@@ -852,7 +861,7 @@ TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane
 
 TEST_CASE("control plane: rank 0 keeps accepting after running out of file descriptors",
           "[control_plane]") {
-  constexpr std::uint16_t port = 29661;
+  const std::uint16_t port = test::free_port();
   // Declared first, so it outlives rank 0: a peer that hangs up mid-job ends rank 0's process.
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
@@ -900,7 +909,7 @@ TEST_CASE("control plane: rank 0 keeps accepting after running out of file descr
 TEST_CASE("control plane: a token too long for a hello is a config error on the peer",
           "[control_plane]") {
   try {
-    ControlPlane control(world_of(1, 2), loopback(29662, std::string(5000, 'k'), 1s));
+    ControlPlane control(world_of(1, 2), loopback(test::free_port(), std::string(5000, 'k'), 1s));
     FAIL("joined with a 5000-byte token");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::config);

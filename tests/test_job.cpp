@@ -9,6 +9,7 @@
 #include "utils/mpirun.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/ports.hpp"
 #include "utils/report.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -244,7 +245,7 @@ TEST_CASE("job: a hook's exception on rank 0 ends every rank with rank 0's messa
   }
   const auto checkpoint = corpus_dir() / "real" / corpus_file;
   const auto start = std::chrono::steady_clock::now();
-  const auto outcomes = run_two(29913, checkpoint, [](int rank, JobOptions& job) {
+  const auto outcomes = run_two(free_port(), checkpoint, [](int rank, JobOptions& job) {
     if (rank == 0) {
       job.on_catalogue = [](const Catalogue&) { throw Error(Errc::io, "cannot write here"); };
     }
@@ -267,7 +268,7 @@ TEST_CASE("job: an exception that is not an Error ends every rank with internal"
     return;
   }
   const auto checkpoint = corpus_dir() / "real" / corpus_file;
-  const auto outcomes = run_two(29915, checkpoint, [](int rank, JobOptions& job) {
+  const auto outcomes = run_two(free_port(), checkpoint, [](int rank, JobOptions& job) {
     if (rank == 0) {
       job.on_control_plane = [](ControlPlane* c) {
         if (c != nullptr) throw std::runtime_error("not an Error");
@@ -287,14 +288,16 @@ TEST_CASE("job: a rank whose rank 0 never comes ends with unavailable, not a han
     WARN("skipped: this build has no MPI (the job's transport would be refused first)");
     return;
   }
-  JobOptions job = two_ranks(1, 29917, "");
+  const std::uint16_t port = free_port();
+  JobOptions job = two_ranks(1, port, "");
   job.rendezvous->timeout = std::chrono::milliseconds(1500);
   try {
     run_job(job);
     FAIL("run_job did not throw");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::unavailable);
-    CHECK_THAT(e.what(), StartsWith("rank 1: rendezvous: cannot reach rank 0 at 127.0.0.1:29917"));
+    CHECK_THAT(e.what(), StartsWith(fmt::format(
+                             "rank 1: rendezvous: cannot reach rank 0 at 127.0.0.1:{}", port)));
   }
 }
 
@@ -338,7 +341,7 @@ TEST_CASE("job: 3 ranks under mpirun in a program that initialised MPI itself", 
   TempDir dir;
   // No communicator handed in: the job uses MPI as the program initialised it, and leaves
   // it initialised (the program's own MPI_Allreduce and MPI_Finalize succeed).
-  const auto r = run_mpi_job("world", checkpoint, 29921, dir.path());
+  const auto r = run_mpi_job("world", checkpoint, free_port(), dir.path());
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   for (int rank = 0; rank < 3; ++rank) {
@@ -358,7 +361,7 @@ TEST_CASE("job: a communicator handed in gives the job its ranks", "[job][mpi]")
   TempDir dir;
   // MPI_COMM_WORLD split with the ranks reversed: world rank 2 is the job's rank 0 (the only
   // one given the checkpoint), whatever mpirun's environment says.
-  const auto r = run_mpi_job("split", checkpoint, 29923, dir.path());
+  const auto r = run_mpi_job("split", checkpoint, free_port(), dir.path());
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   for (int world_rank = 0; world_rank < 3; ++world_rank) {
@@ -411,7 +414,7 @@ TEST_CASE("job: under mpirun, settings that differ throw on every rank and MPI s
   REQUIRE_MPI();
   const auto checkpoint = corpus_dir() / "real" / corpus_file;
   TempDir dir;
-  const auto r = run_mpi_job("mismatch", checkpoint, 29925, dir.path());
+  const auto r = run_mpi_job("mismatch", checkpoint, free_port(), dir.path());
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   for (int rank = 0; rank < 3; ++rank) {

@@ -8,6 +8,7 @@
 #include "utils/mpirun.hpp"
 #include "utils/paths.hpp"
 #include "utils/process.hpp"
+#include "utils/ports.hpp"
 #include "utils/report.hpp"
 #include "utils/safetensors_writer.hpp"
 
@@ -61,6 +62,9 @@ std::unique_ptr<BackgroundJob> start_paused(const std::vector<std::string>& argv
   return job;
 }
 
+/// `rendezvous.port=P` for a `--set`, P a free port (free_port).
+std::string free_port_set() { return "rendezvous.port=" + std::to_string(free_port()); }
+
 std::vector<std::string> base_sets(int port, const std::string& timeout = "60s") {
   return {"--set", "device=host", "--set", "transport=mpi", "--set",
           "rendezvous.port=" + std::to_string(port), "--set", "timeout=" + timeout, "--set",
@@ -106,7 +110,6 @@ TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every ra
   REQUIRE_MPI();
   const auto manifest = corpus_manifest();
   TempDir dir;
-  int port = 29701;
   for (const char* file : {"huggingface__safetensors/samples/overall.safetensors",
                            "anirudh-ak__peft-gpt2/model/lora_model/adapter_model.safetensors",
                            "neuralmagic__compressed-tensors/src/compressed_tensors/transform/"
@@ -115,7 +118,8 @@ TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every ra
     INFO(file);
     const std::string report = (dir / "r{rank}.json").string();
     const auto argv =
-        mpirun_run(3, corpus_dir() / "real" / file, cat({"--report", report}, base_sets(port++)));
+        mpirun_run(3, corpus_dir() / "real" / file,
+                   cat({"--report", report}, base_sets(free_port())));
     const auto r = run_process(argv, {}, job_timeout_s);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
@@ -138,7 +142,7 @@ TEST_CASE("multirank: weightcast launch -n 3 on a sharded synthetic checkpoint",
   const std::string report = (dir / "rank{rank}.json").string();
   auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
                    "--report", report},
-                  base_sets(29711));
+                  base_sets(free_port()));
   const auto r = run_cli(args, {}, job_timeout_s);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
@@ -164,14 +168,13 @@ TEST_CASE("multirank: launch gives the ranks their world even inside another lau
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  int port = 29861;
   // An sbatch step's variables, and a finished torchrun job's.
   for (const std::vector<std::string>& env :
        {std::vector<std::string>{"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"},
         std::vector<std::string>{"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0"}}) {
     INFO(env.front());
     const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string()},
-                               base_sets(port++)),
+                               base_sets(free_port())),
                            env, job_timeout_s);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
@@ -190,7 +193,7 @@ TEST_CASE("multirank: the verdict agrees in number: 2 ranks × 1 tensor", "[mult
     INFO("verify: " << verify);
     const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
                                 "--set", "verify=" + verify},
-                               base_sets(verify == "none" ? 29947 : 29945)),
+                               base_sets(free_port())),
                            {}, job_timeout_s);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
@@ -204,7 +207,7 @@ TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint pat
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  auto sets = base_sets(29721);
+  auto sets = base_sets(free_port());
   auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
                                      "checkpoint=" + checkpoint.string(), "--report",
                     (dir / "r{rank}.json").string()});
@@ -226,7 +229,7 @@ TEST_CASE("multirank: rank 0 fails mid-load — every rank exits 74 with its mes
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29731, "20s")), 3000);
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(free_port(), "20s")), 3000);
   // The catalogue is read: now the second shard shrinks before the load opens it.
   fs::path shard;
   for (const auto& e : fs::directory_iterator(checkpoint)) {
@@ -252,7 +255,7 @@ TEST_CASE("multirank: a peer killed with SIGKILL ends the others with 69 naming 
   const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
                                  "--set", "checkpoint=" + checkpoint.string(), "--set",
-                                 "device=host", "--set", "rendezvous.port=29741", "--set",
+                                 "device=host", "--set", free_port_set(), "--set",
                                  "timeout=10s"},
                                 8000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
   const pid_t victim = job->find_descendant_with_env("RANK=1");
@@ -279,7 +282,7 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
   const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
                                      "mpirun", "--set", "checkpoint=" + checkpoint.string()},
-                                    base_sets(29743, "10s")),
+                                    base_sets(free_port(), "10s")),
                                 8000);
   const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
@@ -297,7 +300,7 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(29751, "3s")), 1500);
+  const auto job = start_paused(mpirun_run(3, checkpoint, base_sets(free_port(), "3s")), 1500);
   const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
@@ -321,7 +324,7 @@ TEST_CASE("multirank: rank 0 shows the load's progress, as run does alone", "[mu
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   // About 25 chunks of 1 MiB, 150 ms after each: a load of several seconds.
-  const auto r = run_process(mpirun_run(2, checkpoint, base_sets(29887)),
+  const auto r = run_process(mpirun_run(2, checkpoint, base_sets(free_port())),
                              {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=150"}, job_timeout_s);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
@@ -336,7 +339,7 @@ TEST_CASE("multirank: world.* in the config under mpirun says every rank takes t
   // Both ranks claimed rank 0; the second failed with "Address already in use" and no word
   // of why.
   REQUIRE_MPI();
-  auto argv = mpirun_run(2, "/does/not/matter", base_sets(29891, "3s"));
+  auto argv = mpirun_run(2, "/does/not/matter", base_sets(free_port(), "3s"));
   argv = cat(argv, {"--set", "world.rank=0", "--set", "world.size=2"});
   const auto r = run_process(argv, {}, job_timeout_s);
   INFO(r.out << r.err);
@@ -355,7 +358,7 @@ TEST_CASE("multirank: two mpirun jobs on one rendezvous port do not take each ot
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  const auto sets = base_sets(29885, "20s");
+  const auto sets = base_sets(free_port(), "20s");
   auto first = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
                                       "checkpoint=" + checkpoint.string()});
   first = cat(first, sets);
@@ -382,7 +385,8 @@ TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multira
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  auto sets = base_sets(29761, "5s");
+  const std::uint16_t port = free_port();
+  auto sets = base_sets(port, "5s");
   auto argv = cat(mpirun_options(), {"-np", "2", cli_path().string(), "run", "--set",
                                      "checkpoint=" + checkpoint.string(), "--set",
                                      "rendezvous.token=right"});
@@ -394,8 +398,9 @@ TEST_CASE("multirank: a wrong job token is refused and the job fails", "[multira
   INFO(r.out << r.err);
   CHECK(r.exit_status != 0);
   const std::string all = r.out + r.err;
-  CHECK_THAT(all, Contains("rank 2: rendezvous: rank 0 at 127.0.0.1:29761 refused this rank: "
-                           "wrong job token"));
+  CHECK_THAT(all, Contains(fmt::format("rank 2: rendezvous: rank 0 at 127.0.0.1:{} refused "
+                                       "this rank: wrong job token",
+                                       port)));
   CHECK_THAT(all, Contains("rendezvous: refused a connection from 127.0.0.1:"));
 }
 
@@ -465,7 +470,7 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
   };
   for (const auto& c : cases) {
     const auto r = run_cli(cat({"launch", "-n", c.ranks, "--set", "checkpoint=/does/not/matter",
-                                "--set", "rendezvous.port=29771", "--set", "timeout=5s"},
+                                "--set", free_port_set(), "--set", "timeout=5s"},
                                c.args),
                            {}, job_timeout_s);
     INFO(c.args.at(0) << " " << c.args.at(1) << " " << c.args.at(2) << " " << c.args.at(3)
@@ -543,7 +548,7 @@ TEST_CASE("multirank: a $WEIGHTCAST_TOKEN too long for a hello is refused at onc
       detail::max_token_bytes);
   for (const std::string rank : {"0", "1"}) {
     const auto r = run_cli({"run", "--set", "checkpoint=/does/not/matter", "--set",
-                            "device=host", "--set", "rendezvous.port=29791", "--set",
+                            "device=host", "--set", free_port_set(), "--set",
                             "timeout=5s"},
                            {token, "RANK=" + rank, "WORLD_SIZE=2"}, 60);
     INFO("rank " << rank << "\n" << r.err);
@@ -566,7 +571,7 @@ TEST_CASE("multirank: launch passes --quiet, --json and --trace to every rank", 
   const std::string trace = (dir / "trace{rank}.json").string();
   const auto r = run_cli(cat({"launch", "-n", "2", "-q", "--json", "--trace", trace, "--set",
                               "checkpoint=" + checkpoint.string()},
-                             base_sets(29781)),
+                             base_sets(free_port())),
                          {}, job_timeout_s);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
@@ -602,7 +607,7 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const auto r = run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string()},
-                             base_sets(29791)),
+                             base_sets(free_port())),
                          {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"}, job_timeout_s);
   INFO(r.out << r.err);
   CHECK(r.exit_status == 70);
@@ -618,7 +623,7 @@ TEST_CASE("multirank: a digest mismatch is listed once, by rank 0, and every ran
   // --json: each rank's summary line still comes, rank 0's with the failing verdict.
   const auto json = run_cli(cat({"launch", "-n", "3", "-q", "--json", "--set",
                                  "checkpoint=" + checkpoint.string()},
-                                base_sets(29793)),
+                                base_sets(free_port())),
                             {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"}, job_timeout_s);
   INFO(json.out << json.err);
   CHECK(json.exit_status == 70);
@@ -644,7 +649,7 @@ TEST_CASE("multirank: verify none skips the digests and says so", "[multirank]")
   // verify: digest (the default) says what hashing cost; none hashes nothing.
   const auto digested = run_cli(cat({"launch", "-n", "2", "--set",
                                      "checkpoint=" + checkpoint.string()},
-                                    base_sets(29851)),
+                                    base_sets(free_port())),
                                 {}, job_timeout_s);
   INFO(digested.out << digested.err);
   REQUIRE(digested.exit_status == 0);
@@ -654,7 +659,7 @@ TEST_CASE("multirank: verify none skips the digests and says so", "[multirank]")
   const auto skipped = run_cli(cat({"launch", "-n", "2", "--set",
                                     "checkpoint=" + checkpoint.string(), "--set", "verify=none",
                                     "--report", report},
-                                   base_sets(29853)),
+                                   base_sets(free_port())),
                                {}, job_timeout_s);
   INFO(skipped.out << skipped.err);
   REQUIRE(skipped.exit_status == 0);
@@ -678,7 +683,7 @@ TEST_CASE("multirank: a rank ended by mpirun's SIGTERM after another failed says
   const auto checkpoint = synth_sharded(dir.path());
   // Rank 1 refuses its config before the rendezvous; mpirun then ends rank 0 with SIGTERM
   // while it waits for rank 1, before any control plane could tell it why.
-  auto sets = base_sets(29871);
+  auto sets = base_sets(free_port());
   auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
                                      "checkpoint=" + checkpoint.string()});
   argv = cat(argv, sets);
@@ -712,10 +717,9 @@ TEST_CASE("multirank: ranks started with a different chunk_size or verify end wi
       {"verify", "digest", "none", "digest", "none"},
       {"verify", "none", "digest", "none", "digest"},
   };
-  int port = 29855;
   for (const Case& c : cases) {
     INFO(c.key << ": rank 0 " << c.root << ", others " << c.other);
-    auto sets = base_sets(port++);
+    auto sets = base_sets(free_port());
     auto argv = cat(mpirun_options(), {"-np", "1", cli_path().string(), "run", "--set",
                                        "checkpoint=" + checkpoint.string()});
     argv = cat(argv, sets);
@@ -744,7 +748,7 @@ TEST_CASE("multirank: a rank's --report path that cannot be written ends the job
   const auto report = (dir / "{rank}" / "r.json").string();
   const auto r = run_cli({"launch", "-n", "2", "--spawner", "local", "--set",
                           "checkpoint=" + checkpoint.string(), "--set", "device=host", "--set",
-                          "rendezvous.port=29811", "--set", "timeout=20s", "--report", report},
+                          free_port_set(), "--set", "timeout=20s", "--report", report},
                          {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"}, job_timeout_s);
   INFO(r.out << r.err);
   CHECK(r.exit_status == 74);
@@ -766,7 +770,7 @@ TEST_CASE("multirank: a rank that failed says why once, mpirun's SIGTERM adds no
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   fs::create_directory(dir / "0");
-  auto argv = mpirun_run(3, checkpoint, base_sets(29889, "20s"));
+  auto argv = mpirun_run(3, checkpoint, base_sets(free_port(), "20s"));
   argv = cat(argv, {"--report", (dir / "{rank}" / "r.json").string()});
   const auto r = run_process(argv, {}, job_timeout_s);
   INFO(r.out << r.err);
@@ -793,7 +797,7 @@ TEST_CASE("multirank: another rank's report or trace reaching a shard, or one fi
   const auto before = fs::file_size(shard);
   fs::create_directory(dir / "t");
   fs::create_symlink(shard, dir / "t" / "t.rank1.json");
-  auto r = run_process(cat(mpirun_run(2, checkpoint, base_sets(29901, "20s")),
+  auto r = run_process(cat(mpirun_run(2, checkpoint, base_sets(free_port(), "20s")),
                            {"--trace", (dir / "t" / "t.json").string()}),
                        {}, job_timeout_s);
   INFO(r.out << r.err);
@@ -806,7 +810,7 @@ TEST_CASE("multirank: another rank's report or trace reaching a shard, or one fi
   for (int rank : {0, 1, 2}) fs::create_directories(dir / "r" / std::to_string(rank));
   write_file(dir / "r" / "0" / "r.json", "{}");
   fs::create_hard_link(dir / "r" / "0" / "r.json", dir / "r" / "2" / "r.json");
-  r = run_process(cat(mpirun_run(3, checkpoint, base_sets(29903, "20s")),
+  r = run_process(cat(mpirun_run(3, checkpoint, base_sets(free_port(), "20s")),
                       {"--report", (dir / "r" / "{rank}" / "r.json").string()}),
                   {}, job_timeout_s);
   INFO(r.out << r.err);
@@ -823,8 +827,9 @@ TEST_CASE("multirank: another rank's failure is printed escaped on every rank",
   const fs::path odd = dir / "nl\nweightcast: loaded OK \x1b[31mred";
   fs::create_directories(odd);
   fs::copy_file(corpus_dir() / "malformed" / "bad_hole.safetensors", odd / "bad_hole.safetensors");
-  const auto r = run_process(mpirun_run(2, odd / "bad_hole.safetensors", base_sets(29897, "20s")),
-                             {}, job_timeout_s);
+  const auto r = run_process(
+      mpirun_run(2, odd / "bad_hole.safetensors", base_sets(free_port(), "20s")), {},
+      job_timeout_s);
   INFO(r.out << r.err);
   CHECK(r.exit_status == 65);
   const std::string all = r.out + r.err;
@@ -844,7 +849,7 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   {
     const auto job = start_paused({cli_path().string(), "launch", "-n", "2", "--spawner",
                                    "local", "--set", "checkpoint=" + checkpoint.string(),
-                                   "--set", "device=host", "--set", "rendezvous.port=29813",
+                                   "--set", "device=host", "--set", free_port_set(),
                                    "--set", "timeout=20s"},
                                   20000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
     REQUIRE(::kill(job->pid(), SIGINT) == 0);
@@ -859,7 +864,7 @@ TEST_CASE("multirank: SIGINT or SIGTERM to launch ends the ranks and exits 128 +
   }
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "2", "--spawner",
                                      "mpirun", "--set", "checkpoint=" + checkpoint.string()},
-                                    base_sets(29815, "20s")),
+                                    base_sets(free_port(), "20s")),
                                 20000);
   REQUIRE(::kill(job->pid(), SIGTERM) == 0);
   const auto r = job->wait(job_timeout_s);
@@ -880,7 +885,7 @@ TEST_CASE("multirank: a rank's SIGTERM while another rank's ABORT ends it still 
   // 200 ms after each chunk: a load stopping waits for that sleep to end. Short, because
   // mpirun SIGKILLs a rank 1 s after its SIGTERM (odls_base_sigkill_timeout), and the
   // trace must be written before.
-  BackgroundJob job(cat(mpirun_run(3, checkpoint, base_sets(29821)), {"--trace", trace}),
+  BackgroundJob job(cat(mpirun_run(3, checkpoint, base_sets(free_port())), {"--trace", trace}),
                     {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
   REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
   const pid_t rank0 = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=0");
@@ -916,8 +921,8 @@ TEST_CASE("multirank: SIGTERM to a rank mid-load ends every rank at once with 14
     const auto argv =
         launch ? cat({cli_path().string(), "launch", "-n", "3", "--spawner", "mpirun", "--set",
                       "checkpoint=" + checkpoint.string(), "--trace", trace},
-                     base_sets(29818))
-               : cat(mpirun_run(3, checkpoint, base_sets(29817)), {"--trace", trace});
+                     base_sets(free_port()))
+               : cat(mpirun_run(3, checkpoint, base_sets(free_port())), {"--trace", trace});
     BackgroundJob job(argv, {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
     // Rank 1's own line: its load is under way.
     REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
@@ -969,7 +974,7 @@ ProcessResult stop_rank_mid_load(int victim_rank, int port) {
 TEST_CASE("multirank: a peer stopped mid-load ends the job with 75, saying a broadcast waits "
           "on another rank", "[multirank]") {
   REQUIRE_MPI();
-  const auto r = stop_rank_mid_load(1, 29881);
+  const auto r = stop_rank_mid_load(1, free_port());
   INFO(r.out);
   CHECK(r.exit_status == 75);
   // The ranks still running name what they wait for: it was only "the load stalled".
@@ -989,7 +994,7 @@ TEST_CASE("multirank: a rank stopped after the verdict does not hold the job for
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const auto start = std::chrono::steady_clock::now();
-  const auto r = run_process(mpirun_run(3, checkpoint, base_sets(29893, "3s")),
+  const auto r = run_process(mpirun_run(3, checkpoint, base_sets(free_port(), "3s")),
                              {"WEIGHTCAST_TEST_STOP_AFTER_VERDICT_RANK=1"}, job_timeout_s);
   INFO(r.out << r.err);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
@@ -1008,7 +1013,7 @@ TEST_CASE("multirank: a rank stopped for longer than the timeout, then resumed, 
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(29895, "3s")),
+  BackgroundJob job(mpirun_run(3, checkpoint, base_sets(free_port(), "3s")),
                     {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
   REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
   const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
@@ -1053,7 +1058,7 @@ TEST_CASE("multirank: a rank stopped across its wait for the catalogue for longe
 TEST_CASE("multirank: when rank 0 stops mid-load the others name it and end with 75",
           "[multirank]") {
   REQUIRE_MPI();
-  const auto r = stop_rank_mid_load(0, 29883);
+  const auto r = stop_rank_mid_load(0, free_port());
   INFO(r.out);
   CHECK(r.exit_status == 75);
   // A silent rank 0 cannot diagnose; the others do not wait for it to, and say it is silent.
@@ -1069,7 +1074,7 @@ TEST_CASE("multirank: SIGTERM to a rank before the load ends every rank with 143
   const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
                                  "--set", "checkpoint=" + checkpoint.string(), "--set",
-                                 "device=host", "--set", "rendezvous.port=29819", "--set",
+                                 "device=host", "--set", free_port_set(), "--set",
                                  "timeout=60s"},
                                 20000, {"WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI=1"});
   const pid_t victim = job->find_descendant_with_env("RANK=1");
@@ -1106,14 +1111,12 @@ TEST_CASE("multirank: a checkpoint whose catalogue is past one control frame (64
   TempDir dir;
   const auto checkpoint = dir / "wide.safetensors";
   write_file(checkpoint, make_safetensors(header, data));
-  int port = 29941;
   for (int ranks : {2, 3}) {
     INFO(ranks << " ranks");
     const auto r = run_cli(cat({"launch", "-n", std::to_string(ranks), "--set",
                                 "checkpoint=" + checkpoint.string()},
-                               base_sets(port)),
+                               base_sets(free_port())),
                            {}, job_timeout_s);
-    port += 2;
     INFO(r.out.substr(0, 4000) << r.err.substr(0, 4000));
     REQUIRE(r.exit_status == 0);
     CHECK(count(r.out, "bit-exact") == 1);

@@ -68,17 +68,6 @@ class InterruptHandler;
 int run_ranks(const RunArgs& args, const Config& config, const World& world,
               InterruptHandler& interrupts);
 
-/// @return the value of the test hook variable @p env (`WEIGHTCAST_TEST_*`, read by the tests
-///         to act on a run at a known point), or nullptr when it is unset or this build has
-///         no test hooks: they are compiled in only with the test suite
-///         (`WEIGHTCAST_BUILD_TESTS`, which defines WEIGHTCAST_TEST_HOOKS for the CLI). Test
-///         hooks are not user features.
-const char* test_hook(const char* env);
-
-/// @return the milliseconds test hook @p env asks for (test_hook); 0 when it is unset, not a
-///         number or not positive.
-long test_hook_ms(const char* env);
-
 /// Flushes stdout (tools/run.cpp). A flush whose result is ignored loses the reason: the
 /// stream keeps only its error flag, and the final check could then say no more than "cannot
 /// write to stdout".

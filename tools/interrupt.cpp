@@ -15,6 +15,12 @@
 
 namespace weightcast::cli {
 
+namespace {
+// How long end_process waits for the control plane's reader, once stopped, to return
+// (ControlPlane::stop_reader), so that no thread is left unjoined at the exit.
+constexpr std::chrono::milliseconds reader_stop_most{500};
+}  // namespace
+
 Error interrupted_error(int sig, const char* when) {
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : ::strsignal(sig);
   // Only SIGINT and SIGTERM are taken (InterruptHandler).
@@ -167,7 +173,7 @@ void InterruptHandler::end_process(int sig, const char* when) {
   if (_control != nullptr) {
     _control->linger(std::chrono::milliseconds(2'000));  // rank 0 takes the ABORT first
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    _control->join_finished_reader();
+    _control->stop_reader(reader_stop_most);
   }
   ::_exit(exit_status(error.code()));
 }

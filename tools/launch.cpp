@@ -2,6 +2,7 @@
 // mpi transport, else as local processes with torchrun's environment — and makes sure that
 // when one rank fails the others end too and nothing is left behind.
 #include "commands.hpp"
+#include "test_hooks.hpp"
 
 #include "weightcast/config.hpp"
 #include "weightcast/detail/exec_image.hpp"
@@ -223,11 +224,6 @@ class ChildGroup {
   std::optional<std::pair<std::string, int>> _first_failure;
 };
 
-// Test hook (tests/test_multirank.cpp): the local spawner starts ranks whose data plane would
-// be mpi even so, so that a failure test can run it on a machine without a GPU (the ranks fail
-// over the control plane before they reach the data plane). Not a user feature.
-constexpr const char* local_mpi_hook_env = "WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI";
-
 // Refuses, before any rank starts, what every rank would refuse or fail at: otherwise N ranks
 // each print the same error (or mpi's world-size mismatch) after starting up.
 void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
@@ -262,7 +258,7 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   }
   // Throws for local, mpi on a GPU, nccl on host memory: what each rank would say.
   const TransportKind kind = transport_for_world(config, *host_device, args.ranks);
-  if (!mpirun && kind == TransportKind::mpi && test_hook(local_mpi_hook_env) == nullptr) {
+  if (!mpirun && kind == TransportKind::mpi && !test_hooks::local_spawner_allows_mpi()) {
     throw Error(Errc::config,
                 fmt::format("launch --spawner {}: transport {} needs its ranks started by mpirun "
                             "(MPI joins them), but the local spawner starts them as plain "

@@ -14,6 +14,7 @@
 #include "weightcast/world.hpp"
 
 #include "interrupt.hpp"
+#include "test_hooks.hpp"
 #include "progress.hpp"
 
 #include <fmt/core.h>
@@ -40,23 +41,6 @@
 #include <unistd.h>
 
 namespace weightcast::cli {
-
-const char* test_hook(const char* env) {
-#ifdef WEIGHTCAST_TEST_HOOKS
-  return std::getenv(env);
-#else
-  static_cast<void>(env);
-  return nullptr;
-#endif
-}
-
-long test_hook_ms(const char* env) {
-  const char* text = test_hook(env);
-  if (text == nullptr) return 0;
-  long ms = 0;
-  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), ms);
-  return ec == std::errc() && *end == '\0' && ms > 0 ? ms : 0;
-}
 
 std::uint64_t peak_rss_bytes() {
   rusage usage{};
@@ -487,25 +471,6 @@ void write_trace(const std::optional<TraceRecorder>& trace, const Config& config
   }
 }
 
-// Test hook (tests/test_run.cpp, tests/test_multirank.cpp): every rank sleeps this many
-// milliseconds after each chunk lands, on the loader's thread, so that a test can interrupt
-// a load in progress. Not a user feature; ignored when unset or not a number.
-constexpr const char* chunk_delay_hook_env = "WEIGHTCAST_TEST_CHUNK_DELAY_MS";
-
-void honour_chunk_delay_hook(LoadOptions& options) {
-  const long ms = test_hook_ms(chunk_delay_hook_env);
-  if (ms == 0) return;
-  options.on_progress = [inner = std::move(options.on_progress), ms,
-                         first = true](const LoadProgress& progress) mutable {
-    if (inner) inner(progress);
-    if (std::exchange(first, false)) {
-      spdlog::info("test hook {}: the first chunk landed; sleeping {} ms after each chunk",
-                   chunk_delay_hook_env, ms);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  };
-}
-
 // Whether @p failure is the load's answer to LoadOptions::stop.
 bool is_stop(const std::exception_ptr& failure) {
   try {
@@ -530,7 +495,7 @@ void add_load_hooks(JobOptions& job, const Config& config, int rank, int world_s
     state->trace.emplace(rank);
     job.load.on_stage_event = state->trace->hook();
   }
-  honour_chunk_delay_hook(job.load);
+  test_hooks::add_chunk_delay(job.load);
   // A SIGINT or SIGTERM during the load stops it (InterruptHandler::LoadScope).
   job.load.stop = interrupts.stop_token();
   job.on_load_start = [state, &interrupts] { state->scope.emplace(interrupts); };

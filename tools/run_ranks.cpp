@@ -3,6 +3,7 @@
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "test_hooks.hpp"
 
 #include "weightcast/checkpoint.hpp"
 #include "weightcast/config.hpp"
@@ -26,53 +27,6 @@
 
 namespace weightcast::cli {
 namespace {
-
-// Test hooks (tests/test_multirank.cpp), not user features; ignored when unset or not a
-// number. They reach the job only through JobOptions::test_hooks.
-//  - rank 0 sleeps this many milliseconds after reading the catalogue and before sending it
-//    (and before opening the shards for the load), while the other ranks wait for it; so a
-//    test can truncate a shard, kill or stop a peer at a known point;
-constexpr const char* pause_hook_env = "WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS";
-//  - the rank named here reports a wrong XXH3-64 for the first tensor, so that rank 0's
-//    verdict finds a mismatch;
-constexpr const char* corrupt_hook_env = "WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK";
-//  - the rank named here stops itself (SIGSTOP) once it has the verdict, before
-//    MPI_Finalize: a rank stopped after the verdict must not hold the launcher forever.
-constexpr const char* stop_after_verdict_hook_env = "WEIGHTCAST_TEST_STOP_AFTER_VERDICT_RANK";
-
-bool names_rank(const char* env, int rank) {
-  const char* text = test_hook(env);
-  if (text == nullptr) return false;
-  int target = -1;
-  auto [end, ec] = std::from_chars(text, text + std::char_traits<char>::length(text), target);
-  return ec == std::errc() && target == rank;
-}
-
-JobTestHooks test_hooks_from_environment(int rank) {
-  JobTestHooks hooks;
-  if (const long ms = test_hook_ms(pause_hook_env); ms != 0) {
-    hooks.after_catalogue = [ms] {
-      spdlog::info("test hook {}: pausing {} ms after reading the catalogue", pause_hook_env, ms);
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    };
-  }
-  if (names_rank(corrupt_hook_env, rank)) {
-    hooks.before_report = [](std::vector<std::uint64_t>& digests) {
-      if (digests.empty()) return;
-      spdlog::info("test hook {}: reporting a wrong digest for the first tensor",
-                   corrupt_hook_env);
-      digests.front() = ~digests.front();
-    };
-  }
-  if (names_rank(stop_after_verdict_hook_env, rank)) {
-    hooks.after_verdict = [] {
-      spdlog::info("test hook {}: stopping this rank after the verdict",
-                   stop_after_verdict_hook_env);
-      ::raise(SIGSTOP);
-    };
-  }
-  return hooks;
-}
 
 /// Prints this rank's failure; from now on a signal (mpirun ending the failed job) ends the
 /// process with its status and no second line.
@@ -134,7 +88,7 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
       if (progress) progress->update(p);
     };
     add_load_hooks(job, config, rank, world.world_size, interrupts);
-    job.test_hooks = test_hooks_from_environment(rank);
+    job.test_hooks = test_hooks::job(rank);
 
     // Each rank's own summary; the job's verdict is rank 0's alone, printed once below.
     job.on_loaded = [&](const JobResult& r) {

@@ -8,6 +8,7 @@
 #include "weightcast/synth.hpp"
 
 #include "interrupt.hpp"
+#include "test_hooks.hpp"
 
 #include <fmt/core.h>
 
@@ -44,24 +45,6 @@ std::uint64_t parse_shard_size_arg(const std::string& text) {
     // A command-line argument, not a config key: the exit status is usage's.
     throw Error(Errc::usage, e.what());
   }
-}
-
-// Test hook (tests/test_synth.cpp): synth sleeps this many milliseconds after each block it
-// writes, so that a test can interrupt a write in progress. Not a user feature; ignored when
-// unset or not a number.
-constexpr const char* block_delay_hook_env = "WEIGHTCAST_TEST_SYNTH_BLOCK_DELAY_MS";
-
-void honour_block_delay_hook(SynthOptions& options) {
-  const long ms = test_hook_ms(block_delay_hook_env);
-  if (ms == 0) return;
-  options.on_block = [ms, first = std::make_shared<std::atomic<bool>>(true)](std::uint64_t) {
-    if (first->exchange(false)) {
-      eprint("test hook {}: the first block was written; sleeping {} ms after each block\n",
-             block_delay_hook_env, ms);
-      std::fflush(stderr);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  };
 }
 
 }  // namespace
@@ -110,7 +93,7 @@ int synth(const SynthArgs& args) {
              shape.vocab, dtype_name(options.dtype));
   flush_stdout();  // before the checkpoint is written, not after
 
-  honour_block_delay_hook(options);
+  test_hooks::add_block_delay(options);
   auto start = std::chrono::steady_clock::now();
   constexpr const char* during = " while writing the checkpoint";
   InterruptHandler::LoadScope scope(interrupts, during);

@@ -9,6 +9,8 @@
 #pragma once
 
 #include "weightcast/placement.hpp"
+#include "weightcast/settings.hpp"
+#include "weightcast/units.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -19,33 +21,6 @@
 #include <vector>
 
 namespace weightcast {
-
-/// `device:` where tensors land: a GPU if one is visible (auto), host memory, or a GPU.
-enum class DeviceKind { automatic, host, cuda };
-/// `transport:` the data plane: auto (local for one rank, mpi on host, nccl on cuda),
-/// local (world size 1), mpi (host memory, OpenMPI), nccl (device memory).
-enum class TransportKind { automatic, local, mpi, nccl };
-/// `direct_io:` O_DIRECT policy for rank 0's reads: auto (buffered when the shard is in the
-/// page cache or O_DIRECT is refused), on (refusal is an error, 74), off (buffered).
-enum class DirectIo { automatic, on, off };
-/// `reader:` the read back end (reader.hpp): io_uring, a pread thread pool, or auto.
-enum class ReaderKind { automatic, uring, pread };
-/// `destination:` where tensor bytes go: an arena, or nowhere (digested and dropped).
-enum class Destination { arena, discard };
-/// `verify:` after a load, compare every rank's per-tensor XXH3-64 with rank 0's (`digest`),
-/// or skip the digests (`none`).
-enum class Verify { none, digest };
-/// `log_level:` the least severe log line printed to stderr.
-enum class LogLevel { error, warn, info, debug };
-
-/// @return the config spelling of a value ("auto", "host", "uring", …), as `to_yaml` prints it.
-std::string_view to_string(DeviceKind) noexcept;
-std::string_view to_string(TransportKind) noexcept;
-std::string_view to_string(DirectIo) noexcept;
-std::string_view to_string(ReaderKind) noexcept;
-std::string_view to_string(Destination) noexcept;
-std::string_view to_string(Verify) noexcept;
-std::string_view to_string(LogLevel) noexcept;
 
 /// Effective configuration of one rank. Defaults are the built-in defaults.
 struct Config {
@@ -151,8 +126,5 @@ std::uint64_t parse_size(std::string_view text, std::string_view key);
 ///         a whole number of milliseconds ("0.5ms", "1.0005s": never rounded), or is out of
 ///         range: negative, or over 2^63 - 1 ms.
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view key);
-
-/// @return "16 MiB", "1.50 GiB", "512 B": a size for people (binary units).
-std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace weightcast

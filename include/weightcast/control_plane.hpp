@@ -254,11 +254,14 @@ class ControlPlane {
   ///         received, or a peer was lost. Safe from any thread.
   [[nodiscard]] bool ending() const noexcept;
 
-  /// For a caller about to end the process with `_exit` (no destructors run): joins the
-  /// control plane's reader thread if it has already returned (its peers hung up), so that no
-  /// finished thread is left unjoined (ThreadSanitizer reports one as leaked); a running reader is left alone.
-  /// Must not run concurrently with the destructor.
-  void join_finished_reader() noexcept;
+  /// For a caller about to end the process with `_exit` (no destructors run), once what it
+  /// had to say is sent (`abort`, `linger`, `await_told`): stops the control plane's reader
+  /// thread and joins it, waiting at most @p most (of the wall clock) for it to return, so
+  /// that no thread is left unjoined at the exit (ThreadSanitizer reports one as leaked).
+  /// Waits on no peer: a reader still inside a handler after @p most is left alone. Does
+  /// nothing on the reader thread itself. After it the control plane neither reads nor sends
+  /// heartbeats. Must not run concurrently with the destructor.
+  void stop_reader(std::chrono::milliseconds most) noexcept;
 
   /// Implementation (Boost.Asio), in control_plane.cpp.
   struct Impl;

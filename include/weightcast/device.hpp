@@ -12,7 +12,7 @@
  */
 #pragma once
 
-#include "weightcast/config.hpp"
+#include "weightcast/settings.hpp"
 #include "weightcast/memory_kind.hpp"
 #include "weightcast/pending.hpp"
 

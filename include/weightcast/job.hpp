@@ -95,7 +95,8 @@ enum class FailurePolicy {
 };
 
 /// Test seams: tests/test_multirank.cpp drives them through the CLI's `WEIGHTCAST_TEST_*`
-/// variables, to act on a job at a known step. Not for production use; empty by default.
+/// variables (tools/test_hooks.cpp), to act on a job at a known step. Not for production use;
+/// empty by default.
 struct JobTestHooks {
   /// Rank 0, once it has opened the checkpoint, before it sends the catalogue.
   std::function<void()> after_catalogue;

@@ -19,7 +19,7 @@
 #pragma once
 
 #include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
+#include "weightcast/settings.hpp"
 #include "weightcast/device.hpp"
 #include "weightcast/placement.hpp"
 #include "weightcast/plan.hpp"
@@ -38,6 +38,8 @@
 #include <vector>
 
 namespace weightcast {
+
+struct Config;  // config.hpp: LoadOptions::from_config reads the launcher's keys
 
 /// A tensor that has landed: a view into the arena (host or device memory).
 struct TensorView {

@@ -7,7 +7,7 @@
  */
 #pragma once
 
-#include "weightcast/config.hpp"
+#include "weightcast/settings.hpp"
 
 #include <spdlog/spdlog.h>
 

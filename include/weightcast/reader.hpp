@@ -11,7 +11,7 @@
  */
 #pragma once
 
-#include "weightcast/config.hpp"
+#include "weightcast/settings.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -22,12 +22,12 @@
  */
 #pragma once
 
-#include "weightcast/config.hpp"
-
 #include <string>
 #include <string_view>
 
 namespace weightcast {
+
+struct Config;  // config.hpp: detect_world reads its world.* keys and where each was set
 
 /// Where the world came from.
 enum class WorldSource {

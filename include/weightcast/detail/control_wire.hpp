@@ -14,6 +14,7 @@
 #pragma once
 
 #include "weightcast/control_plane.hpp"
+#include "weightcast/settings.hpp"
 #include "weightcast/world.hpp"
 
 #include <array>
@@ -100,9 +101,10 @@ struct Hello {
   std::string job_id;           ///< Its launcher's job id (`World::job_id`; "" = none).
 };
 
-/// Longest job token a HELLO carries, bytes: what is left of `max_hello_bytes` after the
-/// fixed fields (magic, version, rank, world size, two string lengths) and the longest job id.
-inline constexpr std::size_t max_token_bytes = max_hello_bytes - 6 * 4 - World::max_job_id_bytes;
+/// `max_token_bytes` (settings.hpp, where the config checks it) is the longest job token a
+/// HELLO carries: what is left of `max_hello_bytes` after the fixed fields (magic, version,
+/// rank, world size, two string lengths) and the longest job id.
+static_assert(max_token_bytes == max_hello_bytes - 6 * 4 - World::max_job_id_bytes);
 
 /// @return the HELLO payload of @p hello (magic, protocol version, rank, world size, token,
 ///         job id). Never checks the token's length: the caller refuses one over

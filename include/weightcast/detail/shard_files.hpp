@@ -11,7 +11,7 @@
 #pragma once
 
 #include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
+#include "weightcast/settings.hpp"
 
 #include <cstdint>
 #include <ctime>
