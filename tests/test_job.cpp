@@ -8,6 +8,7 @@
 
 #include "utils/mpirun.hpp"
 #include "utils/paths.hpp"
+#include "utils/ports.hpp"
 #include "utils/process.hpp"
 #include "utils/ports.hpp"
 #include "utils/report.hpp"
@@ -30,9 +31,6 @@
 #include <string>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -382,20 +380,7 @@ TEST_CASE("job: a communicator handed in carries a placed load's slices between 
   REQUIRE_MPI();
   const auto checkpoint = corpus_dir() / "real" / corpus_file;
   TempDir dir;
-  // A port free now (the kernel's pick for port 0), not another fixed one.
-  const int port = [] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    const bool bound = fd >= 0 &&
-                       ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-    if (fd >= 0) ::close(fd);
-    REQUIRE(bound);
-    return static_cast<int>(ntohs(address.sin_port));
-  }();
+  const int port = test::free_port();
   const auto r = run_mpi_job("split-fsdp", checkpoint, port, dir.path());
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);

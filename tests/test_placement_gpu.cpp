@@ -16,6 +16,7 @@
 #include "weightcast/transport.hpp"
 
 #include "utils/paths.hpp"
+#include "utils/ports.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
 #include "utils/typed_checkpoint.hpp"
@@ -23,9 +24,6 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -107,20 +105,6 @@ TensorWant want(const std::string& tensor, std::vector<std::uint64_t> offset,
   w.offset = std::move(offset);
   w.shape = std::move(shape);
   return w;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(fd);
-  REQUIRE(bound);
-  return ntohs(address.sin_port);
 }
 
 }  // namespace
@@ -245,7 +229,7 @@ TEST_CASE("placement gpu: fsdp over nccl on 2 GPUs gives each rank its Shard(0) 
                             "checkpoint=" + path.string(), "--set", "device=cuda", "--set",
                             "transport=nccl", "--set", "placement=fsdp", "--set", rules,
                             "--set", "chunk_size=" + chunk, "--set",
-                            "rendezvous.port=" + std::to_string(free_port()), "--set",
+                            "rendezvous.port=" + std::to_string(test::free_port()), "--set",
                             "timeout=60s", "--report", (dir / "r{rank}.json").string()},
                            {}, 180);
     INFO(r.out << r.err);

@@ -8,6 +8,7 @@
 
 #include "utils/job.hpp"
 #include "utils/paths.hpp"
+#include "utils/ports.hpp"
 #include "utils/process.hpp"
 #include "utils/report.hpp"
 #include "utils/typed_checkpoint.hpp"
@@ -15,9 +16,6 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -68,23 +66,6 @@ const std::vector<TypedTensor> tensors = {
 struct Expected {
   std::vector<std::uint64_t> offset, shape;
 };
-
-// A TCP port free now on loopback: the kernel's pick for port 0. Another process may take it
-// before the job binds it, far less often than two jobs collide on a fixed port.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(fd);
-  REQUIRE(bound);
-  return ntohs(address.sin_port);
-}
 
 // One app context of mpirun: @p ranks ranks of `weightcast run` with the job's settings and
 // then @p sets.
@@ -223,7 +204,7 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows 
   for (const std::string chunk : {"100B", "1MiB"}) {
     INFO("chunk_size " << chunk);
     const std::string report = (dir / "r{rank}.json").string();
-    const auto r = run_job(path, free_port(), {"placement=fsdp", "chunk_size=" + chunk}, report);
+    const auto r = run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=" + chunk}, report);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK_THAT(r.out, Contains("local shards bit-exact"));
@@ -249,7 +230,7 @@ TEST_CASE("placement: rules on 3 ranks: dim-1 slices - a TP group of 2 - a stage
     INFO("chunk_size " << chunk);
     const std::string report = (dir / "r{rank}.json").string();
     const auto r =
-        run_job(path, free_port(), {"placement=fsdp", "chunk_size=" + chunk, rules}, report);
+        run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=" + chunk, rules}, report);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK_THAT(r.out, Contains("local shards bit-exact"));
@@ -280,7 +261,7 @@ TEST_CASE("placement: replicate reports shape = global_shape and offset zeros",
   TempDir dir;
   const auto path = dir / "model.safetensors";
   const auto datas = write_typed_checkpoint(path, tensors, 33);
-  const auto r = run_job(path, free_port(), {"chunk_size=1KiB"}, (dir / "r{rank}.json").string());
+  const auto r = run_job(path, test::free_port(), {"chunk_size=1KiB"}, (dir / "r{rank}.json").string());
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
   CHECK_THAT(r.out, Contains("tensors bit-exact"));  // today's verdict
@@ -299,12 +280,12 @@ TEST_CASE("placement: a rule that cannot apply ends every rank with 78 naming ru
   TempDir dir;
   const auto path = dir / "model.safetensors";
   write_typed_checkpoint(path, tensors, 34);
-  const auto r = run_job(path, free_port(), {"placement_rules=[{match: bias, shard: {dim: 1}}]"}, "");
+  const auto r = run_job(path, test::free_port(), {"placement_rules=[{match: bias, shard: {dim: 1}}]"}, "");
   INFO(r.out << r.err);
   CHECK(r.exit_status == 78);
   CHECK_THAT(r.err, Contains("placement rule 1 (pattern 'bias'): shard: dim 1 is out of range "
                              "for tensor 'bias'"));
-  const auto g = run_job(path, free_port(), {"placement_rules=[{match: '*', shard: {dim: 0, group: 2}}]"},
+  const auto g = run_job(path, test::free_port(), {"placement_rules=[{match: '*', shard: {dim: 0, group: 2}}]"},
                          "");
   INFO(g.out << g.err);
   CHECK(g.exit_status == 78);
@@ -317,7 +298,7 @@ TEST_CASE("placement: a wrong local shard on one rank fails the verdict naming r
   TempDir dir;
   const auto path = dir / "model.safetensors";
   write_typed_checkpoint(path, tensors, 35);
-  const auto r = run_job(path, free_port(), {"placement=fsdp", "chunk_size=256B"}, "",
+  const auto r = run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=256B"}, "",
                          {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"});
   INFO(r.out << r.err);
   CHECK(r.exit_status == 70);
@@ -334,7 +315,7 @@ TEST_CASE("placement: a rank SIGKILLed mid-scatter ends the others with 69 namin
   REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  BackgroundJob job(job_argv(checkpoint, free_port(), {"placement=fsdp", "chunk_size=1MiB"}, ""),
+  BackgroundJob job(job_argv(checkpoint, test::free_port(), {"placement=fsdp", "chunk_size=1MiB"}, ""),
                     {chunk_delay});
   REQUIRE(job.wait_for_output(first_chunk_landed(2), 60));
   const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=2");
@@ -365,7 +346,7 @@ TEST_CASE("placement: a rank stopped mid-scatter ends the job with 75 naming it"
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   BackgroundJob job(
-      job_argv(checkpoint, free_port(), {"placement=fsdp", "chunk_size=1MiB"}, "", "3s"),
+      job_argv(checkpoint, test::free_port(), {"placement=fsdp", "chunk_size=1MiB"}, "", "3s"),
       {chunk_delay});
   REQUIRE(job.wait_for_output(first_chunk_landed(1), 60));
   const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
@@ -392,7 +373,7 @@ TEST_CASE("placement: a shard cut short mid-scatter ends every rank with 74 nami
     }
   }
   REQUIRE(!last.empty());
-  BackgroundJob job(job_argv(checkpoint, free_port(),
+  BackgroundJob job(job_argv(checkpoint, test::free_port(),
                              {"placement=fsdp", "chunk_size=1MiB", "verify=digest"}, ""),
                     {chunk_delay});
   REQUIRE(job.wait_for_output(first_chunk_landed(0), 60));
@@ -420,7 +401,7 @@ TEST_CASE("placement: a shard whose header is corrupt ends every rank with 65 na
     f.seekp(8);
     f.put('!');
   }
-  const auto r = run_job(path, free_port(), {"placement=fsdp", "verify=digest"}, "");
+  const auto r = run_job(path, test::free_port(), {"placement=fsdp", "verify=digest"}, "");
   INFO(r.out << r.err);
   CHECK(r.exit_status == 65);
   CHECK(count(r.out + r.err, "weightcast: error: rank 0: " + path.string()) +
@@ -438,7 +419,7 @@ TEST_CASE("placement: MPMD ranks with their own placements each get their own - 
   const auto datas = write_typed_checkpoint(path, tensors, 37);
   const std::string report = (dir / "r{rank}.json").string();
   {
-    const int port = free_port();
+    const int port = test::free_port();
     std::vector<std::string> argv = mpirun_argv();
     auto add = [&](std::vector<std::string> part) {
       argv.insert(argv.end(), part.begin(), part.end());
@@ -464,7 +445,7 @@ TEST_CASE("placement: MPMD ranks with their own placements each get their own - 
     }
   }
   {
-    const int port = free_port();
+    const int port = test::free_port();
     std::vector<std::string> argv = mpirun_argv();
     auto add = [&](std::vector<std::string> part) {
       argv.insert(argv.end(), part.begin(), part.end());
