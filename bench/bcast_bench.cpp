@@ -21,15 +21,15 @@
 // of all ranks together, so cpu / time is how many cores the job kept busy. "rank 0 alone"
 // is the same load at world size 1 while the other ranks wait (its cpu(s) is rank 0's):
 // the whole load can be no faster, and where it is as fast the broadcast cost nothing.
-#include "weightcast/catalogue_wire.hpp"
-#include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
-#include "weightcast/device.hpp"
-#include "weightcast/digest.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/loader.hpp"
-#include "weightcast/log.hpp"
-#include "weightcast/transport_mpi.hpp"
+#include "weightcast/checkpoint/catalogue_wire.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/device/device.hpp"
+#include "weightcast/pipeline/digest.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/core/log.hpp"
+#include "weightcast/transport/transport_mpi.hpp"
 
 #include <fmt/core.h>
 #include <mpi.h>

@@ -16,9 +16,9 @@
 //       cuda arena, one call per range as tensor digests do. Line `readback_us_per_call`.
 //
 // 1 GB = 1e9 B. Exit 69 when CUDA or NCCL is unusable, 64 for bad arguments.
-#include "weightcast/device.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/transport.hpp"
+#include "weightcast/device/device.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/transport/transport.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -1,14 +1,14 @@
 // XXH3-64 throughput: libxxhash's default entry point (SSE2 on x86-64) against its runtime
-// dispatch (AVX2 or AVX-512 where the CPU has them), which weightcast uses (src/digest.cpp),
+// dispatch (AVX2 or AVX-512 where the CPU has them), which weightcast uses (src/pipeline/digest.cpp),
 // over the same warm buffer, alternating, with the digests compared.
 //
 //   build/xxh3_bench [buffer_size] [rounds]      (defaults: 16MiB, 64)
 //
 // Each round hashes the whole buffer once with each entry point; the best round of each is
 // printed in GB/s with their ratio. A digest mismatch exits 1.
-#include "weightcast/config.hpp"
-#include "weightcast/digest.hpp"
-#include "weightcast/error.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/pipeline/digest.hpp"
+#include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
 #include <xxhash.h>

@@ -17,7 +17,7 @@ add_library(weightcast::weightcast ALIAS weightcast)
 set_target_properties(weightcast PROPERTIES EXPORT_NAME weightcast)
 
 # Only the public headers: a `detail/` folder (at any depth) holds internals that no public
-# header includes (tests/install_example.sh checks both). The headers that hand weightcast a
+# header includes (tests/package/install_example.sh checks both). The headers that hand weightcast a
 # caller's communicator include mpi.h or nccl.h: installed only where the build has that
 # transport, so that every installed header compiles against the installed package.
 set(_weightcast_header_excludes PATTERN "detail" EXCLUDE)

@@ -1,10 +1,10 @@
 // Writes the seed corpus of fuzz_control_message: real encoded messages, each prefixed with
 // the fuzzer's mode byte (the reader), the catalogues of the given safetensors files among
 // them. Usage: control_message_seeds OUT_DIR [FILE.safetensors...]
-#include "weightcast/catalogue_wire.hpp"
-#include "weightcast/checkpoint.hpp"
-#include "weightcast/detail/control_wire.hpp"
-#include "weightcast/error.hpp"
+#include "weightcast/checkpoint/catalogue_wire.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/control/detail/control_wire.hpp"
+#include "weightcast/core/error.hpp"
 
 #include <cstdio>
 #include <filesystem>

@@ -6,9 +6,9 @@
 // frames until it ends (mode 4: the rest is one encoded catalogue). Every frame header must
 // be refused or bounded before its payload is taken, and every payload must decode into
 // something that re-encodes to the same bytes, or throw weightcast::Error (unavailable).
-#include "weightcast/catalogue_wire.hpp"
-#include "weightcast/detail/control_wire.hpp"
-#include "weightcast/error.hpp"
+#include "weightcast/checkpoint/catalogue_wire.hpp"
+#include "weightcast/control/detail/control_wire.hpp"
+#include "weightcast/core/error.hpp"
 
 #include <array>
 #include <cstdint>

@@ -1,8 +1,8 @@
 // Fuzzes the index parser (`model.safetensors.index.json`): the input is the index file.
 // Every input must parse into entries that stay inside the checkpoint directory, or throw
 // weightcast::Error with a one-line message.
-#include "weightcast/detail/index.hpp"
-#include "weightcast/error.hpp"
+#include "weightcast/checkpoint/detail/index.hpp"
+#include "weightcast/core/error.hpp"
 
 #include <cstdint>
 #include <cstdlib>

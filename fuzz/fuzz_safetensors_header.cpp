@@ -2,8 +2,8 @@
 // (8-byte length, header, data). Every input must either parse or throw weightcast::Error
 // with a one-line message; anything else (a crash, a sanitizer report, another exception)
 // is a bug.
-#include "weightcast/error.hpp"
-#include "weightcast/safetensors.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/checkpoint/safetensors.hpp"
 
 #include <cstdint>
 #include <cstdio>

@@ -14,17 +14,17 @@
 // the module can be built on a host that has none of the library's dependencies, given
 // libweightcast.a built elsewhere.
 
-#include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
-#include "weightcast/device.hpp"
-#include "weightcast/dtype.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/job.hpp"
-#include "weightcast/loader.hpp"
-#include "weightcast/placement.hpp"
-#include "weightcast/transport.hpp"
-#include "weightcast/transport_mpi.hpp"
-#include "weightcast/world.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/device/device.hpp"
+#include "weightcast/format/dtype.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/distributed/job.hpp"
+#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/plan/placement.hpp"
+#include "weightcast/transport/transport.hpp"
+#include "weightcast/transport/transport_mpi.hpp"
+#include "weightcast/control/world.hpp"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>

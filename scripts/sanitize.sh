@@ -22,13 +22,13 @@
 #   [log]           the logger, written from several threads at once.
 #   Not covered: the CUDA path (cuda device, nccl transport, the driver's threads). It needs a
 #   GPU, which this machine and CI lack, so build-tsan is -DWEIGHTCAST_CUDA=OFF; note there
-#   is no cudaLaunchHostFunc bridge to race on today (src/device_cuda.cpp polls CUDA events
+#   is no cudaLaunchHostFunc bridge to race on today (src/device/device_cuda.cpp polls CUDA events
 #   from the loader's thread).
 #
 # A report fails the run: halt_on_error, and every runtime exits 86 (not a <sysexits.h>
 # status a test expects; TSan's default, 66, is EX_NOINPUT). Children inherit the options
 # (the launcher, mpirun's ranks), and the tests fail on any sanitizer report in a child's
-# output whatever its exit status (tests/utils/process.cpp). Suppressions name third-party
+# output whatever its exit status (tests/support/process.cpp). Suppressions name third-party
 # libraries only: scripts/lsan.supp (Open MPI), scripts/tsan.supp.
 #
 # Each stage prints its build and test seconds. Configure with CMAKE_CXX_COMPILER_LAUNCHER=

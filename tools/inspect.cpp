@@ -1,11 +1,11 @@
 // `weightcast inspect PATH`: validate a checkpoint and list its tensors.
 #include "commands.hpp"
 
-#include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
-#include "weightcast/detail/plural.hpp"
-#include "weightcast/dtype.hpp"
-#include "weightcast/log.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/core/detail/plural.hpp"
+#include "weightcast/format/dtype.hpp"
+#include "weightcast/core/log.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -84,7 +84,7 @@ int inspect(const InspectArgs& args) {
   std::size_t shape_width = display_width(header.shape);
   std::size_t bytes_width = display_width(header.bytes);
   for (const auto& tensor : catalogue.tensors) {
-    // Names come from the header: untrusted text (weightcast/log.hpp, printable).
+    // Names come from the header: untrusted text (weightcast/core/log.hpp, printable).
     Row row{printable(tensor.name), dtype_name(tensor.dtype),
             fmt::format("[{}]", fmt::join(tensor.shape, ", ")), fmt::format("{}", tensor.bytes),
             printable(catalogue.shards[tensor.shard].name)};

@@ -2,8 +2,8 @@
 
 #include "commands.hpp"
 
-#include "weightcast/control_plane.hpp"
-#include "weightcast/log.hpp"
+#include "weightcast/control/control_plane.hpp"
+#include "weightcast/core/log.hpp"
 
 #include <fmt/core.h>
 

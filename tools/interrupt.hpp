@@ -3,7 +3,7 @@
 // synth` likewise: the write stops and its temporary files are removed.
 #pragma once
 
-#include "weightcast/error.hpp"
+#include "weightcast/core/error.hpp"
 
 #include <chrono>
 #include <condition_variable>

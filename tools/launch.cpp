@@ -4,12 +4,12 @@
 #include "commands.hpp"
 #include "test_hooks.hpp"
 
-#include "weightcast/config.hpp"
-#include "weightcast/detail/exec_image.hpp"
-#include "weightcast/device.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/loader.hpp"
-#include "weightcast/log.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/core/detail/exec_image.hpp"
+#include "weightcast/device/device.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/core/log.hpp"
 
 #include <fmt/core.h>
 

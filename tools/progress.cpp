@@ -1,8 +1,8 @@
 // Progress display of `weightcast run`.
 #include "progress.hpp"
 
-#include "weightcast/config.hpp"
-#include "weightcast/log.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/core/log.hpp"
 
 #include <fmt/core.h>
 

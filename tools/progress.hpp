@@ -2,7 +2,7 @@
 // in a log file. Driven by `LoadOptions::on_progress`; rank 0 only.
 #pragma once
 
-#include "weightcast/loader.hpp"
+#include "weightcast/pipeline/loader.hpp"
 
 #include <chrono>
 #include <cstdio>

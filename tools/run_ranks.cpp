@@ -1,18 +1,18 @@
 // `weightcast run` with more than one rank: the job itself is the library's (run_job,
-// weightcast/job.hpp); this file prints what each rank reports and ends with the job's status.
+// weightcast/distributed/job.hpp); this file prints what each rank reports and ends with the job's status.
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "test_hooks.hpp"
 
-#include "weightcast/checkpoint.hpp"
-#include "weightcast/config.hpp"
-#include "weightcast/control_plane.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/job.hpp"
-#include "weightcast/loader.hpp"
-#include "weightcast/log.hpp"
-#include "weightcast/world.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/control/control_plane.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/distributed/job.hpp"
+#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/core/log.hpp"
+#include "weightcast/control/world.hpp"
 
 #include <fmt/core.h>
 

@@ -1,11 +1,11 @@
 // `weightcast synth OUT_DIR [--params 1B] [--dtype BF16] [--shard-size 2GiB] [--seed 0]`
 #include "commands.hpp"
 
-#include "weightcast/config.hpp"
-#include "weightcast/detail/plural.hpp"
-#include "weightcast/dtype.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/synth.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/core/detail/plural.hpp"
+#include "weightcast/format/dtype.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/checkpoint/synth.hpp"
 
 #include "interrupt.hpp"
 #include "test_hooks.hpp"

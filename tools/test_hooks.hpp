@@ -7,13 +7,13 @@
 // JobOptions::test_hooks, as an embedder's would.
 #pragma once
 
-#include "weightcast/job.hpp"
-#include "weightcast/loader.hpp"
-#include "weightcast/synth.hpp"
+#include "weightcast/distributed/job.hpp"
+#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/checkpoint/synth.hpp"
 
 namespace weightcast::cli::test_hooks {
 
-/// The job's seams for rank @p rank (tests/test_multirank.cpp):
+/// The job's seams for rank @p rank (tests/distributed/test_multirank.cpp):
 ///  - `WEIGHTCAST_TEST_PAUSE_AFTER_CATALOGUE_MS`: rank 0 sleeps this many milliseconds
 ///    after reading the catalogue and before sending it (and before opening the shards for
 ///    the load), while the other ranks wait for it; so a test can truncate a shard, kill or
@@ -26,17 +26,17 @@ namespace weightcast::cli::test_hooks {
 /// A value that is not a number (or not a positive one, for the pause) is ignored.
 JobTestHooks job(int rank);
 
-/// `WEIGHTCAST_TEST_CHUNK_DELAY_MS` (tests/test_run.cpp, tests/test_multirank.cpp): every
+/// `WEIGHTCAST_TEST_CHUNK_DELAY_MS` (tests/cli/test_run.cpp, tests/distributed/test_multirank.cpp): every
 /// rank sleeps this many milliseconds after each chunk lands, on the loader's thread, so that
 /// a test can interrupt a load in progress. Wraps @p options' `on_progress`.
 void add_chunk_delay(LoadOptions& options);
 
-/// `WEIGHTCAST_TEST_SYNTH_BLOCK_DELAY_MS` (tests/test_synth.cpp): synth sleeps this many
+/// `WEIGHTCAST_TEST_SYNTH_BLOCK_DELAY_MS` (tests/checkpoint/test_synth.cpp): synth sleeps this many
 /// milliseconds after each block it writes, so that a test can interrupt a write in progress.
 /// Sets @p options' `on_block`.
 void add_block_delay(SynthOptions& options);
 
-/// @return whether `WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI` is set (tests/test_multirank.cpp):
+/// @return whether `WEIGHTCAST_TEST_LOCAL_SPAWNER_ALLOWS_MPI` is set (tests/distributed/test_multirank.cpp):
 ///         the local spawner then starts ranks whose data plane would be mpi even so, so that
 ///         a failure test can run it on a machine without a GPU (the ranks fail over the
 ///         control plane before they reach the data plane).

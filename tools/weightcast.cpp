@@ -1,10 +1,10 @@
 // weightcast launcher: `run`, `inspect`, `synth`.
 #include "commands.hpp"
 
-#include "weightcast/config.hpp"
-#include "weightcast/error.hpp"
-#include "weightcast/gpu_info.hpp"
-#include "weightcast/log.hpp"
+#include "weightcast/config/config.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/device/gpu_info.hpp"
+#include "weightcast/core/log.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>

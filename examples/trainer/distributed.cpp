@@ -16,10 +16,10 @@
 //
 // Each rank prints "rank R of N: T tensors, B bytes; VERDICT", R its rank in the job's
 // communicator, and with dup or reversed "(MPI_COMM_WORLD rank W)".
-#include <weightcast/digest.hpp>
-#include <weightcast/error.hpp>
-#include <weightcast/job.hpp>
-#include <weightcast/mpi.hpp>
+#include <weightcast/pipeline/digest.hpp>
+#include <weightcast/core/error.hpp>
+#include <weightcast/distributed/job.hpp>
+#include <weightcast/transport/mpi.hpp>
 
 #include <mpi.h>
 

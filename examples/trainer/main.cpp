@@ -5,9 +5,9 @@
 //                                   while another coroutine of the trainer keeps running
 //
 // It prints the tensor count, the bytes loaded, and the first bytes of one tensor.
-#include <weightcast/asio.hpp>
-#include <weightcast/error.hpp>
-#include <weightcast/loader.hpp>
+#include <weightcast/distributed/asio.hpp>
+#include <weightcast/core/error.hpp>
+#include <weightcast/pipeline/loader.hpp>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const weightcast::Error& e) {
     // Its <sysexits.h> status: 66 for a missing checkpoint, 65 for a malformed one, 74 for
-    // a failed read, ... (weightcast/error.hpp).
+    // a failed read, ... (weightcast/core/error.hpp).
     std::fprintf(stderr, "trainer: %s\n", e.what());
     return weightcast::exit_status(e.code());
   } catch (const std::exception& e) {

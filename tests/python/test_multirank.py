@@ -40,7 +40,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def mpirun_argv(ranks: int) -> list[str]:
-    """mpirun as tests/utils/mpirun.cpp starts it (--oversubscribe; --allow-run-as-root as
+    """mpirun as tests/support/mpirun.cpp starts it (--oversubscribe; --allow-run-as-root as
     root), unbound: 3 ranks on a 2-core machine must not be pinned to one core each."""
     mpirun = shutil.which("mpirun")
     if mpirun is None or not weightcast.build_info()["mpi"]:

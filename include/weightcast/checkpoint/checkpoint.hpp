@@ -1,0 +1,87 @@
+/**
+ * @file checkpoint.hpp
+ * @brief Opening a checkpoint (one shard, a directory, or an index) into a `Catalogue`.
+ *
+ * A checkpoint is one `.safetensors` file, a directory holding a `*.safetensors.index.json`
+ * or a single `.safetensors` file, or the path of an index itself. Only rank 0 calls
+ * `open_checkpoint`; the other ranks receive the catalogue over the control plane.
+ *
+ * Index rules (docs/DESIGN.md § Checkpoints; transformers' sharded checkpoint convention):
+ * `weight_map` maps tensor name to shard file name; every shard path stays inside the
+ * checkpoint directory after symlinks are resolved (no absolute path, no `..` escape); every
+ * indexed tensor exists in the shard the index names; no tensor is stored in two shards.
+ */
+#pragma once
+
+#include "weightcast/format/dtype.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace weightcast {
+
+/// One shard (`.safetensors` file) of a checkpoint.
+struct ShardInfo {
+  std::filesystem::path path;  ///< Resolved absolute path; only rank 0 ever opens it.
+  std::string name;            ///< Name for messages: the file name as the index spells it.
+  std::uint64_t file_bytes = 0;   ///< Size of the file when the catalogue was read, bytes.
+  std::uint64_t data_offset = 0;  ///< File offset of the data section: 8 + header length.
+  /// The file whose header was read (`st_dev`, `st_ino`), so that rank 0 reads that file
+  /// and no other one put in its place (a rename, a symlink relinked elsewhere) before it
+  /// opens the shard for the load; 0, 0: unknown (a catalogue from the wire), not checked.
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;  ///< See `device`.
+  /// Modification and status-change times of that file when its header was read (`st_mtim`,
+  /// `st_ctim`), ns since the epoch: a rewrite in place (same inode, same size) changes
+  /// them. Checked with `device` and `inode`, and only when `inode` is not 0.
+  std::int64_t modified_ns = 0;
+  std::int64_t changed_ns = 0;  ///< See `modified_ns`.
+};
+
+/// One tensor of a checkpoint: where its bytes are and what they mean.
+struct TensorInfo {
+  std::string name;                 ///< Name as in the header (UTF-8, any characters).
+  Dtype dtype = Dtype::U8;          ///< Element type.
+  std::vector<std::uint64_t> shape; ///< Dimensions; empty for a scalar.
+  std::uint32_t shard = 0;          ///< Index into `Catalogue::shards`.
+  std::uint64_t file_offset = 0;    ///< Absolute offset of the first byte in the shard file.
+  std::uint64_t bytes = 0;          ///< Size in bytes (0 for a zero-size tensor).
+};
+
+/**
+ * @brief Every tensor of a checkpoint, parsed once on rank 0.
+ *
+ * `tensors` are ordered by shard, then by file offset, which is the order the plan reads
+ * them. Each shard's tensors tile its data section exactly (the safetensors validation rules
+ * guarantee no hole and no overlap).
+ */
+struct Catalogue {
+  std::vector<ShardInfo> shards;
+  std::vector<TensorInfo> tensors;
+  /// `__metadata__` of every shard merged (first shard wins on a repeated key).
+  std::map<std::string, std::string> metadata;
+
+  /// @return the sum of all tensor sizes, bytes.
+  [[nodiscard]] std::uint64_t total_bytes() const noexcept;
+};
+
+/**
+ * @brief Opens @p path as a checkpoint and validates every shard header.
+ *
+ * @param path a `.safetensors` file, an index `.json`, or a directory holding one index
+ *        (`*.safetensors.index.json`) or exactly one `.safetensors` file.
+ * @return the catalogue; tensor file offsets are absolute.
+ * @throws Error `missing_input` (66) when @p path is empty or leads to no file (it does not
+ *         exist, "a/b" where a is a file, a symlink loop), is no file to read (a FIFO, a
+ *         socket) or a directory holds no usable checkpoint; `invalid_checkpoint` (65) when a
+ *         shard or the index breaks a rule, naming the file and, where there is one, the
+ *         tensor and the numbers involved (a Git LFS pointer file gets its own message); `io`
+ *         (74) when @p path cannot be opened otherwise ("Permission denied") or a read fails;
+ *         `usage` (64) when @p path holds a NUL byte (the kernel would open the path up to it).
+ */
+Catalogue open_checkpoint(const std::filesystem::path& path);
+
+}  // namespace weightcast

@@ -1,0 +1,933 @@
+// A load on any number of ranks: meet, share the catalogue and agree the settings, plan,
+// join the transport, load, reach the verdict; every failure ends every rank with one message
+// (weightcast/distributed/job.hpp, "The failure model").
+#include "weightcast/distributed/job.hpp"
+
+#include "weightcast/checkpoint/catalogue_wire.hpp"
+#include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/core/detail/running_time.hpp"
+#include "weightcast/core/detail/plural.hpp"
+#include "weightcast/pipeline/digest.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/core/log.hpp"
+#include "weightcast/distributed/placement_agreement.hpp"
+#include "weightcast/transport/transport_mpi.hpp"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace weightcast {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long the calling thread has to come back once another rank's failure has stopped its
+// load (it normally takes milliseconds) before a thread of the job's own ends the process:
+// a thread stuck in a call with no timeout (MPI_Init_thread) or in a caller's hook would
+// otherwise hold this rank forever. Under a launcher's SIGTERM the CLI waits 3 s
+// (InterruptHandler::ending_grace) for the ending to finish: this stays below.
+constexpr std::chrono::milliseconds unwind_grace{2'000};
+
+// How long a thread that ends the process waits for the control plane's reader, once
+// stopped, to return (ControlPlane::stop_reader): a handler in progress takes microseconds;
+// the bound keeps a reader stuck in one (a caller's hook) from holding the exit.
+constexpr std::chrono::milliseconds reader_stop_most{500};
+
+/// How long a rank other than 0 that sent its ABORT waits for rank 0 to take it
+/// (`ControlPlane::linger`) before it ends.
+std::chrono::milliseconds linger_most(std::chrono::milliseconds timeout) {
+  return std::min(timeout, std::chrono::milliseconds(2'000));
+}
+
+/// How long a rank other than 0 that times out waits for rank 0's diagnosis of the same
+/// stall (`ControlPlane::defer_to_root`) before it sends its own.
+std::chrono::milliseconds root_grace(std::chrono::milliseconds timeout) {
+  return std::min(timeout, std::chrono::milliseconds(5'000));
+}
+
+// ---- the failure policy's end of the process: the one place under src/ that ends it -----
+
+/// Reports a failure once (`on_failure`), and ends the process where the policy says so.
+/// Shared by the calling thread and the job's watchdog thread.
+class FailureReport {
+ public:
+  explicit FailureReport(const JobOptions& options) : _options(options) {}
+
+  /// Calls `on_failure` with @p error, the first time only.
+  void report(const Error& error) noexcept {
+    std::lock_guard lock(_mutex);
+    if (_reported) return;
+    _reported = true;
+    try {
+      if (_options.on_failure) _options.on_failure(error);
+    } catch (...) {  // documented as must-not-throw; a throwing one changes nothing here
+    }
+  }
+
+  /// The documented default policy: `on_failure` (if not yet), `before_exit`, then
+  /// `_exit(exit_status(code))`. Neither destructors nor atexit handlers run: another thread
+  /// may be inside MPI, or the calling thread stuck in it.
+  [[noreturn]] void end_process(const Error& error) noexcept {
+    report(error);
+    // Nobody catches this failure: without a hook of the caller's, the log says why the
+    // process ended.
+    if (!_options.on_failure) spdlog::error("{}", error.what());
+    {
+      std::lock_guard lock(_mutex);  // one thread ends it; another that comes waits here
+      try {
+        if (_options.before_exit) _options.before_exit(error);
+      } catch (...) {
+      }
+      std::fflush(nullptr);
+      ::_exit(exit_status(error.code()));
+    }
+  }
+
+ private:
+  const JobOptions& _options;
+  std::mutex _mutex;
+  bool _reported = false;
+};
+
+// ---- the job's watchdog ----------------------------------------------------------------
+
+/// A thread of the job's own that ends the process when the calling thread cannot come back:
+/// a blocking call with no timeout (MPI_Init_thread, MPI_Comm_dup, MPI_Finalize) that has
+/// not returned within the timeout, or a thread that has not unwound `unwind_grace` after
+/// another rank's failure stopped its load.
+class Watchdog {
+ public:
+  Watchdog(ControlPlane& control, FailureReport& failure, int rank)
+      : _control(control), _failure(failure), _rank(rank), _thread([this] { watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(_mutex);
+      _closing = true;
+    }
+    _changed.notify_all();
+    _thread.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  /// While it lives, the calling thread is in @p what, which takes no timeout: past
+  /// @p timeout of the time this process ran, the job ends (every rank, with this rank's
+  /// timeout, or rank 0's diagnosis of the same stall).
+  class Blocking {
+   public:
+    Blocking(Watchdog& watchdog, std::chrono::milliseconds timeout, std::string what)
+        : _watchdog(watchdog) {
+      std::lock_guard lock(_watchdog._mutex);
+      _watchdog._blocking = true;
+      _watchdog._blocking_timeout = timeout;
+      _watchdog._blocking_what = std::move(what);
+      _watchdog._blocking_generation++;
+      _watchdog._changed.notify_all();
+    }
+    ~Blocking() {
+      {
+        std::lock_guard lock(_watchdog._mutex);
+        _watchdog._blocking = false;
+      }
+      _watchdog._changed.notify_all();
+    }
+    Blocking(const Blocking&) = delete;
+    Blocking& operator=(const Blocking&) = delete;
+
+   private:
+    Watchdog& _watchdog;
+  };
+
+  /// The control plane's ending hook (reader thread): another rank's failure; the calling
+  /// thread has `unwind_grace` to come back (`unwinding`).
+  void remote_failure() noexcept {
+    {
+      std::lock_guard lock(_mutex);
+      if (_remote_since) return;
+      _remote_since = Clock::now();
+    }
+    _changed.notify_all();
+  }
+
+  /// The calling thread has come back with the job's failure: nothing is left to watch.
+  void unwinding() noexcept {
+    {
+      std::lock_guard lock(_mutex);
+      _unwinding = true;
+    }
+    _changed.notify_all();
+  }
+
+ private:
+  void watch() {
+    std::unique_lock lock(_mutex);
+    for (;;) {
+      _changed.wait(lock, [this] {
+        return _closing || (_remote_since && !_unwinding) || (_blocking && !_unwinding);
+      });
+      if (_closing) return;
+      if (_remote_since && !_unwinding) {
+        // A call with no timeout (Blocking) cannot come back for another rank's failure:
+        // end at once rather than after the grace, which a launcher's teardown may not wait.
+        if (!_blocking && _changed.wait_until(lock, *_remote_since + unwind_grace,
+                                              [this] { return _closing || _unwinding; })) {
+          continue;
+        }
+        lock.unlock();
+        // The calling thread is stuck: end with the job's failure, once every rank knows.
+        const auto failure = _control.remote_failure();
+        _control.await_told();
+        _control.stop_reader(reader_stop_most);
+        _failure.end_process(failure ? Error(*failure)
+                                     : Error(Errc::internal, "the job ended without a cause"));
+      }
+      if (_blocking && !_unwinding) {
+        const std::uint64_t generation = _blocking_generation;
+        if (wait_running(lock, _blocking_timeout, [&] {
+              return _closing || _unwinding || !_blocking ||
+                     _blocking_generation != generation || _remote_since.has_value();
+            })) {
+          continue;
+        }
+        const std::string what = _blocking_what;
+        const auto timeout = _blocking_timeout;
+        lock.unlock();
+        blocked_past_timeout(what, timeout);
+      }
+    }
+  }
+
+  // Waits on `_changed` until @p done() holds, at most @p most of the time this process ran
+  // (detail::wait_running): a rank stopped for `timeout`, then resumed, must not blame the
+  // others (meanwhile rank 0 has named it, and its ABORT waits to be read).
+  template <class Done>
+  bool wait_running(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds most,
+                    Done done) {
+    return detail::wait_running(
+        most, std::chrono::seconds(1), std::chrono::milliseconds(500),
+        [&](Clock::duration step) { _changed.wait_for(lock, step); }, done);
+  }
+
+  [[noreturn]] void blocked_past_timeout(const std::string& what,
+                                         std::chrono::milliseconds timeout) {
+    // Rank 0 meets the same stall and knows every rank's state: let it speak first.
+    _control.defer_to_root(root_grace(timeout));
+    if (const auto failure = _control.remote_failure()) {
+      _control.await_told();
+      _control.stop_reader(reader_stop_most);
+      _failure.end_process(*failure);
+    }
+    const Error error(Errc::timeout,
+                      fmt::format("rank {}: {} did not return within {} ms (timeout): {}", _rank,
+                                  what, timeout.count(), _control.stall_report()));
+    _control.abort(error);
+    _failure.report(error);
+    _control.linger(linger_most(timeout));
+    _control.stop_reader(reader_stop_most);
+    _failure.end_process(error);
+  }
+
+  ControlPlane& _control;
+  FailureReport& _failure;
+  int _rank;
+  std::mutex _mutex;
+  std::condition_variable _changed;
+  bool _closing = false;
+  bool _unwinding = false;
+  std::optional<Clock::time_point> _remote_since;
+  bool _blocking = false;
+  std::chrono::milliseconds _blocking_timeout{0};
+  std::string _blocking_what;
+  std::uint64_t _blocking_generation = 0;
+  std::thread _thread;  // last: starts after the members it uses exist
+};
+
+// ---- the settings every rank must share ------------------------------------------------
+
+// One `key: value` per line: the plan (chunk_size), the data plane (device kind, transport)
+// and the verdict (verify). Ranks can be started with different configs (MPMD, a config per
+// node); a plan that differs between ranks makes the broadcasts disagree on their sizes,
+// which MPI does not detect (wrong bytes, or a hang).
+std::string shared_settings(std::uint64_t chunk_bytes, bool host_device, TransportKind transport,
+                            Verify verify) {
+  return fmt::format("chunk_size: {}\ndevice: {}\ntransport: {}\nverify: {}\n",
+                     format_bytes(chunk_bytes) + fmt::format(" ({} B)", chunk_bytes),
+                     host_device ? "host" : "cuda", to_string(transport), to_string(verify));
+}
+
+// Ranks other than 0: this rank's shared settings against rank 0's.
+// @throws Error `config` (78) naming the first setting that differs and both values.
+void check_shared_settings(const std::string& mine, const std::string& root) {
+  auto lines = [](std::string_view text) {
+    std::vector<std::string_view> out;
+    while (!text.empty()) {
+      const auto end = text.find('\n');
+      out.push_back(text.substr(0, end));
+      text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    }
+    return out;
+  };
+  const auto a = lines(mine);
+  const auto b = lines(root);
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string_view m = i < a.size() ? a[i] : "";
+    const std::string_view r = i < b.size() ? b[i] : "";
+    if (m == r) continue;
+    const auto colon = m.find(':');
+    const std::string_view key = m.substr(0, colon);
+    throw Error(Errc::config,
+                fmt::format("{} differs between ranks: this rank has{}, rank 0 has{}; every rank "
+                            "must use the same (set it alike in every rank's config)",
+                            key, m.substr(colon + 1),
+                            r.substr(std::min(r.size(), r.find(':') + 1))));
+  }
+}
+
+// ---- the verdict ------------------------------------------------------------------------
+
+// Rank 0: every rank's digests against rank 0's own (`verify` and `seconds`, the time the
+// digests took: rank 0's).
+Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue, Verify verify,
+              double seconds) {
+  // Every rank has the same `verify` (check_shared_settings).
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{} × {} loaded, not compared (verify: none)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(catalogue.tensors.size(), "tensor"))};
+  }
+  const auto& mine = reports.at(0).digests;
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests, rank 0 has {}", report.rank,
+                                       report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t t = 0; t < mine.size(); ++t) {
+      if (report.digests[t] == mine[t]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' xxh3 {}, rank 0 has {}",
+                                         report.rank, catalogue.tensors[t].name,
+                                         digest_hex(report.digests[t]), digest_hex(mine[t])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{} × {} bit-exact (XXH3-64 of every tensor "
+                                  "matches rank 0's; hashing took {:.3f} s on rank 0)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(mine.size(), "tensor"), seconds)};
+  }
+  std::string message = fmt::format("{} against rank 0's bytes: ",
+                                    detail::counted(count, "tensor mismatch", "tensor mismatches"));
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
+// Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
+// of each rank's bytes as they passed through its staging ring.
+Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
+  std::size_t wants = 0;
+  for (const RankWants& r : placement.all) wants += r.tensors.size();
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{}, {} loaded, not compared (verify: none)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(wants, "local shard"))};
+  }
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    const auto& mine = expected.at(report.rank);
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
+                                       report.rank, report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t w = 0; w < mine.size(); ++w) {
+      if (report.digests[w] == mine[w]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
+                                         "sent bytes of xxh3 {}",
+                                         report.rank, placement.all[report.rank].tensors[w].tensor,
+                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
+                                  "local shards matches the bytes rank 0 sent it)",
+                                  detail::counted(reports.size(), "rank"),
+                                  detail::counted(wants, "local shard"))};
+  }
+  std::string message = fmt::format("{} against the bytes rank 0 sent: ",
+                                    detail::counted(count, "local shard mismatch",
+                                                    "local shard mismatches"));
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
+// ---- the world ----------------------------------------------------------------------------
+
+World resolve_world(const JobOptions& options) {
+  World world = options.world ? *options.world : detect_world(Config{});
+  if (!options.mpi_communicator && !options.nccl_communicator) return world;
+  // The communicator is the data plane: its rank and size are the job's (a communicator
+  // split from the launcher's world has its own).
+  const bool mpi = options.mpi_communicator.has_value();
+  const auto [rank, size] = mpi ? mpi_rank_and_size(*options.mpi_communicator)
+                                : nccl_rank_and_size(*options.nccl_communicator);
+  if (world.rank == rank && world.world_size == size) return world;
+  if (options.world) {
+    throw Error(Errc::config,
+                fmt::format("transport {0}: the communicator handed in (JobOptions::"
+                            "{0}_communicator) has this process as rank {1} of {2}, but "
+                            "JobOptions::world says rank {3} of {4}; leave world unset to take "
+                            "the communicator's",
+                            mpi ? "mpi" : "nccl", rank, size, world.rank, world.world_size));
+  }
+  world.rank = rank;
+  world.world_size = size;
+  world.source = WorldSource::communicator;
+  return world;
+}
+
+// ---- one rank's job ------------------------------------------------------------------------
+
+class Job {
+ public:
+  explicit Job(const JobOptions& options) : _options(options), _failure(options) {}
+
+  JobResult run() {
+    meet();
+    try {
+      Catalogue catalogue = share_catalogue();
+      LoadOptions options = plan();
+      confirm_ready();
+      open_transport();
+      // After the data plane is up, so that a rank stalled in MPI_Init_thread is still named
+      // by its watchdog.
+      agree_wants(catalogue, options);
+      JobResult result = run_load(std::move(catalogue), std::move(options));
+      reach_verdict(result);
+      close();
+      return result;
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+ private:
+  [[nodiscard]] bool several() const noexcept { return _world.world_size > 1; }
+  [[nodiscard]] int rank() const noexcept { return _world.rank; }
+  [[nodiscard]] std::chrono::milliseconds control_timeout() const noexcept {
+    return _rendezvous.timeout;
+  }
+
+  // ---- step 1: meet: the world, the device, the data plane's kind, the control plane ----
+  void meet() {
+    try {
+      _world = resolve_world(_options);
+      if (_options.nccl_communicator && _options.mpi_communicator) {
+        throw Error(Errc::config,
+                    "JobOptions: both mpi_communicator and nccl_communicator are set; hand in "
+                    "the one to broadcast on");
+      }
+      check_destination(_options.load.destination, _world.world_size);
+      const int ordinal = _options.nccl_communicator ? _options.nccl_communicator->cuda_device
+                                                     : _world.local_rank;
+      DeviceKind device_kind = _options.device;
+      if (_options.nccl_communicator && device_kind == DeviceKind::automatic) {
+        device_kind = DeviceKind::cuda;
+      }
+      try {
+        _device = make_device(device_kind, ordinal);
+      } catch (const Error& e) {
+        // Alone, the message says which device setting failed; with several ranks it names
+        // the rank (below), and LOCAL_RANK's GPU is in the device's own message.
+        if (e.code() != Errc::unavailable || several()) throw;
+        throw Error(e.code(), fmt::format("device: {}: {}", to_string(_options.device),
+                                          e.what()));
+      }
+      _host = _device->name() == "host";
+      TransportKind asked = _options.transport;
+      if (_options.mpi_communicator && asked == TransportKind::automatic) {
+        asked = TransportKind::mpi;
+      }
+      if (_options.nccl_communicator && asked == TransportKind::automatic) {
+        asked = TransportKind::nccl;
+      }
+      _kind = resolve_transport(asked, _host, _world.world_size);
+      if (_options.mpi_communicator && _kind != TransportKind::mpi) {
+        throw Error(Errc::config, "JobOptions::mpi_communicator is set, but the transport is " +
+                                      std::string(to_string(_kind)) + " (set transport: mpi)");
+      }
+      if (_options.nccl_communicator && _kind != TransportKind::nccl) {
+        throw Error(Errc::config, "JobOptions::nccl_communicator is set, but the transport is " +
+                                      std::string(to_string(_kind)) + " (set transport: nccl)");
+      }
+      if (_kind == TransportKind::mpi && !mpi_compiled_in()) MpiSession{};  // "no MPI" (69)
+      if (rank() == 0) {
+        WEIGHTCAST_EXPECT(!_options.checkpoint.empty(), Errc::config,
+                          "checkpoint: not set (JobOptions::checkpoint is empty on rank 0)");
+      }
+      _rendezvous = _options.rendezvous ? *_options.rendezvous
+                                        : rendezvous_options(Config{}, _world);
+      if (!_options.rendezvous) _rendezvous.timeout = _options.load.timeout;
+      if (_rendezvous.job_id.empty()) {
+        _rendezvous.job_id = _world.job_id;
+        _rendezvous.job_id_source = _world.job_id_source;
+      }
+      _control.emplace(_world, _rendezvous);
+    } catch (const RemoteAbort& e) {
+      _failure.report(e);
+      throw;
+    } catch (const Error& e) {
+      const Error mine = prefixed(e, e.code());
+      _failure.report(mine);
+      throw mine;
+    }
+    if (several()) {
+      _watchdog.emplace(*_control, _failure, rank());
+      // Another rank's failure: stop this rank's load, and give the calling thread
+      // `unwind_grace` to come back with it.
+      _control->on_ending([this] {
+        _stop.request_stop();
+        _watchdog->remote_failure();
+      });
+    }
+    // The caller's stop (LoadOptions::stop) stops the job's own.
+    _caller_stop.emplace(_options.load.stop, [this] { _stop.request_stop(); });
+    if (_options.on_control_plane) {
+      try {
+        _options.on_control_plane(&*_control);
+        _control_plane_shown = true;
+      } catch (...) {
+        fail(std::current_exception());
+      }
+    }
+  }
+
+  // ---- step 2: rank 0 has the catalogue, and every rank agrees the settings --------------
+  Catalogue share_catalogue() {
+    // Ranks other than 0 never touch the checkpoint path: they get the catalogue instead.
+    Catalogue catalogue;
+    if (rank() == 0) {
+      catalogue = open_checkpoint(_options.checkpoint);
+      if (_options.on_catalogue) _options.on_catalogue(catalogue);
+      if (_options.test_hooks.after_catalogue) _options.test_hooks.after_catalogue();
+      if (several()) _control->share(encode_catalogue(catalogue));
+    } else {
+      if (_options.on_catalogue) _options.on_catalogue(Catalogue{});
+      catalogue = decode_catalogue(_control->share({}), "catalogue from rank 0");
+    }
+    if (several()) {
+      const std::string settings =
+          shared_settings(_options.load.chunk_bytes, _host, _kind, _options.verify);
+      if (rank() == 0) {
+        _control->share(settings);
+      } else {
+        check_shared_settings(settings, _control->share({}));
+      }
+    }
+    return catalogue;
+  }
+
+  // ---- step 3: the plan's options ---------------------------------------------------------
+  LoadOptions plan() {
+    LoadOptions options = _options.load;
+    // 256 B: cudaMalloc's own alignment, so every tensor view suits vectorised kernels.
+    if (!_host) options.tensor_alignment = std::max<std::uint64_t>(options.tensor_alignment, 256);
+    options.stop = _stop.get_token();
+    if (several()) {
+      // The control plane's heartbeat carries this rank's progress, so that a stall's message
+      // can say which rank is behind.
+      options.on_progress = [this, inner = std::move(options.on_progress)](
+                                const LoadProgress& p) {
+        _control->note_progress(p.chunks_done);
+        if (inner) inner(p);
+      };
+    }
+    return options;
+  }
+
+  // Before the first collective, every rank says it is ready (it has the catalogue and agrees
+  // the settings), and rank 0 answers once all have: a rank that failed so far has sent its
+  // ABORT instead, and every rank then throws, none blocked in a collective that cannot be
+  // unwound. Where the job initialises MPI itself, MPI_Init_thread waits for every rank
+  // anyway (and a rank blocked there when another fails is ended: the failure model), so
+  // the round trip is left out, as `weightcast run` always did.
+  void confirm_ready() {
+    if (!several()) return;
+    const bool job_initialises_mpi =
+        _kind == TransportKind::mpi && !_options.mpi_communicator && !mpi_initialized();
+    if (job_initialises_mpi) return;
+    _control->gather(RankReport{rank(), 0, 0, {}}, "word that it is ready");
+    if (rank() == 0) {
+      _control->share("ready");
+    } else {
+      _control->share({});
+    }
+  }
+
+  // ---- step 4: the transport --------------------------------------------------------------
+  void open_transport() {
+    switch (_kind) {
+      case TransportKind::local:
+      case TransportKind::automatic:
+        _transport = make_local_transport();
+        return;
+      case TransportKind::mpi: {
+        {
+          // MPI_Init_thread and MPI_Comm_dup wait for every rank (Open MPI's modex) and take no
+          // timeout: if a rank stalls there, the watchdog ends the job.
+          Watchdog::Blocking blocking(
+              *_watchdog, control_timeout(),
+              _options.mpi_communicator || mpi_initialized() ? "MPI_Comm_dup" : "MPI_Init_thread");
+          _mpi = _options.mpi_communicator
+                     ? std::make_unique<MpiSession>(*_options.mpi_communicator)
+                     : std::make_unique<MpiSession>();
+        }
+        if (_mpi->rank() != rank() || _mpi->world_size() != _world.world_size) {
+          // Where the config gave the world, the config is what disagrees with mpirun.
+          const std::string hint =
+              _world.source == WorldSource::config
+                  ? fmt::format("remove world.rank and world.size from the config (mpirun's "
+                                "environment gives each rank its place), or start {} ranks "
+                                "with mpirun -np {} in that order",
+                                _world.world_size, _world.world_size)
+                  : fmt::format("launch with mpirun -np {} (weightcast launch does)",
+                                _world.world_size);
+          throw Error(Errc::unavailable,
+                      fmt::format("transport mpi: MPI says rank {} of {}, but this is rank {} "
+                                  "of {} ({}); {}",
+                                  _mpi->rank(), _mpi->world_size(), rank(), _world.world_size,
+                                  to_string(_world.source), hint));
+        }
+        _transport = make_mpi_transport(*_mpi);
+        return;
+      }
+      case TransportKind::nccl: {
+        if (_options.nccl_communicator) {
+          _transport = make_nccl_transport(*_options.nccl_communicator, _options.load.timeout);
+          return;
+        }
+        // NCCL's bootstrap: rank 0's ncclUniqueId travels over the control plane (NCCL docs,
+        // "Creating a communicator with options"), then every rank joins the communicator.
+        NcclUniqueId id{};
+        if (rank() == 0) {
+          id = nccl_unique_id();
+          _control->share(std::string(reinterpret_cast<const char*>(id.data()), id.size()));
+        } else {
+          const std::string bytes = _control->share({});
+          WEIGHTCAST_EXPECT(bytes.size() == id.size(), Errc::unavailable,
+                            fmt::format("the NCCL unique id from rank 0 has {} bytes, expected {}",
+                                        bytes.size(), id.size()));
+          std::memcpy(id.data(), bytes.data(), id.size());
+        }
+        _transport = make_nccl_transport(rank(), _world.world_size, _world.local_rank, id,
+                                         _options.load.timeout);
+        return;
+      }
+    }
+  }
+
+  // ---- step 4b: the placement: every rank's wants, checked on rank 0 -------------------
+  // Each rank resolves its own wants (from its placement, or the caller's in-place
+  // destinations), rank 0 checks them all against the catalogue and every rank gets them
+  // back; null when every rank wants the whole checkpoint (one broadcast per chunk). Every
+  // rank of several takes part, whatever its own placement, so that ranks whose configs
+  // differ still meet at the same step.
+  void agree_wants(const Catalogue& catalogue, LoadOptions& options) {
+    const bool custom = static_cast<bool>(_options.wants);
+    if (!several() && !custom && _options.placement.replicates_all()) return;
+    RankWants mine = custom ? _options.wants(catalogue, rank(), _world.world_size)
+                            : resolve_placement(_options.placement, catalogue, rank(),
+                                                _world.world_size);
+    if (several()) {
+      _placement = agree_placement(*_control, catalogue, std::move(mine),
+                                   _options.verify == Verify::digest);
+    } else {
+      auto placement = std::make_shared<LoadPlacement>();
+      placement->all = {std::move(mine)};  // load() checks it against the catalogue
+      placement->mine = placement->all.front();
+      _placement = std::move(placement);
+    }
+    options.placement = _placement;
+  }
+
+  // ---- step 5: the load -------------------------------------------------------------------
+  JobResult run_load(Catalogue catalogue, LoadOptions options) {
+    JobResult result;
+    result.world = _world;
+    if (_options.on_load_start) _options.on_load_start();
+    std::exception_ptr failure;
+    try {
+      result.load = load(std::move(catalogue), *_device, *_transport, options);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (_options.on_load_end) _options.on_load_end(failure);
+    if (failure) std::rethrow_exception(failure);
+    // A cuda arena is read back through a pinned bounce buffer: the verdict covers the bytes
+    // that landed in GPU memory, not a host copy of them. Alone, there is nothing to compare.
+    if (several() && _options.verify == Verify::digest) {
+      const auto begin = Clock::now();
+      result.digests =
+          result.load.placed ? local_digests(result.load) : tensor_digests(result.load);
+      result.digest_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    }
+    if (_options.test_hooks.before_report) _options.test_hooks.before_report(result.digests);
+    if (_options.on_loaded) _options.on_loaded(result);
+    return result;
+  }
+
+  // ---- step 6: the verdict ----------------------------------------------------------------
+  void reach_verdict(JobResult& result) {
+    if (!several()) {
+      const std::size_t tensors = result.load.catalogue.tensors.size();
+      result.verdict = Verdict{0, fmt::format("1 rank: {} loaded (nothing to compare)",
+                                              detail::counted(tensors, "tensor"))};
+    } else {
+      RankReport report{rank(), result.load.stats.bytes, result.load.stats.seconds,
+                        result.digests};
+      Verdict verdict;
+      if (rank() == 0) {
+        verdict = _placement ? judge_placed(_control->gather(std::move(report)), *_placement,
+                                            result.load.expected_digests, _options.verify)
+                             : judge(_control->gather(std::move(report)),
+                                     result.load.catalogue, _options.verify,
+                                     result.digest_seconds);
+      } else {
+        _control->gather(std::move(report));
+      }
+      result.verdict = _control->finish(std::move(verdict));
+    }
+    if (_options.on_verdict) _options.on_verdict(result);
+    if (result.verdict.status != 0) {
+      // The mismatch list is rank 0's to give; the others end with its status and say where
+      // to look, so a job of N ranks does not print the list N times.
+      throw RemoteAbort(errc_for_exit_status(result.verdict.status),
+                        rank() == 0 ? "rank 0: " + result.verdict.message
+                                    : fmt::format("rank {}: rank 0 found tensor mismatches "
+                                                  "between the ranks (its message lists them)",
+                                                  rank()));
+    }
+  }
+
+  // ---- the end: every process ends, bounded ----------------------------------------------
+  void close() {
+    // The job has ended only once every process has: a rank stopped or hung from here on
+    // would hold mpirun, or launch, forever. MPI_Finalize waits for every rank (Open MPI's
+    // fence), so it is bounded like MPI_Init_thread; then rank 0 waits, as long again, for
+    // the others to hang up, and fails (mpirun then ends them) if one does not.
+    if (_options.test_hooks.after_verdict) _options.test_hooks.after_verdict();
+    // nccl: ncclCommFinalize waits for every rank (bounded, 10 s, then ncclCommAbort), so
+    // every rank shuts its transport down before rank 0 waits for the hang-ups below.
+    _transport.reset();
+    if (_mpi) {
+      std::optional<Watchdog::Blocking> blocking;
+      if (_watchdog) blocking.emplace(*_watchdog, control_timeout(), "MPI_Finalize");
+      _mpi.reset();
+    }
+    _control->await_hangups(control_timeout());
+    detach();
+  }
+
+  // Takes the job's hooks off the control plane, before it goes.
+  void detach() noexcept {
+    if (!_control) return;
+    _control->on_ending({});
+    if (_control_plane_shown && _options.on_control_plane) {
+      _control_plane_shown = false;
+      try {
+        _options.on_control_plane(nullptr);
+      } catch (...) {
+      }
+    }
+  }
+
+  // ---- failure: one message on every rank ----------------------------------------------
+  [[nodiscard]] Error prefixed(const std::exception& e, Errc code) const {
+    if (!several()) return Error(code, e.what());
+    return Error(code, fmt::format("rank {}: {}", rank(), e.what()));
+  }
+
+  // The job failed on this rank with @p failure (after the ranks met): every rank learns it,
+  // then the failure is thrown, or ends the process (FailurePolicy).
+  [[noreturn]] void fail(std::exception_ptr failure) {
+    if (_watchdog) _watchdog->unwinding();
+    if (!several()) {
+      // Alone: nobody to tell; the error is the caller's as it was thrown.
+      try {
+        std::rethrow_exception(failure);
+      } catch (const Error& e) {
+        _failure.report(e);
+        detach();
+        throw;
+      } catch (...) {
+        detach();
+        throw;
+      }
+    }
+    // Another rank's failure came first (this rank's own error, if any, followed from it:
+    // its load was stopped), unless this rank has already sent its own.
+    if (auto remote = _control->remote_failure(); remote && !_control->aborted()) {
+      end_with(*remote, true);
+    }
+    try {
+      std::rethrow_exception(failure);
+    } catch (const RemoteAbort& e) {
+      // Rank 0's verdict, which every rank has: nobody to tell.
+      end_with(e, true);
+    } catch (const Error& e) {
+      Error mine = prefixed(e, e.code());
+      if (e.code() == Errc::timeout) {
+        // A stall: rank 0, if it answers, names the rank behind it; else say what this rank
+        // knows (whether rank 0 answers, the chunks landed).
+        _control->defer_to_root(root_grace(control_timeout()));
+        if (auto remote = _control->remote_failure()) end_with(*remote, true);
+        mine = Error(Errc::timeout, fmt::format("{}; {}", mine.what(), _control->stall_report()));
+      }
+      spread(mine);
+    } catch (const std::exception& e) {
+      spread(prefixed(e, Errc::internal));
+    } catch (...) {
+      spread(Error(Errc::internal, fmt::format("rank {}: an unknown exception", rank())));
+    }
+  }
+
+  // This rank's own failure: every rank is told, then the job ends with it.
+  [[noreturn]] void spread(const Error& mine) {
+    _control->abort(mine);
+    _failure.report(mine);
+    _control->linger(linger_most(control_timeout()));
+    end_with(mine, false);
+  }
+
+  // The job ends on this rank with @p error: thrown, or the process ended where MPI was left
+  // with a broadcast in flight and the policy says so.
+  [[noreturn]] void end_with(const Error& error, bool remote) {
+    _failure.report(error);
+    // Rank 0 relayed another rank's failure: every rank hears it from rank 0 before rank 0
+    // goes (a lost rank 0 would read as the cause).
+    if (remote) _control->await_told();
+    const bool mpi_left_in_flight = _mpi && _mpi->abandoned();
+    // After a failure no MPI call is made (MPI_Finalize and MPI_Comm_free could wait for a
+    // rank that is gone); the process that initialised MPI ends soon, and a caller's MPI
+    // keeps a communicator it never sees.
+    if (_mpi) _mpi->abandon();
+    if (mpi_left_in_flight && _options.failure_policy == FailurePolicy::end_process) {
+      _control->stop_reader(reader_stop_most);
+      _failure.end_process(error);
+    }
+    detach();
+    if (remote) throw RemoteAbort(error.code(), error.what());
+    throw Error(error.code(), error.what());
+  }
+
+  const JobOptions& _options;
+  FailureReport _failure;
+  World _world;
+  RendezvousOptions _rendezvous;
+  std::unique_ptr<Device> _device;
+  bool _host = true;
+  TransportKind _kind = TransportKind::local;
+  std::optional<ControlPlane> _control;
+  std::shared_ptr<const LoadPlacement> _placement;  // null: every rank wants every tensor
+  std::optional<Watchdog> _watchdog;  // after _control: gone before it
+  std::stop_source _stop;             // the load's: the caller's stop, or another rank's failure
+  std::optional<std::stop_callback<std::function<void()>>> _caller_stop;
+  bool _control_plane_shown = false;
+  std::unique_ptr<MpiSession> _mpi;
+  std::unique_ptr<Transport> _transport;  // after _mpi: gone before it
+};
+
+}  // namespace
+
+TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size) {
+  if (world_size <= 1) {
+    switch (asked) {
+      case TransportKind::mpi:
+      case TransportKind::nccl:
+        throw Error(Errc::config,
+                    fmt::format("transport: {}: this is a world of one rank, so there is no "
+                                "other rank to broadcast to; use transport: local or auto, or "
+                                "start several ranks (weightcast launch -n N, mpirun, torchrun)",
+                                to_string(asked)));
+      case TransportKind::automatic:
+      case TransportKind::local:
+        return TransportKind::local;
+    }
+    return TransportKind::local;
+  }
+  switch (asked) {
+    case TransportKind::local:
+      throw Error(Errc::config,
+                  fmt::format("transport: local moves no bytes between processes; a world of {} "
+                              "ranks needs transport mpi (device host) or nccl (device cuda)",
+                              world_size));
+    case TransportKind::mpi:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: mpi broadcasts host memory, but the device is cuda (set "
+                        "device: host, or transport: nccl)");
+      return TransportKind::mpi;
+    case TransportKind::nccl:
+      WEIGHTCAST_EXPECT(!host_device, Errc::config,
+                        "transport: nccl broadcasts GPU memory, but the device is host (set "
+                        "device: cuda or auto on a GPU machine, or transport: mpi)");
+      return TransportKind::nccl;
+    case TransportKind::automatic:
+      return host_device ? TransportKind::mpi : TransportKind::nccl;
+  }
+  return TransportKind::mpi;
+}
+
+JobOptions JobOptions::from_config(const Config& config, const World& world) {
+  JobOptions options;
+  options.checkpoint = config.checkpoint;
+  options.world = world;
+  options.rendezvous = rendezvous_options(config, world);
+  options.device = config.device;
+  options.transport = config.transport;
+  options.verify = config.verify;
+  options.load = LoadOptions::from_config(config);
+  options.placement = config.placement;
+  return options;
+}
+
+JobResult run_job(const JobOptions& options) {
+  Job job(options);
+  return job.run();
+}
+
+std::future<JobResult> run_job_async(JobOptions options) {
+  return std::async(std::launch::async,
+                    [options = std::move(options)] { return run_job(options); });
+}
+
+}  // namespace weightcast

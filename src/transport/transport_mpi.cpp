@@ -1,0 +1,301 @@
+#include "weightcast/transport/transport_mpi.hpp"
+
+#include "weightcast/core/error.hpp"
+
+#include <fmt/core.h>
+
+#ifdef WEIGHTCAST_HAVE_MPI
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <vector>
+#endif
+
+namespace weightcast {
+
+#ifndef WEIGHTCAST_HAVE_MPI
+
+namespace {
+[[noreturn]] void no_mpi() {
+  throw Error(Errc::unavailable,
+              "transport: mpi: this build of weightcast has no MPI (install libopenmpi-dev and "
+              "rebuild; scripts/install-deps.sh)");
+}
+}  // namespace
+
+bool mpi_compiled_in() noexcept { return false; }
+bool mpi_initialized() noexcept { return false; }
+MpiSession::MpiSession() { no_mpi(); }
+MpiSession::MpiSession(const MpiCommunicator&) { no_mpi(); }
+MpiSession::~MpiSession() = default;
+void MpiSession::open(const MpiCommunicator*) { no_mpi(); }
+std::pair<int, int> mpi_rank_and_size(const MpiCommunicator&) { no_mpi(); }
+std::unique_ptr<Transport> make_mpi_transport(MpiSession&) { no_mpi(); }
+
+#else
+
+namespace {
+
+constexpr std::chrono::microseconds progress_budget{1000};
+
+MPI_Comm to_comm(std::uintptr_t handle) {
+  MPI_Comm comm;
+  static_assert(sizeof comm <= sizeof handle);
+  std::memcpy(&comm, &handle, sizeof comm);
+  return comm;
+}
+
+std::uintptr_t to_handle(MPI_Comm comm) {
+  std::uintptr_t handle = 0;
+  std::memcpy(&handle, &comm, sizeof comm);
+  return handle;
+}
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return fmt::format("error {}", code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+/// One or more `MPI_Ibcast` requests of one broadcast, or the sends and receives of one
+/// exchange.
+class MpiBroadcast final : public Pending {
+ public:
+  MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes,
+               bool receiving, const char* what = "MPI_Ibcast")
+      : _session(session),
+        _requests(std::move(requests)),
+        _bytes(bytes),
+        _receiving(receiving),
+        _what(what) {}
+  ~MpiBroadcast() override {
+    for (MPI_Request request : _requests) {
+      if (request != MPI_REQUEST_NULL) {
+        // MPI_Wait could block forever on a dead or stopped peer, and a collective request
+        // may not be freed or cancelled (MPI 4.0 §5.12): leave it, and tell the session.
+        _session.abandon();
+        return;
+      }
+    }
+  }
+  bool test() override {
+    // Open MPI progresses a non-blocking collective only inside MPI calls (no progress
+    // thread), and the loader sleeps between polls. A receiving rank copies the bytes inside
+    // those calls (shared memory: it reads the root's buffer), so there each poll drives
+    // progress for a short budget instead of testing once; the budget stays far below any
+    // timeout. The root only has its sends' completions to learn of: it tests once, and
+    // leaves its one thread to the read and upload stages (a buffered io_uring read of a
+    // cached page copies inside the submit call, on that thread).
+    const auto budget = _receiving ? progress_budget : std::chrono::microseconds(0);
+    const auto until = std::chrono::steady_clock::now() + budget;
+    int done = 0;
+    do {
+      const int rc = MPI_Testall(static_cast<int>(_requests.size()), _requests.data(), &done,
+                                 MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        throw Error(Errc::unavailable, fmt::format("transport mpi: {} of {} bytes failed: {}",
+                                                   _what, _bytes, mpi_error(rc)));
+      }
+    } while (done == 0 && std::chrono::steady_clock::now() < until);
+    return done != 0;
+  }
+
+ private:
+  MpiSession& _session;
+  std::vector<MPI_Request> _requests;
+  std::uint64_t _bytes;
+  bool _receiving;  // this rank is not the broadcast's root
+  const char* _what;
+};
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MpiSession& session) : _session(session) {}
+  [[nodiscard]] std::string_view name() const noexcept override { return "mpi"; }
+  [[nodiscard]] int rank() const noexcept override { return _session.rank(); }
+  [[nodiscard]] int world_size() const noexcept override { return _session.world_size(); }
+  std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
+    if (bytes == 0 || _session.world_size() == 1) return nullptr;
+    std::vector<MPI_Request> requests;
+    // MPI_BYTE counts are int: split what is larger (every rank splits identically).
+    constexpr std::uint64_t max_count = INT_MAX;
+    for (std::uint64_t offset = 0; offset < bytes; offset += max_count) {
+      const auto count = static_cast<int>(std::min(max_count, bytes - offset));
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int rc = MPI_Ibcast(data + offset, count, MPI_BYTE, root,
+                                to_comm(_session.communicator()), &request);
+      if (rc != MPI_SUCCESS) {
+        throw Error(Errc::unavailable,
+                    fmt::format("transport mpi: MPI_Ibcast of {} bytes from rank {} failed: {}",
+                                count, root, mpi_error(rc)));
+      }
+      requests.push_back(request);
+    }
+    return std::make_unique<MpiBroadcast>(_session, std::move(requests), bytes,
+                                          _session.rank() != root);
+  }
+
+  // Placement's point-to-point deliveries. A message over INT_MAX bytes goes as several of
+  // at most INT_MAX, which both sides cut alike and MPI keeps in order (non-overtaking).
+  std::unique_ptr<Pending> exchange(std::span<const Message> sends,
+                                    std::span<const Message> receives, int tag) override {
+    std::vector<MPI_Request> requests;
+    std::uint64_t total = 0;
+    // Requests already posted are left to the session if a later post fails (as a broadcast's).
+    struct Guard {
+      MpiSession& session;
+      std::vector<MPI_Request>& requests;
+      bool armed = true;
+      ~Guard() {
+        if (armed && !requests.empty()) session.abandon();
+      }
+    } guard{_session, requests};
+    // The session's communicator, as every broadcast: a caller's (its ranks, not the world's)
+    // or our duplicate of MPI_COMM_WORLD, whose errors return instead of aborting the job.
+    const MPI_Comm comm = to_comm(_session.communicator());
+    auto post = [&](const Message& m, bool send) {
+      constexpr std::uint64_t max_count = INT_MAX;
+      total += m.bytes;
+      for (std::uint64_t offset = 0; offset < m.bytes; offset += max_count) {
+        const auto count = static_cast<int>(std::min(max_count, m.bytes - offset));
+        MPI_Request request = MPI_REQUEST_NULL;
+        const int rc = send ? MPI_Isend(m.data + offset, count, MPI_BYTE, m.peer, tag,
+                                        comm, &request)
+                            : MPI_Irecv(m.data + offset, count, MPI_BYTE, m.peer, tag, comm,
+                                        &request);
+        if (rc != MPI_SUCCESS) {
+          throw Error(Errc::unavailable,
+                      fmt::format("transport mpi: {} of {} bytes {} rank {} failed: {}",
+                                  send ? "MPI_Isend" : "MPI_Irecv", count,
+                                  send ? "to" : "from", m.peer, mpi_error(rc)));
+        }
+        requests.push_back(request);
+      }
+    };
+    for (const Message& m : receives) post(m, false);
+    for (const Message& m : sends) post(m, true);
+    guard.armed = false;
+    if (requests.empty()) return nullptr;
+    return std::make_unique<MpiBroadcast>(_session, std::move(requests), total,
+                                          !receives.empty(), "MPI_Isend/MPI_Irecv");
+  }
+
+ private:
+  MpiSession& _session;
+};
+
+}  // namespace
+
+bool mpi_compiled_in() noexcept { return true; }
+
+bool mpi_initialized() noexcept {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+MpiSession::MpiSession() { open(nullptr); }
+
+MpiSession::MpiSession(const MpiCommunicator& communicator) { open(&communicator); }
+
+void MpiSession::open(const MpiCommunicator* base) {
+  auto fail = [](std::string what) {
+    throw Error(Errc::unavailable, "transport mpi: " + std::move(what));
+  };
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized != 0) fail("MPI was finalised already in this process; it cannot be used again");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized == 0) {
+    if (base != nullptr) {
+      fail("a communicator was handed in but MPI is not initialised (MPI_Init_thread first)");
+    }
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", mpi_error(rc)));
+    _owns_mpi = true;
+    // Ours to set: errors on MPI_COMM_WORLD (MPI_Comm_dup's) come back as return codes
+    // instead of MPI's default of aborting the whole job with its own message.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  } else {
+    // The caller's MPI: below MPI_THREAD_SERIALIZED only the thread that initialised it may
+    // call MPI (MPI 4.0 §11.2.1), so run_job on any other thread would be undefined.
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    int main_thread = 0;
+    MPI_Is_thread_main(&main_thread);
+    if (provided < MPI_THREAD_SERIALIZED && main_thread == 0) {
+      fail(fmt::format("MPI was initialised with thread level {} (below MPI_THREAD_SERIALIZED) "
+                       "by another thread, so only that thread may call MPI; run the job on "
+                       "it (run_job, not run_job_async), or initialise MPI with "
+                       "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE",
+                       provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED"));
+    }
+  }
+  const MPI_Comm from = base != nullptr ? to_comm(base->handle) : MPI_COMM_WORLD;
+  MPI_Comm ours = MPI_COMM_NULL;
+  const int rc = MPI_Comm_dup(from, &ours);
+  if (rc != MPI_SUCCESS) {
+    if (_owns_mpi) MPI_Finalize();
+    fail(fmt::format("MPI_Comm_dup of {} failed: {}",
+                     base != nullptr ? "the communicator handed in" : "MPI_COMM_WORLD",
+                     mpi_error(rc)));
+  }
+  MPI_Comm_set_errhandler(ours, MPI_ERRORS_RETURN);
+  _comm = to_handle(ours);
+  _have_comm = true;
+  MPI_Comm_rank(ours, &_rank);
+  MPI_Comm_size(ours, &_world_size);
+}
+
+MpiSession::~MpiSession() {
+  if (_abandoned) return;
+  if (_have_comm) {
+    MPI_Comm comm = to_comm(_comm);
+    MPI_Comm_free(&comm);
+  }
+  if (_owns_mpi) MPI_Finalize();
+}
+
+std::pair<int, int> mpi_rank_and_size(const MpiCommunicator& communicator) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (initialized == 0 || finalized != 0) {
+    throw Error(Errc::unavailable,
+                fmt::format("transport mpi: a communicator was handed in but MPI is {}",
+                            finalized != 0 ? "finalised already" : "not initialised"));
+  }
+  const MPI_Comm comm = to_comm(communicator.handle);
+  if (comm == MPI_COMM_NULL) {
+    throw Error(Errc::unavailable, "transport mpi: the communicator handed in is MPI_COMM_NULL");
+  }
+  int rank = 0;
+  int size = 0;
+  int rc = MPI_Comm_rank(comm, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+  if (rc != MPI_SUCCESS) {
+    throw Error(Errc::unavailable,
+                fmt::format("transport mpi: the communicator handed in: MPI_Comm_rank/size "
+                            "failed: {}",
+                            mpi_error(rc)));
+  }
+  return {rank, size};
+}
+
+std::unique_ptr<Transport> make_mpi_transport(MpiSession& session) {
+  return std::make_unique<MpiTransport>(session);
+}
+
+#endif
+
+}  // namespace weightcast

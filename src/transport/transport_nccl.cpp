@@ -1,0 +1,450 @@
+// The nccl data plane: one ncclBroadcast (ncclUint8: every dtype moves as raw bytes) per
+// range, grouped per chunk, on a comm stream of the transport's own, after the chunk's H2D;
+// a placed chunk's slices as ncclSend/ncclRecv, grouped per chunk the same way.
+//
+// Non-blocking communicator (NCCL docs, "Creating a communicator with options" and
+// "Nonblocking group operation"): every NCCL call may return ncclInProgress while NCCL is
+// still enqueueing; the communicator's state must be polled with ncclCommGetAsyncError until
+// it is ncclSuccess before its results are used or another call is made on it. That polling
+// is what lets a stalled rank be aborted (ncclCommAbort) instead of hanging in a blocking
+// call.
+#include "weightcast/transport/transport.hpp"
+
+#include "weightcast/device/detail/cuda_check.hpp"
+#include "weightcast/device/detail/cuda_resources.hpp"
+#include "weightcast/device/device.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/device/gpu_info.hpp"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace weightcast {
+
+namespace detail {
+
+void throw_nccl_error(ncclResult_t status, const char* call, ncclComm_t comm) {
+  const Errc code = status == ncclInvalidArgument || status == ncclInvalidUsage
+                        ? Errc::internal
+                        : Errc::unavailable;
+  const char* last = ncclGetLastError(comm);
+  throw Error(code, fmt::format("{} failed: {}{}{}", call, ncclGetErrorString(status),
+                                last != nullptr && *last != '\0' ? "; last NCCL error: " : "",
+                                last != nullptr ? last : ""));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::CudaEvent;
+using detail::CudaStream;
+using Clock = std::chrono::steady_clock;
+
+/// The communicator: finalised and destroyed when healthy, else aborted (every failure aborts
+/// it at once, so a handle still held here has seen none).
+class Communicator {
+ public:
+  Communicator() = default;
+  ~Communicator() {
+    if (_comm == nullptr) return;  // never created, or aborted after a failure
+    // The caller's (make_nccl_transport of an NcclCommunicator): left as it was. A failure
+    // aborts it (the only way to end what is in flight), and then it is null here.
+    if (!_owned) return;
+    // ncclCommFinalize flushes outstanding work; on a non-blocking communicator it may
+    // return ncclInProgress: poll, bounded, then destroy (NCCL docs, "Finalizing a
+    // communicator"). Any trouble: abort instead, which never waits for peers.
+    ncclResult_t state = ncclCommFinalize(_comm);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (state == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (ncclCommGetAsyncError(_comm, &state) != ncclSuccess) state = ncclInternalError;
+    }
+    if (state == ncclSuccess) {
+      // After ncclCommFinalize has completed, ncclCommDestroy frees local resources without
+      // blocking (NCCL 2.14 release notes, NVIDIA/nccl#715); on a non-blocking communicator
+      // the freeing may go on in a background thread. Whatever it returns (an error too:
+      // the reclaim may have run), the handle is consumed: never pass it to NCCL again (no
+      // ncclCommAbort after a destroy).
+      const ncclResult_t destroyed = ncclCommDestroy(_comm);
+      _comm = nullptr;
+      if (destroyed != ncclSuccess && destroyed != ncclInProgress) {
+        spdlog::warn("ncclCommDestroy failed: {}", ncclGetErrorString(destroyed));
+      }
+      return;
+    }
+    spdlog::warn("nccl: communicator did not finalise cleanly ({}); aborting it",
+                 ncclGetErrorString(state));
+    abort();
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ncclComm_t* out() noexcept { return &_comm; }
+  /// Takes the caller's @p comm, which is never finalised or destroyed (only aborted, on a
+  /// failure).
+  void adopt(ncclComm_t comm) noexcept {
+    _comm = comm;
+    _owned = false;
+  }
+  [[nodiscard]] ncclComm_t get() const noexcept { return _comm; }
+
+  /// @return the communicator's state: ncclSuccess, ncclInProgress or an error.
+  [[nodiscard]] ncclResult_t state() const noexcept {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t status = ncclCommGetAsyncError(_comm, &async);
+    return status != ncclSuccess ? status : async;
+  }
+
+  /// Aborts the communicator: in-flight collectives end, peers see an error instead of
+  /// waiting forever. Idempotent; never throws.
+  void abort() noexcept {
+    if (_comm == nullptr) return;
+    const ncclResult_t status = ncclCommAbort(_comm);
+    if (status != ncclSuccess && status != ncclInProgress) {
+      spdlog::warn("ncclCommAbort failed: {}", ncclGetErrorString(status));
+    }
+    _comm = nullptr;
+  }
+
+ private:
+  ncclComm_t _comm = nullptr;
+  bool _owned = true;
+};
+
+/// What a transport and its operations in flight share: the comm stream and the
+/// communicator. Shared ownership: a `Pending` that outlives its transport (an embedder that
+/// destroys the transport first) still holds what its destructor aborts and waits on.
+struct CommState {
+  explicit CommState(int ordinal) : ordinal(ordinal) {
+    detail::set_cuda_device(ordinal);
+    stream.emplace();
+  }
+  // Members release in reverse order: the communicator (finalise or abort) before the stream
+  // (which waits for what is left on it).
+
+  /// After any NCCL or CUDA error on this communicator the only valid call is
+  /// ncclCommAbort (NCCL docs, "Error handling and communicator abort"): abort it, which
+  /// ends its kernels, then wait for the comm stream, so that nothing NCCL launched still
+  /// writes the arena once the error reaches the loader (whose unwinding frees the arena).
+  /// Idempotent; never throws.
+  void abort_and_drain() noexcept {
+    comm.abort();
+    if (stream) {
+      detail::log_cuda_release(cudaStreamSynchronize(stream->get()),
+                               "cudaStreamSynchronize (comm stream, after ncclCommAbort)");
+    }
+  }
+
+  int ordinal;
+  std::optional<CudaStream> stream;  // the comm stream; created after cudaSetDevice
+  Communicator comm;
+};
+
+/// A group of collectives in flight on the comm stream: NCCL has enqueued its kernels, and
+/// `_event` was recorded on the comm stream after them.
+class NcclGroup final : public Pending {
+ public:
+  NcclGroup(std::shared_ptr<CommState> state, CudaEvent event, std::uint64_t bytes,
+            const char* what)
+      : _state(std::move(state)), _event(std::move(event)), _bytes(bytes), _what(what) {}
+  ~NcclGroup() override {
+    if (_done) return;
+    // Abandoned in flight (a stage failed, the watchdog fired): a collective may wait on a
+    // peer forever, so abort the communicator (which ends its kernels), then wait for the
+    // comm stream before the arena it writes can be freed.
+    spdlog::warn("nccl: {} of {} bytes abandoned in flight: aborting the communicator", _what,
+                 _bytes);
+    _state->abort_and_drain();
+    detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  bool test() override {
+    if (_done) return true;
+    try {
+      if (_state->comm.get() == nullptr) {
+        throw Error(Errc::unavailable,
+                    fmt::format("nccl: {}: the communicator was aborted", _what));
+      }
+      // An asynchronous error (a peer or the network failed) leaves the kernels waiting
+      // forever: it shows in the communicator's state, not in the event.
+      const ncclResult_t state = _state->comm.state();
+      if (state != ncclSuccess && state != ncclInProgress) {
+        detail::throw_nccl_error(state, fmt::format("{} (ncclCommGetAsyncError)", _what).c_str(),
+                                 _state->comm.get());
+      }
+      const cudaError_t status = cudaEventQuery(_event.get());
+      if (status == cudaErrorNotReady) return false;
+      if (status != cudaSuccess) {
+        detail::throw_cuda_error(
+            status, fmt::format("{} of {} bytes (cudaEventQuery)", _what, _bytes).c_str());
+      }
+      _done = true;
+      return true;
+    } catch (...) {
+      _done = true;  // failed: nothing waits for it any more, once the stream is drained
+      _state->abort_and_drain();
+      throw;
+    }
+  }
+
+ private:
+  std::shared_ptr<CommState> _state;
+  CudaEvent _event;
+  std::uint64_t _bytes;
+  const char* _what;
+  bool _done = false;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(int rank, int world_size, int local_rank, const NcclUniqueId& unique_id,
+                std::chrono::milliseconds timeout)
+      : _rank(rank),
+        _world_size(world_size),
+        _timeout(timeout),
+        _state(std::make_shared<CommState>(
+            cuda_ordinal_for_local_rank(local_rank, cuda_device_count()))) {
+    ncclUniqueId id;
+    static_assert(sizeof(id.internal) == nccl_unique_id_bytes);
+    std::memcpy(id.internal, unique_id.data(), unique_id.size());
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    try {
+      const ncclResult_t init =
+          ncclCommInitRankConfig(_state->comm.out(), world_size, id, rank, &config);
+      if (init != ncclSuccess && init != ncclInProgress) {
+        detail::throw_nccl_error(init, "ncclCommInitRankConfig", _state->comm.get());
+      }
+      wait_ready("ncclCommInitRankConfig", "the communicator was not ready",
+                 "a peer did not join");
+      connect();
+    } catch (...) {
+      // A communicator whose creation failed is only fit for ncclCommAbort.
+      _state->abort_and_drain();
+      throw;
+    }
+  }
+
+  // The caller's communicator, as it is, on its CUDA device @p cuda_device (an ordinal).
+  NcclTransport(ncclComm_t comm, int rank, int world_size, int cuda_device,
+                std::chrono::milliseconds timeout)
+      : _rank(rank),
+        _world_size(world_size),
+        _timeout(timeout),
+        _state(std::make_shared<CommState>(cuda_device)) {
+    _state->comm.adopt(comm);
+  }
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "nccl"; }
+  [[nodiscard]] int rank() const noexcept override { return _rank; }
+  [[nodiscard]] int world_size() const noexcept override { return _world_size; }
+
+  // Placement's deliveries: NCCL's documented scatter (NCCL docs, "Point-to-point
+  // communication": ncclSend/ncclRecv fused in ncclGroupStart/End, sizes free per rank).
+  // Calls within a group to the same peer execute in order, and groups on the one comm
+  // stream in stream order, so messages match as the plan posts them: @p tag is MPI's only.
+  // Counts are size_t: no split. Device memory at both ends (the loader uploads what rank 0
+  // sends). Failures abort and drain as a broadcast's do (enqueue_group, NcclGroup).
+  std::unique_ptr<Pending> exchange(std::span<const Message> sends,
+                                    std::span<const Message> receives, int /*tag*/) override {
+    if (sends.empty() && receives.empty()) return nullptr;
+    std::uint64_t total = 0;
+    return enqueue_group("ncclSend/ncclRecv", nullptr, total, [&] {
+      for (const Message& m : receives) {
+        if (m.bytes == 0) continue;
+        WEIGHTCAST_NCCL_TRY(ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm(), stream()),
+                            comm());
+        total += m.bytes;
+      }
+      for (const Message& m : sends) {
+        if (m.bytes == 0) continue;
+        WEIGHTCAST_NCCL_TRY(ncclSend(m.data, m.bytes, ncclUint8, m.peer, comm(), stream()),
+                            comm());
+        total += m.bytes;
+      }
+    });
+  }
+
+  std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
+    const Range range{data, bytes};
+    return broadcast_group(std::span<const Range>(&range, 1), root, nullptr);
+  }
+
+  std::unique_ptr<Pending> broadcast_group(std::span<const Range> ranges, int root,
+                                           void* ready_event) override {
+    std::uint64_t total = 0;
+    return enqueue_group("ncclBroadcast", ready_event, total, [&] {
+      for (const Range& range : ranges) {
+        if (range.bytes == 0) continue;
+        // In place: on the root send and receive buffers are the same (NCCL docs,
+        // "In-place Operations").
+        WEIGHTCAST_NCCL_TRY(ncclBroadcast(range.data, range.data, range.bytes, ncclUint8, root,
+                                          comm(), stream()),
+                            comm());
+        total += range.bytes;
+      }
+    });
+  }
+
+ private:
+  int _rank;
+  int _world_size;
+  std::chrono::milliseconds _timeout;
+  std::shared_ptr<CommState> _state;
+
+  [[nodiscard]] ncclComm_t comm() const noexcept { return _state->comm.get(); }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return _state->stream->get(); }
+
+  // One group of NCCL calls (@p calls: ncclBroadcast, ncclSend/ncclRecv ... on comm() and
+  // stream(), adding their bytes to @p bytes) after @p ready_event, as one Pending. Any
+  // failure, from the calls, ncclGroupEnd, the enqueue poll or CUDA, aborts the communicator
+  // and drains the comm stream before it is thrown.
+  template <class Calls>
+  std::unique_ptr<Pending> enqueue_group(const char* what, void* ready_event,
+                                         const std::uint64_t& bytes, Calls&& calls) {
+    WEIGHTCAST_EXPECT(comm() != nullptr, Errc::unavailable,
+                      "nccl: the communicator was aborted after an earlier failure");
+    try {
+      detail::set_cuda_device(_state->ordinal);
+      // Non-blocking communicator: no NCCL call and no CUDA work on the comm stream while
+      // the previous group is still being enqueued (ncclInProgress). wait_ready below
+      // leaves the communicator ready after every group, so this normally returns at once.
+      wait_ready(what, "the previous group was not enqueued", "a peer stopped taking part");
+      // CUDA stream order: the group reads (on the root) what the copy stream wrote.
+      if (ready_event != nullptr) {
+        WEIGHTCAST_CUDA_TRY(
+            cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(ready_event), 0));
+      }
+      CudaEvent done;
+      WEIGHTCAST_NCCL_TRY(ncclGroupStart(), comm());
+      try {
+        calls();
+      } catch (...) {
+        // Every ncclGroupStart needs its ncclGroupEnd, but what this rank's half group
+        // launches would leave its peers waiting: the abort below ends it whatever
+        // ncclGroupEnd says; its result is logged, the first error is the one thrown.
+        const ncclResult_t end = ncclGroupEnd();
+        if (end != ncclSuccess && end != ncclInProgress) {
+          spdlog::warn("nccl: ncclGroupEnd after a failed {}: {}", what,
+                       ncclGetErrorString(end));
+        }
+        throw;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (end != ncclSuccess && end != ncclInProgress) {
+        detail::throw_nccl_error(end, fmt::format("ncclGroupEnd ({})", what).c_str(), comm());
+      }
+      // ncclInProgress: the kernels are being enqueued in the background (NCCL docs,
+      // "Nonblocking group operation"); only once the communicator is ncclSuccess are they
+      // in the stream, so only then may the completion event be recorded after them.
+      wait_ready(what, "the group was not enqueued", "a peer stopped taking part");
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(done.get(), stream()));
+      return std::make_unique<NcclGroup>(_state, std::move(done), bytes, what);
+    } catch (...) {
+      _state->abort_and_drain();
+      throw;
+    }
+  }
+
+  // Connects the ranks now, with a 1-byte broadcast: NCCL connects peers lazily at the first
+  // collective (NCCL_RUNTIME_CONNECT, on by default since 2.22) and allocates its
+  // connection buffers then, on the device. The transport exists before the load allocates
+  // its arena, so they are taken now, and an arena near the GPU's memory fails to allocate
+  // with its size and the device's free memory, instead of the first chunk's broadcast
+  // failing out of memory. Broadcast runs only the ring algorithm (NCCL docs, "Collective
+  // Operations"), so this connects every channel it uses. Bounded by the timeout.
+  void connect() {
+    detail::DeviceMemory byte(1);
+    std::uint64_t bytes = 0;
+    auto pending = enqueue_group("ncclBroadcast (connecting the ranks)", nullptr, bytes, [&] {
+      WEIGHTCAST_NCCL_TRY(
+          ncclBroadcast(byte.data(), byte.data(), 1, ncclUint8, 0, comm(), stream()), comm());
+      bytes = 1;
+    });
+    const auto deadline = Clock::now() + _timeout;
+    while (!pending->test()) {
+      if (Clock::now() >= deadline) {
+        _state->abort_and_drain();  // before `byte` is freed
+        throw Error(Errc::timeout,
+                    fmt::format("nccl: rank {} of {}: connecting the ranks did not complete "
+                                "after {} ms (timeout): a peer did not take part",
+                                _rank, _world_size, _timeout.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // Polls the communicator until it leaves ncclInProgress, at most the timeout (NCCL 2.14+
+  // non-blocking mode: poll ncclCommGetAsyncError until it is not ncclInProgress before the
+  // next call or any use of the results; NVIDIA/nccl#715). Spins briefly first: enqueueing a
+  // group normally takes microseconds, and a millisecond sleep per chunk would cost more
+  // than a broadcast of 16 MiB over NVLink. Throws `timeout` when it stays in progress, the
+  // NCCL error (names @p call) when it fails; the caller aborts.
+  void wait_ready(const char* call, std::string_view what, std::string_view why) {
+    const auto deadline = Clock::now() + _timeout;
+    for (std::uint64_t polls = 0;; ++polls) {
+      const ncclResult_t state = _state->comm.state();
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) detail::throw_nccl_error(state, call, comm());
+      if (Clock::now() >= deadline) {
+        throw Error(Errc::timeout,
+                    fmt::format("nccl: rank {} of {}: {} after {} ms (timeout, {}): {}", _rank,
+                                _world_size, what, _timeout.count(), call, why));
+      }
+      if (polls < 2000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+NcclUniqueId nccl_unique_id() {
+  ncclUniqueId id;
+  WEIGHTCAST_NCCL_TRY(ncclGetUniqueId(&id), nullptr);
+  NcclUniqueId bytes;
+  std::memcpy(bytes.data(), id.internal, bytes.size());
+  return bytes;
+}
+
+std::unique_ptr<Transport> make_nccl_transport(int rank, int world_size, int local_rank,
+                                               const NcclUniqueId& unique_id,
+                                               std::chrono::milliseconds timeout) {
+  WEIGHTCAST_EXPECT(world_size >= 1 && rank >= 0 && rank < world_size, Errc::internal,
+                    fmt::format("nccl: rank {} of world size {}", rank, world_size));
+  return std::make_unique<NcclTransport>(rank, world_size, local_rank, unique_id, timeout);
+}
+
+std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator) {
+  WEIGHTCAST_EXPECT(communicator.comm != nullptr, Errc::unavailable,
+                    "transport nccl: the communicator handed in is null");
+  const auto comm = static_cast<ncclComm_t>(communicator.comm);
+  int rank = 0;
+  int size = 0;
+  WEIGHTCAST_NCCL_TRY(ncclCommUserRank(comm, &rank), comm);
+  WEIGHTCAST_NCCL_TRY(ncclCommCount(comm, &size), comm);
+  return {rank, size};
+}
+
+std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
+                                               std::chrono::milliseconds timeout) {
+  const auto [rank, size] = nccl_rank_and_size(communicator);
+  return std::make_unique<NcclTransport>(static_cast<ncclComm_t>(communicator.comm), rank, size,
+                                         communicator.cuda_device, timeout);
+}
+
+}  // namespace weightcast
