@@ -14,6 +14,7 @@
 #include "weightcast/pipeline/loader.hpp"
 #include "weightcast/transport/transport.hpp"
 
+#include "support/gpu.hpp"
 #include "support/paths.hpp"
 #include "support/process.hpp"
 #include "support/report.hpp"
@@ -40,24 +41,6 @@ using namespace weightcast;
 using namespace weightcast::test;
 
 namespace {
-
-bool gpu_required() {
-  const char* value = std::getenv("WEIGHTCAST_REQUIRE_GPU");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
-// True when a CUDA device is usable; otherwise WARNs why the calling [gpu] test is skipped,
-// or FAILs it where WEIGHTCAST_REQUIRE_GPU=1 says this machine has a GPU to use.
-bool gpu_available() {
-  const CudaProbe probe = probe_cuda();
-  if (probe.device_count > 0) return true;
-  const std::string why = probe.error.empty() ? "none found" : probe.error;
-  if (gpu_required()) FAIL("WEIGHTCAST_REQUIRE_GPU=1 but no usable CUDA device: " << why);
-  WARN("skipped: needs a CUDA device: " << why);
-  return false;
-}
-#define WEIGHTCAST_REQUIRE_GPU() \
-  if (!gpu_available()) return
 
 // U8 tensors of the given sizes with random bytes, in one safetensors file.
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir,

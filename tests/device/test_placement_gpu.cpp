@@ -15,6 +15,7 @@
 #include "weightcast/plan/placement.hpp"
 #include "weightcast/transport/transport.hpp"
 
+#include "support/gpu.hpp"
 #include "support/paths.hpp"
 #include "support/ports.hpp"
 #include "support/process.hpp"
@@ -38,24 +39,6 @@ using namespace weightcast::test;
 using Catch::Matchers::Contains;
 
 namespace {
-
-bool gpu_required() {
-  const char* value = std::getenv("WEIGHTCAST_REQUIRE_GPU");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
-// True when a CUDA device is usable; else WARNs why the [gpu] test is skipped, or FAILs it
-// where WEIGHTCAST_REQUIRE_GPU=1 says this machine has a GPU (as tests/device/test_gpu.cpp).
-bool gpu_available() {
-  const CudaProbe probe = probe_cuda();
-  if (probe.device_count > 0) return true;
-  const std::string why = probe.error.empty() ? "none found" : probe.error;
-  if (gpu_required()) FAIL("WEIGHTCAST_REQUIRE_GPU=1 but no usable CUDA device: " << why);
-  WARN("skipped: needs a CUDA device: " << why);
-  return false;
-}
-#define WEIGHTCAST_REQUIRE_GPU() \
-  if (!gpu_available()) return
 
 void wait_for(std::unique_ptr<Pending> pending) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -82,21 +65,6 @@ const std::vector<TypedTensor> tensors = {
     {"cols", "BF16", {64, 33}},    // a dim-1 slice: strided in the file
     {"big", "U8", {3000, 170}},    // many chunks
 };
-
-std::size_t index_of(const std::string& name) {
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name == name) return i;
-  }
-  FAIL("no tensor " << name);
-  return 0;
-}
-
-std::string expected_local(const std::vector<std::string>& datas, const TensorWant& want) {
-  const TypedTensor& t = tensors[index_of(want.tensor)];
-  if (want.offset.empty() && want.shape.empty()) return datas[index_of(want.tensor)];
-  return slice_bytes(datas[index_of(want.tensor)], t.shape, typed_element_bytes(t.dtype),
-                     want.offset, want.shape);
-}
 
 TensorWant want(const std::string& tensor, std::vector<std::uint64_t> offset,
                 std::vector<std::uint64_t> shape) {
@@ -170,7 +138,9 @@ TEST_CASE("placement gpu: a placed load into device memory lands each local shar
     const auto digests = local_digests(result);
     for (std::size_t w = 0; w < mine.tensors.size(); ++w) {
       INFO("tensor " << mine.tensors[w].tensor);
-      const std::string expected = expected_local(datas, mine.tensors[w]);
+      const TensorWant& wanted = mine.tensors[w];
+      const std::string expected =
+          expected_local(tensors, datas, wanted.tensor, wanted.offset, wanted.shape);
       CHECK(digests[w] == xxh3_64(expected.data(), expected.size()));
       const TensorView view = result.local(w);
       CHECK(view.memory == MemoryKind::cuda);
@@ -252,7 +222,7 @@ TEST_CASE("placement gpu: fsdp over nccl on 2 GPUs gives each rank its Shard(0) 
         const auto& entry = got["tensors"][t.name];
         CHECK(entry["shape"].get<std::vector<std::uint64_t>>() == shape);
         CHECK(entry["offset"].get<std::vector<std::uint64_t>>() == offset);
-        const std::string bytes = slice_bytes(datas[index_of(t.name)], t.shape,
+        const std::string bytes = slice_bytes(datas[tensor_index(tensors, t.name)], t.shape,
                                               typed_element_bytes(t.dtype), offset, shape);
         CHECK(entry["xxh3"] == digest_hex(xxh3_64(bytes.data(), bytes.size())));
       }

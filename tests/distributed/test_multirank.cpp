@@ -77,32 +77,6 @@ int count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-
-/// Waits for @p job, ranks under mpirun of which @p victim was stopped (SIGSTOP) for good.
-/// Open MPI's teardown of such a job hung once on a loaded machine (three helper builds
-/// beside the tests): every rank had printed its 75 and mpirun its "Exit code: 75", then
-/// mpirun waited on the stopped rank until the test's limit. What these tests check is
-/// weightcast's ranks, so once mpirun has reported the failure and not ended 15 s later,
-/// the stopped rank is killed; a job that never reports still fails at the limit.
-ProcessResult wait_with_stopped_rank(BackgroundJob& job, pid_t victim) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::seconds(job_timeout_s);
-  std::optional<Clock::time_point> reported;
-  while (job.running() && Clock::now() < deadline) {
-    if (!reported && job.output().find("Exit code:") != std::string::npos) {
-      reported = Clock::now();
-    }
-    if (reported && Clock::now() - *reported > std::chrono::seconds(15)) {
-      ::kill(victim, SIGKILL);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  auto r = job.wait(job_timeout_s);
-  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("multirank: 3 ranks under mpirun match the corpus manifest on every rank",
@@ -304,7 +278,7 @@ TEST_CASE("multirank: a stopped peer ends the job with 75 after the timeout", "[
   const pid_t victim = job->find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = wait_with_stopped_rank(*job, victim);
+  const auto r = wait_with_stopped_rank(*job, victim, job_timeout_s);
   INFO(r.out);
   CHECK(r.exit_status == 75);
   CHECK_THAT(r.out, Contains("within 3000 ms (timeout)"));
@@ -966,7 +940,7 @@ ProcessResult stop_rank_mid_load(int victim_rank, int port) {
   const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=" + rank);
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
-  return wait_with_stopped_rank(job, victim);
+  return wait_with_stopped_rank(job, victim, job_timeout_s);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "weightcast/transport/transport_mpi.hpp"
 
 #include "support/job.hpp"
+#include "support/mpirun.hpp"
 #include "support/paths.hpp"
 #include "support/ports.hpp"
 #include "support/process.hpp"
@@ -33,22 +34,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int job_timeout_s = 120;
-
-std::string mpirun() {
-  static const std::string path = [] {
-    auto r = run_process({"/bin/sh", "-c", "command -v mpirun"}, {}, 30);
-    return r.exit_status == 0 ? r.out.substr(0, r.out.find('\n')) : std::string();
-  }();
-  return path;
-}
-
-#define REQUIRE_MPI()                                                                     \
-  do {                                                                                    \
-    if (!mpi_compiled_in() || mpirun().empty()) {                                         \
-      WARN("skipped: this build has no MPI or mpirun is not on PATH (scripts/install-deps.sh)"); \
-      return;                                                                             \
-    }                                                                                     \
-  } while (0)
 
 const std::vector<TypedTensor> tensors = {
     {"uneven", "BF16", {5, 4}},   // 5 rows on 3 ranks: 2, 2, 1
@@ -91,17 +76,11 @@ std::vector<std::string> app(int ranks, const fs::path& checkpoint, int port,
   return argv;
 }
 
-std::vector<std::string> mpirun_argv() {
-  std::vector<std::string> argv{mpirun(), "--oversubscribe"};
-  if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
-  return argv;
-}
-
 // `mpirun -np 3 weightcast run ...`.
 std::vector<std::string> job_argv(const fs::path& checkpoint, int port,
                                   const std::vector<std::string>& sets,
                                   const std::string& report, const std::string& timeout = "60s") {
-  std::vector<std::string> argv = mpirun_argv();
+  std::vector<std::string> argv = mpirun_options();
   for (auto& a : app(3, checkpoint, port, sets, report, timeout)) argv.push_back(std::move(a));
   return argv;
 }
@@ -127,26 +106,6 @@ std::string first_chunk_landed(int rank) {
   return "[rank " + std::to_string(rank) + "]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS";
 }
 
-// Waits for @p job, in which @p victim was stopped (SIGSTOP) for good: once mpirun has
-// reported the job's failure and not ended 15 s later, the stopped rank is killed (Open MPI's
-// teardown has waited on a stopped rank forever on a loaded machine; test_multirank.cpp).
-ProcessResult wait_with_stopped_rank(BackgroundJob& job, pid_t victim) {
-  const auto deadline = Clock::now() + std::chrono::seconds(job_timeout_s);
-  std::optional<Clock::time_point> reported;
-  while (job.running() && Clock::now() < deadline) {
-    if (!reported && job.output().find("Exit code:") != std::string::npos) {
-      reported = Clock::now();
-    }
-    if (reported && Clock::now() - *reported > std::chrono::seconds(15)) {
-      ::kill(victim, SIGKILL);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  auto r = job.wait(job_timeout_s);
-  ::kill(victim, SIGKILL);
-  return r;
-}
 
 // Checks rank @p rank's report against @p expected (tensor -> local shard), bit-exact.
 void check_report(const nlohmann::json& got, const std::map<std::string, Expected>& expected,
@@ -352,7 +311,7 @@ TEST_CASE("placement: a rank stopped mid-scatter ends the job with 75 naming it"
   const pid_t victim = job.find_descendant_with_env("OMPI_COMM_WORLD_RANK=1");
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGSTOP) == 0);
-  const auto r = wait_with_stopped_rank(job, victim);
+  const auto r = wait_with_stopped_rank(job, victim, job_timeout_s);
   INFO(r.out);
   CHECK(r.exit_status == 75);
   CHECK_THAT(r.out, Contains("weightcast: error: rank 0: no progress for 3000 ms") &&
@@ -420,7 +379,7 @@ TEST_CASE("placement: MPMD ranks with their own placements each get their own - 
   const std::string report = (dir / "r{rank}.json").string();
   {
     const int port = test::free_port();
-    std::vector<std::string> argv = mpirun_argv();
+    std::vector<std::string> argv = mpirun_options();
     auto add = [&](std::vector<std::string> part) {
       argv.insert(argv.end(), part.begin(), part.end());
     };
@@ -446,7 +405,7 @@ TEST_CASE("placement: MPMD ranks with their own placements each get their own - 
   }
   {
     const int port = test::free_port();
-    std::vector<std::string> argv = mpirun_argv();
+    std::vector<std::string> argv = mpirun_options();
     auto add = [&](std::vector<std::string> part) {
       argv.insert(argv.end(), part.begin(), part.end());
     };

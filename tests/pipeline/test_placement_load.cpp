@@ -29,21 +29,6 @@ const std::vector<TypedTensor> tensors = {
     {"bytes", "U8", {1000}},
 };
 
-std::uint64_t index_of(const std::string& name) {
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name == name) return i;
-  }
-  FAIL("no tensor " << name);
-  return 0;
-}
-
-std::string expected_local(const std::vector<std::string>& datas, const TensorWant& want) {
-  const TypedTensor& t = tensors[index_of(want.tensor)];
-  if (want.offset.empty() && want.shape.empty()) return datas[index_of(want.tensor)];
-  return test::slice_bytes(datas[index_of(want.tensor)], t.shape,
-                           test::typed_element_bytes(t.dtype), want.offset, want.shape);
-}
-
 LoadResult load_placed(const std::filesystem::path& path, RankWants mine,
                        std::uint64_t chunk_bytes, DirectIo direct_io) {
   auto placement = std::make_shared<LoadPlacement>();
@@ -87,7 +72,9 @@ TEST_CASE("a placed load on one rank lands every local shard bit-exact - any chu
       std::uint64_t total = 0;
       for (std::size_t w = 0; w < mine.tensors.size(); ++w) {
         INFO("tensor " << mine.tensors[w].tensor);
-        const std::string expected = expected_local(datas, mine.tensors[w]);
+        const TensorWant& wanted = mine.tensors[w];
+        const std::string expected =
+            expected_local(tensors, datas, wanted.tensor, wanted.offset, wanted.shape);
         const TensorView view = result.local(w);
         REQUIRE(local_bytes(*view.info, *view.want) == expected.size());
         if (!expected.empty()) {
@@ -130,7 +117,7 @@ TEST_CASE("in-place destinations - with casts at the receiver - even across chun
     std::fill(embed.begin(), embed.end(), -1.0f);
     const LoadResult result = load_placed(path, mine, chunk, DirectIo::off);
     REQUIRE(result.arena->bytes() == 0);  // everything in place: no arena
-    const std::string embed_wire = expected_local(datas, e);
+    const std::string embed_wire = expected_local(tensors, datas, e.tensor, e.offset, e.shape);
     std::vector<float> embed_expected(10 * 24);
     cast_elements(Dtype::BF16, Dtype::F32, reinterpret_cast<const std::byte*>(embed_wire.data()),
                   reinterpret_cast<std::byte*>(embed_expected.data()), 240);

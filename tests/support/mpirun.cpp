@@ -1,10 +1,16 @@
 #include "support/mpirun.hpp"
 
+#include "support/job.hpp"
 #include "support/process.hpp"
 
 #include "weightcast/transport/transport_mpi.hpp"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <thread>
 
 namespace weightcast::test {
 
@@ -29,6 +35,25 @@ std::vector<std::string> mpirun_prefix(int ranks) {
   std::vector<std::string> argv = mpirun_options();
   argv.insert(argv.end(), {"-np", std::to_string(ranks)});
   return argv;
+}
+
+ProcessResult wait_with_stopped_rank(BackgroundJob& job, pid_t victim, int timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  std::optional<Clock::time_point> reported;
+  while (job.running() && Clock::now() < deadline) {
+    if (!reported && job.output().find("Exit code:") != std::string::npos) {
+      reported = Clock::now();
+    }
+    if (reported && Clock::now() - *reported > std::chrono::seconds(15)) {
+      ::kill(victim, SIGKILL);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto r = job.wait(timeout_s);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  return r;
 }
 
 }  // namespace weightcast::test

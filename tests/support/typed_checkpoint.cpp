@@ -66,4 +66,22 @@ std::string slice_bytes(const std::string& bytes, const std::vector<std::uint64_
   return out;
 }
 
+std::size_t tensor_index(const std::vector<TypedTensor>& tensors, const std::string& name) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == name) return i;
+  }
+  FAIL("no tensor " << name);
+  return 0;
+}
+
+std::string expected_local(const std::vector<TypedTensor>& tensors,
+                           const std::vector<std::string>& datas, const std::string& name,
+                           const std::vector<std::uint64_t>& offset,
+                           const std::vector<std::uint64_t>& shape) {
+  const std::size_t i = tensor_index(tensors, name);
+  if (offset.empty() && shape.empty()) return datas[i];
+  return slice_bytes(datas[i], tensors[i].shape, typed_element_bytes(tensors[i].dtype), offset,
+                     shape);
+}
+
 }  // namespace weightcast::test

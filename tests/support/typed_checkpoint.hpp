@@ -32,4 +32,15 @@ std::string slice_bytes(const std::string& bytes, const std::vector<std::uint64_
                         std::uint64_t element_bytes, const std::vector<std::uint64_t>& offset,
                         const std::vector<std::uint64_t>& shape);
 
+/// @return the index of the tensor named @p name in @p tensors; FAILs the test if none is.
+std::size_t tensor_index(const std::vector<TypedTensor>& tensors, const std::string& name);
+
+/// @return the bytes a rank holds for a want of tensor @p name (of @p tensors, whose bytes
+///         are @p datas): the whole tensor when @p offset and @p shape are empty (a whole
+///         want), else the slice `slice_bytes` cuts.
+std::string expected_local(const std::vector<TypedTensor>& tensors,
+                           const std::vector<std::string>& datas, const std::string& name,
+                           const std::vector<std::uint64_t>& offset,
+                           const std::vector<std::uint64_t>& shape);
+
 }  // namespace weightcast::test
