@@ -111,11 +111,16 @@ if [ -e "$work/trainer/distributed_trainer" ]; then
   mpirun=$(command -v mpirun) || fail "weightcast has MPI but mpirun is not on PATH"
   mpirun_options=(--oversubscribe)
   [ "$(id -u)" -ne 0 ] || mpirun_options+=(--allow-run-as-root)
+  # A rendezvous port of its own, picked by the kernel (bind to port 0): a random one in
+  # 30000-49999 lies in Linux's ephemeral range, and rank 0 once found it taken ("Address
+  # already in use") while the other ranks waited out their 300 s rendezvous timeout.
+  free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  }
   for comm in world dup reversed; do
     digests=$work/digests-$comm
     mkdir -p "$digests"
-    # A port of its own: other tests of a parallel ctest run use the default one.
-    port=$((30000 + RANDOM % 20000))
+    port=$(free_port)
     if ! timeout 300 "$mpirun" "${mpirun_options[@]}" -np 3 "$work/trainer/distributed_trainer" \
            --comm "$comm" --port "$port" --digests "$digests" "$checkpoint" \
            > "$work/mpi-$comm.out" 2>&1; then
@@ -143,7 +148,7 @@ if [ -e "$work/trainer/distributed_trainer" ]; then
   # which mpirun passes on.
   status=0
   timeout 300 "$mpirun" "${mpirun_options[@]}" -np 3 "$work/trainer/distributed_trainer" \
-    --port $((30000 + RANDOM % 20000)) "$work/no-such.safetensors" > "$work/mpi-fail.out" 2>&1 ||
+    --port "$(free_port)" "$work/no-such.safetensors" > "$work/mpi-fail.out" 2>&1 ||
     status=$?
   if [ "$status" -ne 66 ]; then
     cat "$work/mpi-fail.out" >&2
