@@ -4,6 +4,7 @@
 
 #include "weightcast/core/detail/running_time.hpp"
 #include "weightcast/checkpoint/detail/shard_files.hpp"
+#include "weightcast/io/detail/mapped_shard.hpp"
 #include "weightcast/io/detail/staging_ring.hpp"
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
@@ -164,16 +165,18 @@ struct InFlight {
   std::unique_ptr<Pending> pending;  ///< null: already complete (or nothing to send)
   Clock::time_point begin;           ///< when it was posted
   // A placed plan only: rank 0's slot the sends read from, the packed slices they send, and
-  // on a receiving rank the windows that cast wants land in before their cast.
+  // on a receiving rank the windows that cast wants land in before their cast, packed in
+  // `window_memory` (a chunk's windows are disjoint parts of it: at most its bytes).
   detail::SlotLease lease;
   std::vector<std::vector<std::byte>> buffers;
   struct Window {
     std::uint32_t want;
     std::uint64_t local_offset;
     std::uint64_t bytes;
-    std::size_t buffer;
+    std::uint64_t at;  ///< Offset in window_memory.
   };
   std::vector<Window> windows;
+  std::vector<std::byte> window_memory;
 };
 
 /// Rank 0's slot between a placed chunk's upload (its own copies) and its sends.
@@ -244,6 +247,7 @@ class Pipeline {
           _device_sends = _device.allocate_arena(_device_send_slot_bytes * _ring->slots());
         }
       }
+      map_cached_shards();
       _ready.clear();
       for (std::size_t i = 0; i < _ring->slots(); ++i) {
         _ready.push_back(std::make_unique<ReadyChannel>(_executor, 1));
@@ -252,12 +256,16 @@ class Pipeline {
       _read_begin.resize(_ring->slots());
       _slot_chunk.resize(_ring->slots());
       _slot_head.resize(_ring->slots());
+      _slot_source.resize(_ring->slots());
       _to_upload.emplace(_executor, _ring->slots());
       _reader = make_reader(_options.reader, std::max<std::uint32_t>(_options.io_depth, 1));
       // Registering the slots pins (and so commits) them: only worth it when some chunk is
-      // staged; when every read lands in the arena, the slots are never touched.
-      const bool staged = std::any_of(_plan.chunks.begin(), _plan.chunks.end(),
-                                      [&](const Chunk& chunk) { return !reads_into_arena(chunk); });
+      // staged; when every read lands in the arena or is sent from a mapping, the slots are
+      // never touched.
+      const bool staged =
+          std::any_of(_plan.chunks.begin(), _plan.chunks.end(), [&](const Chunk& chunk) {
+            return !reads_into_arena(chunk) && !mapped(chunk);
+          });
       std::vector<std::span<std::byte>> slots;
       for (std::size_t i = 0; staged && i < _ring->slots(); ++i) {
         slots.emplace_back(_ring->slot_data(i), _ring->slot_bytes());
@@ -283,7 +291,15 @@ class Pipeline {
   [[nodiscard]] std::string reader_name() const {
     return _reader ? std::string(_reader->name()) : std::string();
   }
-  [[nodiscard]] std::string io_mode() const { return _files ? _files->mode() : std::string(); }
+  /// "buffered", "direct" or "direct+buffered" (ShardFiles::mode), "+mapped" where some
+  /// shards were sent from the page cache (map_cached_shards), "mapped" where all were.
+  [[nodiscard]] std::string io_mode() const {
+    if (!_files) return std::string();
+    const auto count = static_cast<std::size_t>(
+        std::count_if(_maps.begin(), _maps.end(), [](const auto& m) { return m != nullptr; }));
+    if (count == 0) return _files->mode();
+    return count == _maps.size() ? "mapped" : _files->mode() + "+mapped";
+  }
   /// @return the streamed digests (`destination: discard`), empty otherwise.
   [[nodiscard]] std::vector<std::uint64_t> digests() const {
     return _digests ? _digests->digests() : std::vector<std::uint64_t>{};
@@ -554,11 +570,25 @@ class Pipeline {
       _held.pop_front();
     }
     // A cast want lands in a window first; the cast follows once the chunk has landed.
+    // Window memory is reused from chunks that landed (at most `broadcasts_in_flight`
+    // exist): a fresh allocation per chunk would zero and fault in a chunk's worth each time.
+    std::uint64_t window_at = 0;
     auto destination = [&](std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
       if (!_cast_to[w]) return _want_data[w] + local_offset;
-      posted.buffers.emplace_back(bytes);
-      posted.windows.push_back({w, local_offset, bytes, posted.buffers.size() - 1});
-      return posted.buffers.back().data();
+      if (posted.windows.empty()) {
+        if (!_spare_windows.empty()) {
+          posted.window_memory = std::move(_spare_windows.back());
+          _spare_windows.pop_back();
+        }
+        if (posted.window_memory.size() < chunk.bytes) posted.window_memory.resize(chunk.bytes);
+      }
+      if (window_at + bytes > posted.window_memory.size()) {
+        throw Error(Errc::internal, fmt::format("chunk {}'s cast windows exceed its {} bytes", c,
+                                                chunk.bytes));
+      }
+      posted.windows.push_back({w, local_offset, bytes, window_at});
+      window_at += bytes;
+      return posted.window_memory.data() + posted.windows.back().at;
     };
     if (_plan.chunk_broadcast[c]) {
       if (_transport.world_size() == 1) return posted;
@@ -602,13 +632,13 @@ class Pipeline {
 
   // A placed chunk has landed on this rank: casts from their windows, wants completed.
   void placed_landed(std::size_t c, InFlight& landed) {
+    if (mapped(_plan.chunks[c])) mapped_chunk_sent(_plan.chunks[c]);
     for (const InFlight::Window& window : landed.windows) {
-      if (_hash_received[window.want]) {
-        _received->update(window.want, landed.buffers[window.buffer].data(), window.bytes);
-      }
-      cast_into(window.want, landed.buffers[window.buffer].data(), window.local_offset,
-                window.bytes);
+      const std::byte* data = landed.window_memory.data() + window.at;
+      if (_hash_received[window.want]) _received->update(window.want, data, window.bytes);
+      cast_into(window.want, data, window.local_offset, window.bytes);
     }
+    if (!landed.window_memory.empty()) _spare_windows.push_back(std::move(landed.window_memory));
     _last_progress = _running.now();
     stage_event(Stage::broadcast, c, landed.begin);
     const Chunk& chunk = _plan.chunks[c];
@@ -666,6 +696,15 @@ class Pipeline {
       detail::SlotLease lease = co_await _ring->acquire();
       const std::size_t slot = lease.index();
       _slot_chunk[slot] = c;
+      if (mapped(chunk)) {
+        // Its bytes are in the page cache, mapped: nothing to read. The lease still bounds
+        // the chunks between here and their sends' completion to the ring's depth.
+        _slot_source[slot] = _maps[chunk.shard]->data() + chunk.file_offset;
+        _ready[slot]->try_send(boost::system::error_code{});
+        co_await _to_upload->async_send(boost::system::error_code{}, slot, use_awaitable);
+        lease.release();
+        continue;
+      }
       ReadRequest& request = _requests[slot];
       request = ReadRequest{};
       request.fd = _files->fd(chunk.shard);
@@ -681,6 +720,7 @@ class Pipeline {
       const std::uint64_t end = (chunk.file_offset + chunk.bytes + alignment - 1) / alignment *
                                 alignment;
       _slot_head[slot] = chunk.file_offset - begin;
+      _slot_source[slot] = lease.data() + _slot_head[slot];
       request.bytes = end - begin;
       request.file_offset = begin;
       request.required_bytes = chunk.file_offset + chunk.bytes - begin;
@@ -712,8 +752,13 @@ class Pipeline {
     // Reads still to complete per shard: once a shard's last one has, one fstat says whether
     // the file changed while it was read (they may complete out of order).
     std::vector<std::size_t> reads_left(_catalogue.shards.size(), 0);
-    for (const Chunk& chunk : _plan.chunks) ++reads_left[chunk.shard];
-    while (reaped < _plan.chunks.size()) {
+    std::size_t reads = 0;
+    for (const Chunk& chunk : _plan.chunks) {
+      if (mapped(chunk)) continue;
+      ++reads_left[chunk.shard];
+      ++reads;
+    }
+    while (reaped < reads) {
       co_await event.async_wait(asio::posix::stream_descriptor::wait_read, use_awaitable);
       finished.clear();
       reaped += _reader->reap(finished);
@@ -736,7 +781,7 @@ class Pipeline {
       co_await _ready[slot]->async_receive(use_awaitable);
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
-      const std::byte* source = lease.data() + _slot_head[slot];
+      const std::byte* source = _slot_source[slot];
       if (_placement) {
         co_await upload_placed(c, source);
         HeldSlot held{std::move(lease), source};
@@ -990,6 +1035,61 @@ class Pipeline {
 
   // A buffered chunk whose pieces tile one range of a host arena is read into that range:
   // no slot, no copy. O_DIRECT chunks are staged: their aligned superset spills past them.
+  // Rank 0 of a placed load over MPI with a host device sends each chunk from the memory it
+  // is in, and the receivers copy their slices out of it themselves (Open MPI's single-copy
+  // CMA path on one node). A shard already in the page cache (read buffered, and at least
+  // `mapped_fraction` resident) is then sent from a mapping of the cache's own pages instead
+  // of being copied into a slot first: rank 0 copies only its own local shards, and the
+  // receivers copy theirs in parallel (io/detail/mapped_shard.hpp; docs/DESIGN.md § Placement).
+  // `direct_io: on` (bypass the page cache) never maps.
+  void map_cached_shards() {
+    _maps.resize(_catalogue.shards.size());
+    _mapped_left.assign(_catalogue.shards.size(), 0);
+    if (!_placement || _transport.world_size() == 1 || _transport.name() != "mpi" ||
+        _device.name() != "host" || _options.direct_io == DirectIo::on) {
+      return;
+    }
+    for (std::uint32_t f = 0; f < _catalogue.shards.size(); ++f) {
+      const ShardInfo& shard = _catalogue.shards[f];
+      if (_files->direct(f) || shard.file_bytes == 0 ||
+          detail::page_cache_fraction(_files->fd(f), shard.file_bytes) < mapped_fraction) {
+        continue;
+      }
+      _maps[f] = std::make_unique<detail::MappedShard>(_files->fd(f), shard.file_bytes,
+                                                       shard.name);
+    }
+    for (const Chunk& chunk : _plan.chunks) {
+      if (mapped(chunk)) ++_mapped_left[chunk.shard];
+    }
+  }
+
+  [[nodiscard]] bool mapped(const Chunk& chunk) const {
+    return chunk.shard < _maps.size() && _maps[chunk.shard] != nullptr;
+  }
+
+  // A mapped chunk's sends have completed: its pages leave rank 0's RSS (the window stays
+  // the ring's), and after a shard's last chunk, the shard is checked as a read one is.
+  void mapped_chunk_sent(const Chunk& chunk) {
+    detail::MappedShard& map = *_maps[chunk.shard];
+    map.release(chunk.file_offset, chunk.bytes);
+    // Pages past a new end read as zeros (mapped_shard.hpp): fail at the first chunk that met
+    // one, with the message of a read that found the file ended.
+    if (map.truncated() != 0) {
+      struct stat st {};
+      std::uint64_t end = chunk.file_offset;
+      if (::fstat(_files->fd(chunk.shard), &st) == 0) {
+        end = static_cast<std::uint64_t>(st.st_size);
+      }
+      const std::uint32_t first = _plan.pieces[chunk.first_piece].tensor;
+      throw shrank(chunk.shard, end, _catalogue.tensors[first].name);
+    }
+    if (--_mapped_left[chunk.shard] == 0) _files->check_unchanged(chunk.shard);
+  }
+
+  // Of a shard's pages, the fraction resident for it to be sent from the page cache: a few
+  // missing pages are read by the faults that meet them.
+  static constexpr double mapped_fraction = 0.95;
+
   [[nodiscard]] bool reads_into_arena(const Chunk& chunk) const {
     return !discarding() && !_placement && _device.reads_into_arena() &&
            chunk.arena_contiguous && _files->alignment(chunk.shard) == 1;
@@ -1002,6 +1102,33 @@ class Pipeline {
                           ? nullptr
                           : _arena.data() + _layout.tensor_offsets[t];
     _options.on_tensor_ready(TensorView{&info, data, _arena.kind()});
+  }
+
+  // Shard @p f now ends at @p end, found while reading @p tensor (or sending it from the
+  // page cache): where the file ends, in its header (a shard cut to 0 bytes) or inside a
+  // tensor, which may be an earlier one than the one being read.
+  [[nodiscard]] Error shrank(std::uint32_t f, std::uint64_t end, std::string tensor) const {
+    const ShardInfo& shard = _catalogue.shards[f];
+    if (end < shard.data_offset) {
+      return Error(Errc::io,
+                   fmt::format("{}: file ended at offset {}, inside its header, while reading "
+                               "tensor '{}' (expected {} bytes): the shard shrank after its "
+                               "header was read",
+                               shard.name, end, tensor, shard.file_bytes));
+    }
+    std::string reading;
+    for (const TensorInfo& info : _catalogue.tensors) {
+      if (info.shard == f && info.file_offset <= end && end < info.file_offset + info.bytes &&
+          info.name != tensor) {
+        reading = fmt::format(", while reading tensor '{}'", tensor);
+        tensor = info.name;
+        break;
+      }
+    }
+    return Error(Errc::io,
+                 fmt::format("{}: file ended at offset {} inside tensor '{}'{} (expected {} "
+                             "bytes): the shard shrank after its header was read",
+                             shard.name, end, tensor, reading, shard.file_bytes));
   }
 
   [[nodiscard]] Error read_error(const ReadRequest& request) const {
@@ -1026,28 +1153,7 @@ class Pipeline {
       if (::fstat(request.fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < end) {
         end = static_cast<std::uint64_t>(st.st_size);
       }
-      // Where the file now ends: in its header (a shard cut to 0 bytes), or inside a tensor,
-      // which may be an earlier one than the chunk being read.
-      if (end < shard.data_offset) {
-        return Error(Errc::io,
-                     fmt::format("{}: file ended at offset {}, inside its header, while reading "
-                                 "tensor '{}' (expected {} bytes): the shard shrank after its "
-                                 "header was read",
-                                 shard.name, end, tensor, shard.file_bytes));
-      }
-      std::string reading;
-      for (const TensorInfo& info : _catalogue.tensors) {
-        if (&_catalogue.shards[info.shard] == &shard && info.file_offset <= end &&
-            end < info.file_offset + info.bytes && info.name != tensor) {
-          reading = fmt::format(", while reading tensor '{}'", tensor);
-          tensor = info.name;
-          break;
-        }
-      }
-      return Error(Errc::io,
-                   fmt::format("{}: file ended at offset {} inside tensor '{}'{} (expected {} "
-                               "bytes): the shard shrank after its header was read",
-                               shard.name, end, tensor, reading, shard.file_bytes));
+      return shrank(chunk.shard, end, tensor);
     }
     return system_error(Errc::io, request.error,
                         fmt::format("{}: read failed at offset {} (tensor '{}')", shard.name,
@@ -1081,6 +1187,11 @@ class Pipeline {
   std::vector<ReadRequest> _requests;                 // per slot
   std::vector<std::size_t> _slot_chunk;               // per slot: the chunk it holds
   std::vector<std::uint64_t> _slot_head;              // per slot: O_DIRECT bytes before it
+  std::vector<const std::byte*> _slot_source;         // per slot: its chunk's first byte
+  // Rank 0, a placed load over MPI: per shard, its mapping where it is sent from the page
+  // cache (map_cached_shards), else null; and its mapped chunks not yet landed.
+  std::vector<std::unique_ptr<detail::MappedShard>> _maps;
+  std::vector<std::size_t> _mapped_left;
   std::optional<StreamingDigests> _digests;           // destination: discard
   std::vector<Clock::time_point> _read_begin;         // per slot: when its read was submitted
   const Clock::time_point _started = Clock::now();    // for LoadProgress::seconds
@@ -1109,6 +1220,7 @@ class Pipeline {
   std::vector<std::uint64_t> _expected_left;
   std::deque<HeldSlot> _held;                                // rank 0: uploaded, not posted
   std::vector<std::byte> _scratch;                           // rank 0: its own gathers
+  std::vector<std::vector<std::byte>> _spare_windows;        // landed chunks' window memory
   std::vector<Transport::Message> _sends;
   std::vector<Transport::Message> _receives;
   std::unique_ptr<Reader> _reader;  // declared last: destroyed first, before the ring

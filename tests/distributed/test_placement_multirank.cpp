@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 using namespace weightcast;
@@ -172,6 +174,64 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows 
       for (const auto& t : tensors) expected[t.name] = rows(t, rank);
       check_report(read_json(dir / ("r" + std::to_string(rank) + ".json")), expected, datas);
     }
+  }
+}
+
+TEST_CASE("placement: a cached checkpoint is sent from the page cache - a cold one is read",
+          "[placement][multirank]") {
+  // Rank 0 maps a shard it finds in the page cache and sends from the mapping (the summary's
+  // io_mode "mapped"), else reads it into the staging ring; the bytes are the same either way.
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto path = dir / "model.safetensors";
+  const auto datas = write_typed_checkpoint(path, tensors, 32);
+  auto io_mode_of_rank0 = [&](const std::vector<std::string>& sets) {
+    std::vector<std::string> argv = job_argv(path, test::free_port(), sets, "");
+    argv.push_back("--json");
+    argv.push_back("-q");
+    const auto r = run_process(argv, {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    std::string mode = "(no summary from rank 0)";
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("{\"rank\":0,", 0) != 0) continue;
+      const auto summary = nlohmann::json::parse(line);
+      CHECK_THAT(summary.value("verdict", std::string()), Contains("local shards bit-exact"));
+      mode = summary.value("io_mode", std::string("(none)"));
+    }
+    return mode;
+  };
+  {
+    // Out of the page cache: written back, then dropped (clean pages go).
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fsync(fd) == 0);
+    REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    ::close(fd);
+  }
+  const std::string cold = io_mode_of_rank0({"placement=fsdp", "chunk_size=1KiB"});
+  CHECK(cold != "mapped");
+  CHECK((cold == "direct" || cold == "buffered"));
+  {
+    std::ifstream in(path, std::ios::binary);  // back into the page cache
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(all.size() == fs::file_size(path));
+  }
+  CHECK(io_mode_of_rank0({"placement=fsdp", "chunk_size=1KiB"}) == "mapped");
+  CHECK(io_mode_of_rank0({"placement=fsdp", "chunk_size=1KiB", "direct_io=off"}) == "mapped");
+  // Bypassing the page cache is what direct_io: on asks for: never mapped.
+  const std::string direct = io_mode_of_rank0({"placement=fsdp", "direct_io=on"});
+  CHECK(direct == "direct");
+  // Every rank's local shards, from the mapping, against the file's bytes.
+  const std::string report = (dir / "r{rank}.json").string();
+  const auto r = run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=100B"}, report);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::map<std::string, Expected> expected;
+    for (const auto& t : tensors) expected[t.name] = rows(t, rank);
+    check_report(read_json(dir / ("r" + std::to_string(rank) + ".json")), expected, datas);
   }
 }
 

@@ -166,7 +166,9 @@ struct LoadStats {
   double seconds = 0;               ///< Wall time of the pipeline (files open to last byte).
   std::uint64_t staging_bytes = 0;  ///< Host memory of the staging ring (0 off rank 0).
   std::string reader;               ///< Read back end, e.g. "io_uring" ("" off rank 0).
-  /// How rank 0 read: "direct" (O_DIRECT), "buffered", or "direct+buffered" ("" off rank 0).
+  /// How rank 0 read: "direct" (O_DIRECT), "buffered", or "direct+buffered"; "mapped" where
+  /// a placed load over MPI sent every shard from the page cache, "…+mapped" where it sent
+  /// some so (docs/DESIGN.md § Placement); "" off rank 0.
   std::string io_mode;
   std::string device;               ///< "host" or "cuda:N".
   std::string transport;            ///< "local", "mpi" or "nccl".
