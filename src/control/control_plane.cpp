@@ -574,7 +574,9 @@ struct ControlPlane::Impl {
   void connect_to_root() {
     const tcp::endpoint endpoint = resolve(options);
     auto deadline = Clock::now() + options.timeout;  // moved on by overrun
-    auto backoff = std::chrono::milliseconds(50);
+    // Ranks usually start together and try before rank 0 listens: the first retries come
+    // soon (a refused connect costs microseconds), or every load waits out the first pause.
+    auto backoff = std::chrono::milliseconds(2);
     std::string last_error = "no attempt";
     auto pause = [&] {
       const auto step = std::min<Clock::duration>(backoff, deadline - Clock::now());
