@@ -29,10 +29,12 @@ Every variant runs as a fresh `mpirun -np N` job (gloo CPU backend, rendezvous o
 The model's parameters are BF16 (the checkpoint's dtype) or FP32 (master weights; torch casts
 at load_state_dict's copy). The weightcast CLI rows exist only in the checkpoint's dtype.
 
-Figures:
+Figures (each variant runs --rounds times, round-robin with the others, so that a noisy
+machine's slow spells fall on every variant alike):
   load s    the load alone, timed inside each rank between two barriers (after fully_shard and
-            to_empty, before hashing); the max over ranks. weightcast CLI: the reports'
-            `seconds` (its pipeline), max over ranks.
+            to_empty, before hashing); the max over ranks; the median over the rounds, with
+            the fastest and slowest round beside it. weightcast CLI: the reports' `seconds`
+            (its pipeline), max over ranks.
   wall s    the whole mpirun job (interpreter, torch import, model build, hashing included).
   peak RSS  each rank's ru_maxrss (GiB = 2^30 B) right after the load; weightcast CLI: the
             report's peak_rss_bytes. File pages mapped by safe_open count in RSS.
@@ -46,7 +48,7 @@ Figures:
 Usage (from the repository root; bench/torch_placement_bench.sh wraps it):
   torch_load_bench.py --checkpoint DIR [--ranks 3] [--dtypes bf16,fp32]
                       [--variants fsdp2_broadcast,dcp_slices,...] [--weightcast BIN]
-                      [--work DIR] [--results-md FILE] [--timeout 300]
+                      [--work DIR] [--results-md FILE] [--timeout 300] [--rounds 3]
 Needs torch, transformers, safetensors and xxhash importable (xxhash may come from
 $WC_BENCH_PYDEPS, a `pip install --target` folder), and Open MPI's mpirun.
 """
@@ -294,6 +296,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/weightcast-bench/torch-load"))
     ap.add_argument("--results-md", type=Path, help="also append the table to this file")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per mpirun job")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="run every variant this many times, round-robin; report the median")
     # rank side (set by the parent)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--param-dtype", help=argparse.SUPPRESS)
@@ -342,65 +346,67 @@ def main() -> int:
     rows = []  # (dtype, variant, cells...)
     refs: dict[str, list[dict]] = {}
     me = str(Path(__file__).resolve())
-    for dt in args.dtypes.split(","):
-        for v in variants:
-            tag = f"{dt}.{v}"
-            row = {"dtype": dt, "variant": v}
-            if v in CLI_VARIANTS:
-                if dt != "bf16":
-                    continue  # the CLI lands the checkpoint's dtype only
-                if wc_bin_skip:
-                    row["skip"] = wc_bin_skip
+    for rnd in range(args.rounds):
+        for dt in args.dtypes.split(","):
+            for v in variants:
+                tag = f"{dt}.{v}"
+                row = {"dtype": dt, "variant": v}
+                if v in CLI_VARIANTS:
+                    if dt != "bf16":
+                        continue  # the CLI lands the checkpoint's dtype only
+                    if wc_bin_skip:
+                        row["skip"] = wc_bin_skip
+                    else:
+                        run_cli(row, v, wc_bin, ckpt, args, tag, ref_whole, refs.get("bf16"))
+                    rows.append(row)
+                    print(json.dumps({k: row[k] for k in row if k != "ranks"}), file=sys.stderr)
+                    continue
+                if v == "weightcast_load_into" and (wc_py_skip or wc_world_skip):
+                    row["skip"] = wc_py_skip or wc_world_skip
+                    rows.append(row)
+                    continue
+                result = str(args.work / f"{tag}.r{{rank}}.json")
+                for r in range(args.ranks):
+                    Path(result.format(rank=r)).unlink(missing_ok=True)
+                cmd = mpirun_prefix(args.ranks) + [sys.executable, me, "--worker", v,
+                                                   "--param-dtype", dt, "--port", str(free_port()),
+                                                   "--wc-port", str(free_port()),
+                                                   "--checkpoint", str(ckpt), "--result", result]
+                rc, wall, out = run_job(cmd, args.timeout)
+                row["wall"] = wall
+                reps = []
+                for r in range(args.ranks):
+                    p = Path(result.format(rank=r))
+                    reps.append(json.loads(p.read_text()) if p.exists() else {"error": "no result"})
+                errs = [f"rank {x.get('rank', r)}: {x['error']}" for r, x in enumerate(reps)
+                        if "error" in x]
+                if v == "weightcast_load_into" and errs and "several ranks" in errs[0]:
+                    # The package refuses this world size (a build without the distributed entry
+                    # point): a skip with its message, and no second job for the other dtype.
+                    wc_world_skip = "load_into refuses the world: " + errs[0].split(": ", 1)[1]
+                    row["skip"] = wc_world_skip
+                elif rc != 0 or errs:
+                    why = errs[0] if errs else f"mpirun exit {rc}" + (" (timeout)" if rc == 124 else "")
+                    row["fail"] = why
+                    if rc != 0 and not errs:
+                        row["fail"] += ": " + " | ".join(out.strip().splitlines()[-3:])[:300]
                 else:
-                    run_cli(row, v, wc_bin, ckpt, args, tag, ref_whole, refs.get("bf16"))
+                    row["seconds"] = max(x["seconds"] for x in reps)
+                    row["peak"] = [x["peak_rss_bytes"] for x in reps]
+                    row["base"] = [x["base_rss_bytes"] for x in reps]
+                    got = [{k: t["xxh3"] for k, t in x["tensors"].items()} for x in reps]
+                    if v == "fsdp2_broadcast":
+                        refs[dt] = got
+                        row["exact"] = (compare(got, ref_pieces) + " (= checkpoint slices)"
+                                        if dt == "bf16" else "reference")
+                    elif dt in refs:
+                        row["exact"] = compare(got, refs[dt])
+                    else:
+                        row["exact"] = "? (no fsdp2_broadcast run)"
                 rows.append(row)
-                print(json.dumps({k: row[k] for k in row if k != "ranks"}), file=sys.stderr)
-                continue
-            if v == "weightcast_load_into" and (wc_py_skip or wc_world_skip):
-                row["skip"] = wc_py_skip or wc_world_skip
-                rows.append(row)
-                continue
-            result = str(args.work / f"{tag}.r{{rank}}.json")
-            for r in range(args.ranks):
-                Path(result.format(rank=r)).unlink(missing_ok=True)
-            cmd = mpirun_prefix(args.ranks) + [sys.executable, me, "--worker", v,
-                                               "--param-dtype", dt, "--port", str(free_port()),
-                                               "--wc-port", str(free_port()),
-                                               "--checkpoint", str(ckpt), "--result", result]
-            rc, wall, out = run_job(cmd, args.timeout)
-            row["wall"] = wall
-            reps = []
-            for r in range(args.ranks):
-                p = Path(result.format(rank=r))
-                reps.append(json.loads(p.read_text()) if p.exists() else {"error": "no result"})
-            errs = [f"rank {x.get('rank', r)}: {x['error']}" for r, x in enumerate(reps)
-                    if "error" in x]
-            if v == "weightcast_load_into" and errs and "several ranks" in errs[0]:
-                # The package refuses this world size (a build without the distributed entry
-                # point): a skip with its message, and no second job for the other dtype.
-                wc_world_skip = "load_into refuses the world: " + errs[0].split(": ", 1)[1]
-                row["skip"] = wc_world_skip
-            elif rc != 0 or errs:
-                why = errs[0] if errs else f"mpirun exit {rc}" + (" (timeout)" if rc == 124 else "")
-                row["fail"] = why
-                if rc != 0 and not errs:
-                    row["fail"] += ": " + " | ".join(out.strip().splitlines()[-3:])[:300]
-            else:
-                row["seconds"] = max(x["seconds"] for x in reps)
-                row["peak"] = [x["peak_rss_bytes"] for x in reps]
-                row["base"] = [x["base_rss_bytes"] for x in reps]
-                got = [{k: t["xxh3"] for k, t in x["tensors"].items()} for x in reps]
-                if v == "fsdp2_broadcast":
-                    refs[dt] = got
-                    row["exact"] = (compare(got, ref_pieces) + " (= checkpoint slices)"
-                                    if dt == "bf16" else "reference")
-                elif dt in refs:
-                    row["exact"] = compare(got, refs[dt])
-                else:
-                    row["exact"] = "? (no fsdp2_broadcast run)"
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr)
+                print(json.dumps(row), file=sys.stderr)
 
+    rows = merge_rounds(rows)
     table = render(rows, args, ckpt, tensor_bytes)
     print(table)
     if args.results_md:
@@ -451,6 +457,35 @@ def run_cli(row, v, wc_bin, ckpt, args, tag, ref_whole, ref_bf16) -> None:
         row["exact"] = "? (no bf16 fsdp2_broadcast run)"
 
 
+def merge_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (params, variant) from its rounds: the median load and wall seconds, with
+    the range in `spread`; per rank the highest peak and base RSS; failed or skipped if any
+    round was, else the first not-exact verdict, else the first."""
+    import statistics
+
+    merged: dict[tuple, list[dict]] = {}
+    for r in rows:
+        merged.setdefault((r["dtype"], r["variant"]), []).append(r)
+    out = []
+    for (dt, v), rs in merged.items():
+        bad = next((r for r in rs if "skip" in r or "fail" in r), None)
+        if bad is not None:
+            out.append(bad)
+            continue
+        row = dict(rs[0])
+        secs = sorted(r["seconds"] for r in rs)
+        row["seconds"] = statistics.median(secs)
+        row["spread"] = (secs[0], secs[-1], len(secs))
+        row["wall"] = statistics.median(r["wall"] for r in rs)
+        row["peak"] = [max(x) for x in zip(*(r["peak"] for r in rs))]
+        if "base" in row:
+            row["base"] = [max(x) for x in zip(*(r["base"] for r in rs))]
+        row["exact"] = next((r["exact"] for r in rs if not str(r["exact"]).startswith("✓")
+                             and r["exact"] != "reference"), rs[0]["exact"])
+        out.append(row)
+    return out
+
+
 def render(rows, args, ckpt, tensor_bytes) -> str:
     cmd = " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
     base = {r["dtype"]: r.get("seconds") for r in rows if r["variant"] == "fsdp2_broadcast"}
@@ -458,8 +493,8 @@ def render(rows, args, ckpt, tensor_bytes) -> str:
            f"{args.ranks} ranks (gloo CPU, mpirun on one node), checkpoint {ckpt.name}: "
            f"{tensor_bytes / 1e9:.2f} GB BF16; page cache warm. RSS in GiB (2^30 B), "
            f"ranks 0/1/2...", "",
-           "| params | variant | load s (max over ranks) | × fsdp2_broadcast | peak RSS per rank "
-           "| base RSS per rank | wall s | local shards bit-exact |",
+           "| params | variant | load s (max over ranks): median (min–max) | × fsdp2_broadcast "
+           "| peak RSS per rank | base RSS per rank | wall s | local shards bit-exact |",
            "|---|---|---:|---:|---|---|---:|---|"]
     for r in rows:
         if "skip" in r or "fail" in r:
@@ -471,10 +506,14 @@ def render(rows, args, ckpt, tensor_bytes) -> str:
         peak = " / ".join(gib(x) for x in r["peak"])
         basr = " / ".join(gib(x) for x in r["base"]) if "base" in r else "(no torch)"
         note = f" ({r['note']})" if "note" in r else ""
-        out.append(f"| {r['dtype']} | {r['variant']}{note} | {r['seconds']:.2f} | {ratio} | "
+        lo, hi, n = r.get("spread", (r["seconds"], r["seconds"], 1))
+        spread = f" ({lo:.2f}–{hi:.2f})" if n > 1 else ""
+        out.append(f"| {r['dtype']} | {r['variant']}{note} | {r['seconds']:.2f}{spread} | {ratio} | "
                    f"{peak} | {basr} | {r['wall']:.1f} | {r['exact']} |")
     out.append("")
-    out.append("× fsdp2_broadcast: its load seconds over this row's (above 1: faster).")
+    out.append(f"{args.rounds} round(s), every variant once per round in this order; × "
+               "fsdp2_broadcast: its median load seconds over this row's (above 1: faster); "
+               "peak and base RSS: each rank's highest over the rounds.")
     return "\n".join(out)
 
 

@@ -10,7 +10,8 @@
 #        holding the `weightcast` binary; the CLI rows are skipped without one)
 # Env:   WORK (/tmp/weightcast-bench), RANKS (3), DTYPES (bf16,fp32), VARIANTS (all),
 #        PYTHON (/work/venv/bin/python, else python3: needs torch, transformers, safetensors),
-#        RESULTS_MD (a file to append the table to), TIMEOUT (300 s per mpirun job).
+#        RESULTS_MD (a file to append the table to), TIMEOUT (300 s per mpirun job),
+#        ROUNDS (3: each variant's median of that many runs, round-robin).
 # --small: a 110 MB checkpoint (development, ~6 min here); default 1.7 GB (1.59 GiB), as in the
 #          issues' anchors.
 # xxhash (the cross-check's XXH3) is pip-installed into $WORK/pydeps when the Python lacks it.
@@ -44,5 +45,6 @@ echo "# $(date -u +%FT%TZ), $(nproc) cores, $(mpirun --version | head -1)," \
 args=(--checkpoint "$ckpt" --ranks "${RANKS:-3}" --dtypes "${DTYPES:-bf16,fp32}"
       --weightcast "$build/weightcast" --work "$work/torch-load" --timeout "${TIMEOUT:-300}")
 [[ -n ${VARIANTS:-} ]] && args+=(--variants "$VARIANTS")
+[[ -n ${ROUNDS:-} ]] && args+=(--rounds "$ROUNDS")
 [[ -n ${RESULTS_MD:-} ]] && args+=(--results-md "$RESULTS_MD")
 exec "$py" bench/torch_load_bench.py "${args[@]}"
