@@ -67,11 +67,11 @@ std::string mpi_error(int code) {
 class MpiBroadcast final : public Pending {
  public:
   MpiBroadcast(MpiSession& session, std::vector<MPI_Request> requests, std::uint64_t bytes,
-               bool receiving, const char* what = "MPI_Ibcast")
+               bool spin, const char* what = "MPI_Ibcast")
       : _session(session),
         _requests(std::move(requests)),
         _bytes(bytes),
-        _receiving(receiving),
+        _spin(spin),
         _what(what) {}
   ~MpiBroadcast() override {
     for (MPI_Request request : _requests) {
@@ -91,7 +91,7 @@ class MpiBroadcast final : public Pending {
     // timeout. The root only has its sends' completions to learn of: it tests once, and
     // leaves its one thread to the read and upload stages (a buffered io_uring read of a
     // cached page copies inside the submit call, on that thread).
-    const auto budget = _receiving ? progress_budget : std::chrono::microseconds(0);
+    const auto budget = _spin ? progress_budget : std::chrono::microseconds(0);
     const auto until = std::chrono::steady_clock::now() + budget;
     int done = 0;
     do {
@@ -109,7 +109,7 @@ class MpiBroadcast final : public Pending {
   MpiSession& _session;
   std::vector<MPI_Request> _requests;
   std::uint64_t _bytes;
-  bool _receiving;  // this rank is not the broadcast's root
+  bool _spin;  // drive progress for `progress_budget` per test: a broadcast's receiving rank
   const char* _what;
 };
 
@@ -181,8 +181,11 @@ class MpiTransport final : public Transport {
     for (const Message& m : sends) post(m, true);
     guard.armed = false;
     if (requests.empty()) return nullptr;
+    // No spinning here: once a receive's rendezvous message has arrived, one MPI_Testall
+    // copies the whole message (vader's single-copy get has no size limit), and a spinning
+    // receiver takes the core rank 0 needs where ranks outnumber cores.
     return std::make_unique<MpiBroadcast>(_session, std::move(requests), total,
-                                          !receives.empty(), "MPI_Isend/MPI_Irecv");
+                                          /*spin=*/false, "MPI_Isend/MPI_Irecv");
   }
 
  private:
