@@ -286,4 +286,11 @@ World detect_place(const Config& config) {
 
 }  // namespace
 
+bool started_by_mpi_launcher() noexcept {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    if (env(name) != nullptr) return true;
+  }
+  return false;
+}
+
 }  // namespace weightcast

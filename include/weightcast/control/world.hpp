@@ -79,4 +79,14 @@ struct World {
  */
 World detect_world(const Config& config);
 
+/**
+ * @brief Whether this process was started by an MPI launcher (Open MPI's mpirun or mpiexec:
+ *        `OMPI_COMM_WORLD_SIZE`; a PMIx or PMI one such as `srun --mpi=pmix`: `PMIX_RANK`,
+ *        `PMI_RANK`, `PMI_SIZE`), so that `MPI_Init_thread` joins the other ranks rather
+ *        than making a world of one (MPI 4.0 §11.2: a singleton init otherwise).
+ * @note torchrun's and Slurm's own variables say nothing of MPI: a world detected from them
+ *       alone cannot use transport mpi.
+ */
+[[nodiscard]] bool started_by_mpi_launcher() noexcept;
+
 }  // namespace weightcast
