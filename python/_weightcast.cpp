@@ -292,8 +292,12 @@ struct PyOptions {
   std::optional<std::string> reader;       // auto|uring|pread
 };
 
-Config effective_config(const PyOptions& o) {
-  Config config = o.config ? load_config(*o.config, {}) : Config{};
+/// @p rendezvous_port goes through the config key `rendezvous.port`, so its rule (1 to
+/// 65535) and message are the config's.
+Config effective_config(const PyOptions& o, std::optional<int> rendezvous_port = std::nullopt) {
+  std::vector<std::string> overrides;
+  if (rendezvous_port) overrides.push_back("rendezvous.port=" + std::to_string(*rendezvous_port));
+  Config config = load_config(o.config.value_or(std::string()), overrides);
   if (o.chunk_size) config.chunk_bytes = parse_size(*o.chunk_size, "chunk_size");
   if (o.buffer_depth) config.buffer_depth = *o.buffer_depth;
   if (o.io_depth) config.io_depth = *o.io_depth;
@@ -416,16 +420,6 @@ std::string fmt_python_error(nb::python_error& e, const char* where) {
   throw Error(Errc::usage, fmt_python_error(e, where));
 }
 
-/// Whether this process was started by an MPI launcher (mpirun, mpiexec, srun --mpi=pmix):
-/// only then does MPI_Init_thread join the other ranks rather than make a world of one.
-bool mpi_launched() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
-    const char* value = std::getenv(name);
-    if (value != nullptr && *value != '\0') return true;
-  }
-  return false;
-}
-
 /// The job thread's MPI session, made on first use (the JobThread's own thread only).
 /// @throws Error `unavailable` (69) when MPI cannot be used for @p world.
 MpiCommunicator job_mpi(const World& world) {
@@ -442,7 +436,7 @@ MpiCommunicator job_mpi(const World& world) {
                 "forked child cannot use (MPI 4.0 leaves fork undefined); load in the parent");
   }
   if (!thread.mpi) {
-    if (!mpi_launched() && !mpi_initialized()) {
+    if (!started_by_mpi_launcher() && !mpi_initialized()) {
       throw Error(Errc::unavailable,
                   "transport mpi: " + world.describe() + ", but this process was not started "
                   "by mpirun: host tensors on several ranks travel over MPI, which needs the "
@@ -493,7 +487,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
                         nb::object progress, double progress_interval_s) {
-  const Config config = effective_config(py_options);
+  const Config config = effective_config(py_options, rendezvous_port);
   World world = detect_world(config);
   const DeviceKind kind = parse_device_kind(device_kind);
   // A CUDA device's ordinal is the world's local rank (job.hpp); the caller's device wins.
@@ -512,13 +506,6 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
     } else {
       throw Error(Errc::config, "placement: '" + *placement + "' is not one of replicate, fsdp");
     }
-  }
-  if (rendezvous_port) {
-    if (*rendezvous_port < 1 || *rendezvous_port > 65535) {
-      throw Error(Errc::config, "rendezvous_port: " + std::to_string(*rendezvous_port) +
-                                    " is not a TCP port (1 to 65535)");
-    }
-    job.rendezvous->port = static_cast<std::uint16_t>(*rendezvous_port);
   }
   // Python unwinds: an exception on every rank, also where MPI is left with a broadcast in
   // flight (MPI is then unusable in this process: job_mpi refuses it after).
@@ -762,6 +749,14 @@ NB_MODULE(_weightcast, m) {
         return std::string(to_string(load_config(fs_path(config), {}).device));
       },
       "config"_a, "The `device` key of a config file: auto, host or cuda.");
+  m.def(
+      "check_setting",
+      [](const std::string& key, const std::string& value) {
+        (void)load_config(std::string(), {key + "=" + value});
+      },
+      "key"_a, "value"_a,
+      "Checks one config key's value as `--set key=value` would: the config's rule and "
+      "message (Error, status 78, naming the key and value).");
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices this process can use; 0 without CUDA in the build or a driver.");
   m.def("live_arenas", [] { return live_arenas.load(); },

@@ -105,10 +105,16 @@ def _check_placement(placement: object) -> None:
 
 
 def _port(value: object) -> int | None:
+    """The type here; the range is the config key ``rendezvous.port``'s (one rule, config.cpp),
+    checked in every world, also where a world of one never uses the port."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, 1 to 65535)", CONFIG)
+    try:
+        _core.check_setting("rendezvous.port", str(value))
+    except Error as e:  # the config's words, named as the caller wrote the keyword
+        raise Error("rendezvous_port: " + str(e).split(": ", 1)[-1], e.status) from None
     return value
 
 

@@ -70,6 +70,10 @@ def detect_world(config: bytes | None) -> dict[str, Any]:
 def config_device(config: bytes) -> str:
     """The ``device`` key of a config file: auto, host or cuda."""
 
+def check_setting(key: str, value: str) -> None:
+    """Checks one config key's value as ``--set key=value`` would: the config's rule and
+    message (Error, status 78, naming the key and value)."""
+
 def cuda_device_count() -> int:
     """CUDA devices this process can use; 0 without CUDA in the build or a driver."""
 

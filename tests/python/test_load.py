@@ -218,7 +218,12 @@ def test_bad_keywords_are_config_errors_naming_them(tmp_path):
                          ({"buffer_depth": 0}, "buffer_depth"), ({"io_depth": -1}, "io_depth"),
                          ({"timeout": "soon"}, "timeout"), ({"direct_io": "maybe"}, "direct_io"),
                          ({"device": "tpu"}, "device"), ({"placement": "scatter"}, "placement"),
-                         ({"reader": "mmap"}, "reader"), ({"unsupported_dtypes": "x"}, "unsupported_dtypes")]:
+                         ({"reader": "mmap"}, "reader"), ({"unsupported_dtypes": "x"}, "unsupported_dtypes"),
+                         # The port's range is the config key's (rendezvous.port), its type Python's.
+                         ({"rendezvous_port": 0}, "rendezvous_port: '0' is out of range"),
+                         ({"rendezvous_port": 70000}, "70000"),
+                         ({"rendezvous_port": 2**40}, "rendezvous_port"),
+                         ({"rendezvous_port": "1234"}, "rendezvous_port")]:
         with pytest.raises(weightcast.Error) as e:
             weightcast.load(path, **kwargs)
         assert e.value.status == 78, (kwargs, str(e.value))
