@@ -143,6 +143,17 @@ Expected rows(const TypedTensor& t, int r, int parts = 3, int part = -1) {
   return e;
 }
 
+// Every rank's report in @p dir (r{rank}.json) holds exactly its torch.chunk rows of every
+// tensor, bit-exact against @p datas.
+void check_fsdp_reports(const fs::path& dir, const std::vector<std::string>& datas) {
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    std::map<std::string, Expected> expected;
+    for (const auto& t : tensors) expected[t.name] = rows(t, rank);
+    check_report(read_json(dir / ("r" + std::to_string(rank) + ".json")), expected, datas);
+  }
+}
+
 Expected cols(const TypedTensor& t, int parts, int part) {
   Expected e{std::vector<std::uint64_t>(t.shape.size(), 0), t.shape};
   const std::uint64_t n = t.shape[1];
@@ -169,11 +180,7 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows 
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK_THAT(r.out, Contains("local shards bit-exact"));
-    for (int rank = 0; rank < 3; ++rank) {
-      std::map<std::string, Expected> expected;
-      for (const auto& t : tensors) expected[t.name] = rows(t, rank);
-      check_report(read_json(dir / ("r" + std::to_string(rank) + ".json")), expected, datas);
-    }
+    check_fsdp_reports(dir.path(), datas);
   }
 }
 
@@ -228,11 +235,7 @@ TEST_CASE("placement: a cached checkpoint is sent from the page cache - a cold o
   const auto r = run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=100B"}, report);
   INFO(r.out << r.err);
   REQUIRE(r.exit_status == 0);
-  for (int rank = 0; rank < 3; ++rank) {
-    std::map<std::string, Expected> expected;
-    for (const auto& t : tensors) expected[t.name] = rows(t, rank);
-    check_report(read_json(dir / ("r" + std::to_string(rank) + ".json")), expected, datas);
-  }
+  check_fsdp_reports(dir.path(), datas);
 }
 
 TEST_CASE("placement: rules on 3 ranks: dim-1 slices - a TP group of 2 - a stage - skip",

@@ -30,6 +30,14 @@ std::string pattern() {
   return bytes;
 }
 
+// pattern() written to @p dir/shard.safetensors.
+std::filesystem::path write_pattern(const test::TempDir& dir) {
+  const auto path = dir / "shard.safetensors";
+  const std::string bytes = pattern();
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<long>(bytes.size()));
+  return path;
+}
+
 struct OpenFile {
   explicit OpenFile(const std::filesystem::path& path) : fd(::open(path.c_str(), O_RDONLY)) {
     REQUIRE(fd >= 0);
@@ -43,9 +51,8 @@ struct OpenFile {
 TEST_CASE("mapped shard: the mapping holds the file's bytes - also after pages are released",
           "[io][mapped]") {
   test::TempDir dir;
-  const auto path = dir / "shard.safetensors";
+  const auto path = write_pattern(dir);
   const std::string bytes = pattern();
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<long>(bytes.size()));
   OpenFile file(path);
   MappedShard map(file.fd, bytes.size(), "shard.safetensors");
   REQUIRE(map.size() == bytes.size());
@@ -61,9 +68,8 @@ TEST_CASE("mapped shard: the mapping holds the file's bytes - also after pages a
 TEST_CASE("mapped shard: a file cut short under the mapping reads zeros past its new end and "
           "counts them - no SIGBUS", "[io][mapped]") {
   test::TempDir dir;
-  const auto path = dir / "shard.safetensors";
+  const auto path = write_pattern(dir);
   const std::string bytes = pattern();
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<long>(bytes.size()));
   OpenFile file(path);
   {
     MappedShard map(file.fd, bytes.size(), "shard.safetensors");
