@@ -28,7 +28,14 @@ std::mutex registration;
 struct sigaction previous_action {};
 std::uintptr_t page_bytes = 4096;
 
+// A handler must leave errno as it found it: the interrupted code may be about to read it.
+struct KeepErrno {
+  int saved = errno;
+  ~KeepErrno() { errno = saved; }
+};
+
 void on_sigbus(int signal, siginfo_t* info, void* context) {
+  const KeepErrno keep;
   const auto address = reinterpret_cast<std::uintptr_t>(info->si_addr);
   for (Registered& r : registered) {
     const std::uintptr_t begin = r.begin.load(std::memory_order_acquire);
