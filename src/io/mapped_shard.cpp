@@ -9,6 +9,7 @@
 #include <csignal>
 #include <mutex>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace weightcast::detail {
@@ -22,7 +23,7 @@ struct Registered {
   std::atomic<std::uintptr_t> end{0};
   std::atomic<std::atomic<std::uint64_t>*> zeroed{nullptr};
 };
-constexpr std::size_t max_mappings = 64;
+constexpr std::size_t max_mappings = 1024;
 std::array<Registered, max_mappings> registered;
 std::mutex registration;
 struct sigaction previous_action {};
@@ -37,17 +38,20 @@ struct KeepErrno {
 void on_sigbus(int signal, siginfo_t* info, void* context) {
   const KeepErrno keep;
   const auto address = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  // Only a fault has a faulting address (si_code > 0); a SIGBUS sent by kill(2) is never ours.
   for (Registered& r : registered) {
+    if (info->si_code <= 0) break;
     const std::uintptr_t begin = r.begin.load(std::memory_order_acquire);
     if (begin == 0 || address < begin || address >= r.end.load(std::memory_order_acquire)) {
       continue;
     }
-    // A page of a registered shard past the file's (new) end: a zero page in its place, and
-    // the read goes on; the loader sees the count and fails the load (mmap(2) is a plain
-    // system call here, safe in a handler on Linux).
-    void* page = reinterpret_cast<void*>(address & ~(page_bytes - 1));
-    if (mmap(page, page_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
-        MAP_FAILED) {
+    // A page of a registered shard past the file's (new) end, or one the kernel could not
+    // read: a zero page in its place, and the read goes on; the loader sees the count and
+    // fails the load. The raw system call: a library may interpose mmap(3) with locks (UCX).
+    const std::uintptr_t page = address & ~(page_bytes - 1);
+    const long mapped = syscall(SYS_mmap, page, page_bytes, PROT_READ,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (mapped != -1) {
       if (auto* zeroed = r.zeroed.load(std::memory_order_acquire)) {
         zeroed->fetch_add(1, std::memory_order_acq_rel);
       }
@@ -65,11 +69,13 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
     previous_action.sa_handler(signal);
     return;
   }
-  // The default action: restore it, and the faulting access, run again, takes it.
+  // The default action: restore it. A faulting access, run again, takes it; a sent signal
+  // is sent again.
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   sigemptyset(&default_action.sa_mask);
   sigaction(SIGBUS, &default_action, nullptr);
+  if (info->si_code <= 0) raise(signal);
 }
 
 void install_handler() {

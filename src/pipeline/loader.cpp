@@ -571,8 +571,10 @@ class Pipeline {
     }
     // A cast want lands in a window first; the cast follows once the chunk has landed.
     // Window memory is reused from chunks that landed (at most `broadcasts_in_flight`
-    // exist): a fresh allocation per chunk would zero and fault in a chunk's worth each time.
+    // exist): a fresh allocation per chunk would zero and fault in its bytes each time. Sized
+    // to this rank's cast bytes of the chunk, known before any window is handed out.
     std::uint64_t window_at = 0;
+    const std::uint64_t window_bytes = root ? 0 : cast_bytes(c);
     auto destination = [&](std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
       if (!_cast_to[w]) return _want_data[w] + local_offset;
       if (posted.windows.empty()) {
@@ -580,11 +582,11 @@ class Pipeline {
           posted.window_memory = std::move(_spare_windows.back());
           _spare_windows.pop_back();
         }
-        if (posted.window_memory.size() < chunk.bytes) posted.window_memory.resize(chunk.bytes);
+        if (posted.window_memory.size() < window_bytes) posted.window_memory.resize(window_bytes);
       }
       if (window_at + bytes > posted.window_memory.size()) {
-        throw Error(Errc::internal, fmt::format("chunk {}'s cast windows exceed its {} bytes", c,
-                                                chunk.bytes));
+        throw Error(Errc::internal, fmt::format("chunk {}'s cast windows exceed {} bytes", c,
+                                                window_bytes));
       }
       posted.windows.push_back({w, local_offset, bytes, window_at});
       window_at += bytes;
@@ -628,6 +630,26 @@ class Pipeline {
     }
     posted.pending = _transport.exchange(_sends, _receives, static_cast<int>(c % 32768));
     return posted;
+  }
+
+  // The bytes of chunk `c` that this rank receives for cast wants (their windows'), as
+  // post_placed hands them out.
+  [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const {
+    std::uint64_t total = 0;
+    if (_plan.chunk_broadcast[c]) {
+      const Chunk& chunk = _plan.chunks[c];
+      for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+        const Piece& piece = _plan.pieces[p];
+        const std::int32_t w = _want_of_tensor[piece.tensor];
+        if (w >= 0 && _cast_to[static_cast<std::uint32_t>(w)]) total += piece.bytes;
+      }
+      return total;
+    }
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      const Delivery& d = _plan.deliveries[i];
+      if (d.rank == _me && _cast_to[d.want]) total += d.bytes;
+    }
+    return total;
   }
 
   // A placed chunk has landed on this rank: casts from their windows, wants completed.
@@ -1033,30 +1055,38 @@ class Pipeline {
     return _options.destination == Destination::discard;
   }
 
-  // A buffered chunk whose pieces tile one range of a host arena is read into that range:
-  // no slot, no copy. O_DIRECT chunks are staged: their aligned superset spills past them.
-  // Rank 0 of a placed load over MPI with a host device sends each chunk from the memory it
-  // is in, and the receivers copy their slices out of it themselves (Open MPI's single-copy
-  // CMA path on one node). A shard already in the page cache (read buffered, and at least
-  // `mapped_fraction` resident) is then sent from a mapping of the cache's own pages instead
-  // of being copied into a slot first: rank 0 copies only its own local shards, and the
-  // receivers copy theirs in parallel (io/detail/mapped_shard.hpp; docs/DESIGN.md § Placement).
-  // `direct_io: on` (bypass the page cache) never maps.
+  // Rank 0 of a placed load over MPI within one node, with a host device, sends each chunk
+  // from the memory it is in, and the receivers copy their slices out of it themselves (Open
+  // MPI's single-copy CMA path). A shard already in the page cache (read buffered, and at
+  // least `mapped_fraction` resident) is then sent from a mapping of the cache's own pages
+  // instead of being copied into a slot first: rank 0 copies only its own local shards, and
+  // the receivers copy theirs in parallel (io/detail/mapped_shard.hpp and
+  // docs/DESIGN.md § Placement). Across nodes a network transport may need to register the
+  // memory it sends for writing, which a read-only mapping refuses: there, and under
+  // `direct_io: on` (bypass the page cache), nothing is mapped. A shard that cannot be
+  // mapped is read.
   void map_cached_shards() {
     _maps.resize(_catalogue.shards.size());
     _mapped_left.assign(_catalogue.shards.size(), 0);
-    if (!_placement || _transport.world_size() == 1 || _transport.name() != "mpi" ||
-        _device.name() != "host" || _options.direct_io == DirectIo::on) {
+    if (!_placement || _transport.world_size() == 1 ||
+        !_transport.receivers_read_sender_memory() || _device.name() != "host" ||
+        _options.direct_io == DirectIo::on) {
       return;
     }
+    std::vector<std::uint8_t> has_chunks(_catalogue.shards.size(), 0);
+    for (const Chunk& chunk : _plan.chunks) has_chunks[chunk.shard] = 1;
     for (std::uint32_t f = 0; f < _catalogue.shards.size(); ++f) {
       const ShardInfo& shard = _catalogue.shards[f];
-      if (_files->direct(f) || shard.file_bytes == 0 ||
+      if (has_chunks[f] == 0 || _files->direct(f) || shard.file_bytes == 0 ||
           detail::page_cache_fraction(_files->fd(f), shard.file_bytes) < mapped_fraction) {
         continue;
       }
-      _maps[f] = std::make_unique<detail::MappedShard>(_files->fd(f), shard.file_bytes,
-                                                       shard.name);
+      try {
+        _maps[f] = std::make_unique<detail::MappedShard>(_files->fd(f), shard.file_bytes,
+                                                         shard.name);
+      } catch (const Error& e) {
+        spdlog::debug("{}; reading it instead", e.what());
+      }
     }
     for (const Chunk& chunk : _plan.chunks) {
       if (mapped(chunk)) ++_mapped_left[chunk.shard];
@@ -1072,16 +1102,19 @@ class Pipeline {
   void mapped_chunk_sent(const Chunk& chunk) {
     detail::MappedShard& map = *_maps[chunk.shard];
     map.release(chunk.file_offset, chunk.bytes);
-    // Pages past a new end read as zeros (mapped_shard.hpp): fail at the first chunk that met
-    // one, with the message of a read that found the file ended.
+    // Pages past a new end read as zeros (mapped_shard.hpp), and a receiver's single-copy read
+    // of one fails: fail at the first chunk that may have met one, with the message of a read
+    // that found the file ended; a zeroed page of a file as long as ever was an I/O error.
+    struct stat st {};
+    const ShardInfo& shard = _catalogue.shards[chunk.shard];
+    const bool stat_ok = ::fstat(_files->fd(chunk.shard), &st) == 0;
+    const auto size = stat_ok ? static_cast<std::uint64_t>(st.st_size) : shard.file_bytes;
+    const std::string& tensor = _catalogue.tensors[_plan.pieces[chunk.first_piece].tensor].name;
+    if (size < shard.file_bytes) throw shrank(chunk.shard, size, tensor);
     if (map.truncated() != 0) {
-      struct stat st {};
-      std::uint64_t end = chunk.file_offset;
-      if (::fstat(_files->fd(chunk.shard), &st) == 0) {
-        end = static_cast<std::uint64_t>(st.st_size);
-      }
-      const std::uint32_t first = _plan.pieces[chunk.first_piece].tensor;
-      throw shrank(chunk.shard, end, _catalogue.tensors[first].name);
+      throw Error(Errc::io, fmt::format("{}: a page of the shard could not be read (an I/O "
+                                        "error under its mapping) while sending tensor '{}'",
+                                        shard.name, tensor));
     }
     if (--_mapped_left[chunk.shard] == 0) _files->check_unchanged(chunk.shard);
   }
@@ -1090,6 +1123,8 @@ class Pipeline {
   // missing pages are read by the faults that meet them.
   static constexpr double mapped_fraction = 0.95;
 
+  // A buffered chunk whose pieces tile one range of a host arena is read into that range:
+  // no slot, no copy. O_DIRECT chunks are staged: their aligned superset spills past them.
   [[nodiscard]] bool reads_into_arena(const Chunk& chunk) const {
     return !discarding() && !_placement && _device.reads_into_arena() &&
            chunk.arena_contiguous && _files->alignment(chunk.shard) == 1;

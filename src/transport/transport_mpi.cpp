@@ -119,6 +119,11 @@ class MpiTransport final : public Transport {
   [[nodiscard]] std::string_view name() const noexcept override { return "mpi"; }
   [[nodiscard]] int rank() const noexcept override { return _session.rank(); }
   [[nodiscard]] int world_size() const noexcept override { return _session.world_size(); }
+  // Open MPI's shared-memory transport within one node reads the sender's buffer from the
+  // receiver (CMA); across nodes a network transport may register it for RDMA instead.
+  [[nodiscard]] bool receivers_read_sender_memory() const noexcept override {
+    return _session.one_node();
+  }
   std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
     if (bytes == 0 || _session.world_size() == 1) return nullptr;
     std::vector<MPI_Request> requests;
@@ -257,6 +262,16 @@ void MpiSession::open(const MpiCommunicator* base) {
   _have_comm = true;
   MPI_Comm_rank(ours, &_rank);
   MPI_Comm_size(ours, &_world_size);
+  // Collective, like the duplicate above (and under the same watchdog): whether all ranks
+  // share this node's memory.
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(ours, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS &&
+      node != MPI_COMM_NULL) {
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    _one_node = node_size == _world_size;
+    MPI_Comm_free(&node);
+  }
 }
 
 MpiSession::~MpiSession() {

@@ -15,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <vector>
 
 using namespace weightcast;
 using weightcast::detail::MappedShard;
@@ -101,4 +103,28 @@ TEST_CASE("mapped shard: an empty file maps to nothing", "[io][mapped]") {
   CHECK(map.size() == 0);
   map.release(0, 100);
   CHECK(map.truncated() == 0);
+}
+
+// The loader catches this and reads the shard instead (map_cached_shards); that fallback
+// needs a placed load on several ranks holding 1024 mappings, which no test makes.
+TEST_CASE("mapped shard: past 1024 live mappings one more is refused with 69 naming the shard",
+          "[io][mapped]") {
+  test::TempDir dir;
+  const auto path = write_pattern(dir);
+  OpenFile file(path);
+  std::vector<std::unique_ptr<MappedShard>> maps;
+  for (int i = 0; i < 1024; ++i) {
+    maps.push_back(std::make_unique<MappedShard>(file.fd, 4096, "shard.safetensors"));
+  }
+  try {
+    MappedShard one_more(file.fd, 4096, "shard.safetensors");
+    FAIL("a 1025th mapping was made");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("shard.safetensors") &&
+                             Catch::Matchers::Contains("1024 shards are mapped already"));
+  }
+  maps.pop_back();  // a free entry again
+  MappedShard again(file.fd, 4096, "shard.safetensors");
+  CHECK(std::memcmp(again.data(), pattern().data(), 4096) == 0);
 }

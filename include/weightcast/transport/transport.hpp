@@ -35,6 +35,12 @@ class Transport {
   [[nodiscard]] virtual int rank() const noexcept = 0;
   /// @return the number of ranks.
   [[nodiscard]] virtual int world_size() const noexcept = 0;
+  /// @return true when every rank runs on rank 0's node and a receiver copies what it
+  ///         receives out of the sender's memory itself (`mpi` within one node: Open MPI's
+  ///         single-copy path). A sender may then send from any memory it can read, a
+  ///         read-only file mapping included (docs/DESIGN.md § Placement); elsewhere the
+  ///         network stack may have to register it for writing, and `false` says not to.
+  [[nodiscard]] virtual bool receivers_read_sender_memory() const noexcept { return false; }
   /**
    * @brief Starts broadcasting @p bytes at @p data from @p root to every rank.
    * @param data arena memory: the source on the root, the destination elsewhere.

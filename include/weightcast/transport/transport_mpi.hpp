@@ -67,6 +67,9 @@ class MpiSession {
   [[nodiscard]] bool abandoned() const noexcept { return _abandoned; }
   /// @return the session's communicator (an `MPI_Comm`, as `MpiCommunicator::handle`).
   [[nodiscard]] std::uintptr_t communicator() const noexcept { return _comm; }
+  /// @return whether every rank of the communicator shares this node's memory
+  ///         (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)` gives one group of all of them).
+  [[nodiscard]] bool one_node() const noexcept { return _one_node; }
 
  private:
   void open(const MpiCommunicator* base);
@@ -76,6 +79,7 @@ class MpiSession {
   bool _abandoned = false;
   bool _owns_mpi = false;
   bool _have_comm = false;
+  bool _one_node = false;
   std::uintptr_t _comm = 0;
 };
 

@@ -34,8 +34,9 @@ class MappedShard {
   /**
    * @brief Maps the first @p bytes of @p fd read-only (MAP_SHARED); nothing is faulted in.
    * @param name the shard's name, for messages.
-   * @throws Error `io` (74) naming @p name when mmap(2) fails; `unavailable` (69) when 64
-   *         mappings are registered already (the SIGBUS table's size).
+   * @throws Error `io` (74) naming @p name when mmap(2) fails; `unavailable` (69) when 1024
+   *         mappings are registered already (the SIGBUS table's size). The loader reads a
+   *         shard it cannot map instead.
    */
   MappedShard(int fd, std::uint64_t bytes, std::string name);
   ~MappedShard();
@@ -54,7 +55,8 @@ class MappedShard {
   void release(std::uint64_t offset, std::uint64_t bytes) noexcept;
 
   /// @return the pages of this mapping a SIGBUS replaced with zeros: the file shrank while
-  ///         mapped. Nonzero means bytes read from the mapping may be wrong.
+  ///         mapped, or the kernel could not read a page (an I/O error). Nonzero means bytes
+  ///         read from the mapping may be wrong.
   [[nodiscard]] std::uint64_t truncated() const noexcept {
     return _zeroed.load(std::memory_order_acquire);
   }
