@@ -10,8 +10,10 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 #endif
 
@@ -262,16 +264,14 @@ void MpiSession::open(const MpiCommunicator* base) {
   _have_comm = true;
   MPI_Comm_rank(ours, &_rank);
   MPI_Comm_size(ours, &_world_size);
-  // Collective, like the duplicate above (and under the same watchdog): whether all ranks
-  // share this node's memory.
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(ours, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS &&
-      node != MPI_COMM_NULL) {
-    int node_size = 0;
-    MPI_Comm_size(node, &node_size);
-    _one_node = node_size == _world_size;
-    MPI_Comm_free(&node);
-  }
+  // Whether all ranks share this node's memory, from Open MPI's launcher: every rank of the
+  // job on one node means every rank of any communicator of it too. Not a collective
+  // (MPI_Comm_split_type would be one more, and a rank still inside it when another fails
+  // is ended by the job's watchdog); unknown (another MPI, another launcher) is "no".
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const char* all = std::getenv("OMPI_COMM_WORLD_SIZE");
+  _one_node = local != nullptr && all != nullptr && *local != '\0' &&
+              std::string_view(local) == std::string_view(all);
 }
 
 MpiSession::~MpiSession() {

@@ -67,8 +67,9 @@ class MpiSession {
   [[nodiscard]] bool abandoned() const noexcept { return _abandoned; }
   /// @return the session's communicator (an `MPI_Comm`, as `MpiCommunicator::handle`).
   [[nodiscard]] std::uintptr_t communicator() const noexcept { return _comm; }
-  /// @return whether every rank of the communicator shares this node's memory
-  ///         (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)` gives one group of all of them).
+  /// @return whether every rank of the communicator shares this node's memory: Open MPI's
+  ///         launcher put the whole job on one node (`OMPI_COMM_WORLD_LOCAL_SIZE` equal to
+  ///         `OMPI_COMM_WORLD_SIZE`); false where that is not known.
   [[nodiscard]] bool one_node() const noexcept { return _one_node; }
 
  private:
