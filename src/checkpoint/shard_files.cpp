@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -125,6 +127,7 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
       }
       _fds.push_back(fd);
       _alignments.push_back(1);
+      _cached.push_back(std::numeric_limits<double>::quiet_NaN());
       struct stat st {};
       if (fstat(fd, &st) != 0) {
         throw system_error(Errc::io, errno, fmt::format("{}: cannot stat shard", shard.name));
@@ -172,6 +175,7 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
       if (policy == DirectIo::off) continue;
       if (policy == DirectIo::automatic) {
         const double cached = page_cache_fraction(fd, shard.file_bytes);
+        _cached.back() = cached;
         if (cached > cached_fraction) {
           spdlog::debug("{}: {:.0f}% in the page cache: reading buffered", shard.name,
                         cached * 100);
@@ -225,6 +229,14 @@ void ShardFiles::check_unchanged(std::uint32_t shard) const {
               fmt::format("{}: changed during the load (modified at {}; {} bytes when "
                           "opened, {} now): the bytes read may mix old and new contents",
                           info.name, utc_text(nanoseconds(st.st_mtim)), then.bytes, bytes));
+}
+
+double ShardFiles::resident_fraction(std::uint32_t shard) const {
+  double& cached = _cached.at(shard);
+  if (std::isnan(cached)) {
+    cached = page_cache_fraction(_fds.at(shard), _catalogue.shards.at(shard).file_bytes);
+  }
+  return cached;
 }
 
 std::string ShardFiles::mode() const {

@@ -92,13 +92,12 @@ void install_handler() {
 
 }  // namespace
 
-MappedShard::MappedShard(int fd, std::uint64_t bytes, std::string name)
-    : _bytes(bytes), _name(std::move(name)) {
+MappedShard::MappedShard(int fd, std::uint64_t bytes, const std::string& name) : _bytes(bytes) {
   if (bytes == 0) return;
   install_handler();
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    throw system_error(Errc::io, errno, fmt::format("{}: cannot map the shard", _name));
+    throw system_error(Errc::io, errno, fmt::format("{}: cannot map the shard", name));
   }
   _data = static_cast<const std::byte*>(p);
   std::lock_guard lock(registration);
@@ -115,7 +114,7 @@ MappedShard::MappedShard(int fd, std::uint64_t bytes, std::string name)
   munmap(p, bytes);
   _data = nullptr;
   throw Error(Errc::unavailable,
-              fmt::format("{}: cannot map the shard: {} shards are mapped already", _name,
+              fmt::format("{}: cannot map the shard: {} shards are mapped already", name,
                           max_mappings));
 }
 

@@ -295,10 +295,15 @@ class Pipeline {
   /// shards were sent from the page cache (map_cached_shards), "mapped" where all were.
   [[nodiscard]] std::string io_mode() const {
     if (!_files) return std::string();
-    const auto count = static_cast<std::size_t>(
-        std::count_if(_maps.begin(), _maps.end(), [](const auto& m) { return m != nullptr; }));
-    if (count == 0) return _files->mode();
-    return count == _maps.size() ? "mapped" : _files->mode() + "+mapped";
+    std::vector<std::uint8_t> read(_catalogue.shards.size(), 0);
+    bool any_mapped = false;
+    for (const Chunk& chunk : _plan.chunks) {
+      any_mapped = any_mapped || mapped(chunk);
+      if (!mapped(chunk)) read[chunk.shard] = 1;
+    }
+    if (!any_mapped) return _files->mode();
+    const bool any_read = std::find(read.begin(), read.end(), 1) != read.end();
+    return any_read ? _files->mode() + "+mapped" : "mapped";
   }
   /// @return the streamed digests (`destination: discard`), empty otherwise.
   [[nodiscard]] std::vector<std::uint64_t> digests() const {
@@ -1078,7 +1083,7 @@ class Pipeline {
     for (std::uint32_t f = 0; f < _catalogue.shards.size(); ++f) {
       const ShardInfo& shard = _catalogue.shards[f];
       if (has_chunks[f] == 0 || _files->direct(f) || shard.file_bytes == 0 ||
-          detail::page_cache_fraction(_files->fd(f), shard.file_bytes) < mapped_fraction) {
+          _files->resident_fraction(f) < mapped_fraction) {
         continue;
       }
       try {

@@ -74,6 +74,10 @@ class ShardFiles {
   [[nodiscard]] std::uint32_t max_alignment() const noexcept { return _max_alignment; }
   /// @return "direct", "buffered", or "direct+buffered" when shards differ.
   [[nodiscard]] std::string mode() const;
+  /// @return the fraction (0..1) of @p shard resident in the page cache, as
+  ///         `page_cache_fraction` measured it when `auto` chose buffered or O_DIRECT (at
+  ///         open), else measured now and kept; -1 when it cannot be measured.
+  [[nodiscard]] double resident_fraction(std::uint32_t shard) const;
 
   /**
    * @brief Checks that @p shard is as it was when it was opened: one `fstat` of the open file,
@@ -98,6 +102,7 @@ class ShardFiles {
   const Catalogue& _catalogue;
   std::vector<int> _fds;
   std::vector<std::uint32_t> _alignments;  // per shard; 1 = buffered
+  mutable std::vector<double> _cached;     // per shard: resident_fraction, NaN until measured
   std::vector<Identity> _opened;           // per shard: as seen when it was opened
   std::uint32_t _max_alignment = 1;
 };

@@ -33,12 +33,12 @@ class MappedShard {
  public:
   /**
    * @brief Maps the first @p bytes of @p fd read-only (MAP_SHARED); nothing is faulted in.
-   * @param name the shard's name, for messages.
+   * @param name the shard's name, for the messages below.
    * @throws Error `io` (74) naming @p name when mmap(2) fails; `unavailable` (69) when 1024
    *         mappings are registered already (the SIGBUS table's size). The loader reads a
    *         shard it cannot map instead.
    */
-  MappedShard(int fd, std::uint64_t bytes, std::string name);
+  MappedShard(int fd, std::uint64_t bytes, const std::string& name);
   ~MappedShard();
   MappedShard(const MappedShard&) = delete;
   MappedShard& operator=(const MappedShard&) = delete;
@@ -46,7 +46,6 @@ class MappedShard {
   /// @return the file's first byte in this process.
   [[nodiscard]] const std::byte* data() const noexcept { return _data; }
   [[nodiscard]] std::uint64_t size() const noexcept { return _bytes; }
-  [[nodiscard]] const std::string& name() const noexcept { return _name; }
 
   /// Drops this process's mapping of the pages inside [@p offset, @p offset + @p bytes)
   /// (MADV_DONTNEED): rank 0's RSS falls back; the page cache keeps them, and a later read
@@ -64,7 +63,6 @@ class MappedShard {
  private:
   const std::byte* _data = nullptr;
   std::uint64_t _bytes = 0;
-  std::string _name;
   std::atomic<std::uint64_t> _zeroed{0};
   int _slot = -1;  // the SIGBUS table's entry
 };
