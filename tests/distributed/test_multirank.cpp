@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -174,6 +175,36 @@ TEST_CASE("multirank: the verdict agrees in number: 2 ranks × 1 tensor", "[mult
     CHECK(count(r.out, verify == "none" ? "2 ranks × 1 tensor loaded, not compared"
                                         : "2 ranks × 1 tensor bit-exact") == 1);
   }
+}
+
+TEST_CASE("multirank: on one node MPI starts with the ob1 PML unless the user chose one",
+          "[multirank]") {
+  REQUIRE_MPI();
+  if (std::getenv("OMPI_MCA_pml") != nullptr) {
+    WARN("skipped: OMPI_MCA_pml is set in this environment, so the user chose the PML");
+    return;
+  }
+  TempDir dir;
+  const auto checkpoint =
+      test::write_random_checkpoint(dir / "one.safetensors", std::vector<std::uint64_t>{4096}, 5);
+  // Open MPI's PML framework, verbose, names every component it opens: the cm PML (whose
+  // MTLs probe network hardware) only where weightcast left the choice to Open MPI.
+  auto job = [&](const std::vector<std::string>& mca) {
+    auto argv = cat(mpirun_options(), {"--mca", "pml_base_verbose", "100"});
+    argv = cat(argv, mca);
+    argv = cat(argv, {"-np", "2", cli_path().string(), "run", "--set",
+                      "checkpoint=" + checkpoint.string()});
+    const auto r = run_process(cat(argv, base_sets(free_port())), {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out + r.err, "bit-exact") == 1);
+    return r.out + r.err;
+  };
+  const std::string chosen_by_weightcast = job({});
+  CHECK_THAT(chosen_by_weightcast, Contains("select: component ob1 selected"));
+  CHECK_THAT(chosen_by_weightcast, !Contains("component cm"));
+  const std::string chosen_by_user = job({"--mca", "pml", "ob1,cm"});
+  CHECK_THAT(chosen_by_user, Contains("components_open: found loaded component cm"));
 }
 
 TEST_CASE("multirank: MPMD — ranks other than 0 never touch the checkpoint path",
