@@ -55,10 +55,8 @@ class Arena {
 /**
  * @brief Host memory aligned to 2 MiB, committed lazily by the kernel (anonymous `mmap`).
  *
- * Arenas of 2 MiB or more are advised `MADV_HUGEPAGE` (transparent huge pages), so filling
- * one faults in 2 MiB at a time instead of 4 KiB: where THP is `never` the advice does
- * nothing; where `defrag` is `madvise` (the usual default) the kernel may compact memory
- * to find huge pages at the first touch.
+ * Not advised `MADV_HUGEPAGE`: the system's transparent huge page policy decides whether
+ * the kernel backs it with 2 MiB pages (`detail::HostMapping`).
  * @param bytes arena size; 0 gives an empty arena.
  * @throws Error `unavailable` (69) when the memory cannot be mapped (names the size), also
  *         for a size within 2 MiB of 2^64 (`detail::HostMapping`).

@@ -118,7 +118,7 @@ class StagingRing {
 
   std::size_t _slots;
   std::uint64_t _slot_bytes;
-  HostMapping _memory;  // 2 MiB aligned, transparent huge pages
+  HostMapping _memory;  // 2 MiB aligned
   weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
   std::vector<std::size_t> _free;            // free slot indices, the last given back last
   std::vector<bool> _leased;                 // per slot: a lease holds it
