@@ -124,7 +124,8 @@ std::vector<std::uint64_t> local_digests(const LoadResult& result) {
     const TensorWant& want = *view.want;
     const bool cast = want.destination.dtype && *want.destination.dtype != view.info->dtype;
     const std::uint64_t bytes = local_bytes(*view.info, want);
-    if (cast || (want.destination.data != nullptr && view.memory != MemoryKind::host)) {
+    const bool hashed = w < result.received_hashed.size() && result.received_hashed[w] != 0;
+    if (hashed || cast || (want.destination.data != nullptr && view.memory != MemoryKind::host)) {
       digests.push_back(result.received_digests.at(w));
     } else if (want.destination.data != nullptr || bytes == 0) {
       digests.push_back(xxh3_64(view.data, bytes));
@@ -332,7 +333,9 @@ class Pipeline {
     }
     return out;
   }
-  /// Per want of this rank: the digest of the bytes received (cast or device wants only).
+  /// Per want of this rank: whether `received_digests` holds its digest.
+  [[nodiscard]] std::vector<std::uint8_t> received_hashed() const { return _hash_received; }
+  /// Per want of this rank: the digest of the bytes received (hashed as they landed), or 0.
   [[nodiscard]] std::vector<std::uint64_t> received_digests() const {
     std::vector<std::uint64_t> out(_want_data.size(), 0);
     if (!_received) return out;
@@ -369,6 +372,7 @@ class Pipeline {
     _cast_to.assign(mine.tensors.size(), std::nullopt);
     _cast.assign(mine.tensors.size(), CastState{});
     _hash_received.assign(mine.tensors.size(), 0);
+    _hash_landed.assign(mine.tensors.size(), 0);
     bool any_received = false;
     for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
       const TensorWant& want = mine.tensors[w];
@@ -382,7 +386,13 @@ class Pipeline {
       // What cannot be hashed afterwards in the checkpoint's dtype is hashed as it lands.
       const bool device_in_place =
           want.destination.data != nullptr && want.destination.memory != MemoryKind::host;
-      if (_cast_to[w] || device_in_place) {
+      // With `verify: digest`, host memory is hashed where it landed too, right after each
+      // chunk, while the bytes are still in cache, instead of in a pass over every local
+      // shard once the load is done (local_digests).
+      const bool host = want.destination.data != nullptr ? !device_in_place
+                                                         : _arena.kind() == MemoryKind::host;
+      _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
+      if (_cast_to[w] || device_in_place || _hash_landed[w]) {
         _hash_received[w] = 1;
         any_received = true;
       }
@@ -488,12 +498,15 @@ class Pipeline {
   // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk.
   awaitable<void> copy_to_mine(std::uint32_t w, const std::byte* data,
                                std::uint64_t local_offset, std::uint64_t bytes) {
-    if (_hash_received[w]) _received->update(w, data, bytes);
+    if (_hash_received[w] && !_hash_landed[w]) _received->update(w, data, bytes);
     if (_cast_to[w]) {
       cast_into(w, data, local_offset, bytes);
       co_return;
     }
     co_await wait(_device.upload(data, _want_data[w] + local_offset, bytes), upload_poll_cap);
+    // The copy, not its source: what rank 0's expected digest of the source is checked
+    // against.
+    if (_hash_landed[w]) _received->update(w, _want_data[w] + local_offset, bytes);
   }
 
   // Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
@@ -673,25 +686,31 @@ class Pipeline {
       for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
         const Piece& piece = _plan.pieces[p];
         const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
-        hash_landed_on_device(w, piece.tensor_offset, piece.bytes);
+        hash_landed(w, piece.tensor_offset, piece.bytes);
         land(w, piece.bytes);
       }
     } else {
       for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
         const Delivery& d = _plan.deliveries[i];
         if (d.rank != _me) continue;
-        hash_landed_on_device(d.want, d.local_offset, d.bytes);
+        hash_landed(d.want, d.local_offset, d.bytes);
         land(d.want, d.bytes);
       }
     }
     report_progress(c);
   }
 
-  // A receiving rank's in-place device want (nccl) is hashed from where it landed, read back
-  // through the device: no host copy of it passed this rank. Rank 0 hashed it from its slot
-  // (copy_to_mine); a cast want from its window, above.
-  void hash_landed_on_device(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+  // A receiving rank's want is hashed from where it landed: host memory directly
+  // (`_hash_landed`), an in-place device want (nccl) read back through the device, as no host
+  // copy of it passed this rank. Rank 0 hashed its own in copy_to_mine; a cast want is
+  // hashed from its window, above. Deliveries land in each want's local order, as the
+  // streaming digest needs.
+  void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
     if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
+    if (_hash_landed[w]) {
+      _received->update(w, _want_data[w] + local_offset, bytes);
+      return;
+    }
     _device.read_back(_want_data[w] + local_offset, bytes,
                       [&](const std::byte* data, std::size_t n) { _received->update(w, data, n); });
   }
@@ -1253,6 +1272,7 @@ class Pipeline {
   std::vector<std::optional<Dtype>> _cast_to;                // my wants' casts
   std::vector<CastState> _cast;
   std::vector<std::uint8_t> _hash_received;                  // my wants hashed as they land
+  std::vector<std::uint8_t> _hash_landed;                    // ...from their host memory
   std::optional<StreamingDigests> _received;
   std::optional<StreamingDigests> _expected;                 // rank 0, expect_digests
   std::vector<std::uint8_t> _tensor_whole_wanted;
@@ -1391,6 +1411,7 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   if (options.placement) {
     result.expected_digests = pipeline.expected_digests();
     result.received_digests = pipeline.received_digests();
+    result.received_hashed = pipeline.received_hashed();
   }
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);

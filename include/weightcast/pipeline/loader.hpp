@@ -192,10 +192,13 @@ struct LoadResult {
   RankWants wants;
   /// Per want: its local bytes (the arena, or the caller's in-place memory).
   std::vector<std::byte*> want_data;
-  /// Per want: XXH3-64 of the bytes received, checkpoint dtype, taken as they landed — only
-  /// for wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a
-  /// cast, or device memory outside the arena); 0 for the others (`local_digests`).
+  /// Per want: XXH3-64 of the bytes received, checkpoint dtype, taken as they landed — for
+  /// wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a cast,
+  /// or device memory outside the arena), and, with `LoadPlacement::expect_digests`, for
+  /// host memory, hashed right after each chunk landed; 0 for the others (`local_digests`).
   std::vector<std::uint64_t> received_digests;
+  /// Per want: 1 where `received_digests` holds its digest.
+  std::vector<std::uint8_t> received_hashed;
   /// Rank 0 with `LoadPlacement::expect_digests`: per rank, per want, XXH3-64 of the local
   /// bytes it should have received (checkpoint dtype, row-major contiguous).
   std::vector<std::vector<std::uint64_t>> expected_digests;
