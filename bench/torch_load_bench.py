@@ -22,6 +22,9 @@ Every variant runs as a fresh `mpirun -np N` job (gloo CPU backend, rendezvous o
                         (rank 0 reads; each rank's local shards land in to_local() itself over
                         MPI, FP32 params cast at the receiver); only where `import weightcast`
                         works; a load_into that refuses the world is reported with its message.
+  weightcast_load_into_unverified
+                        the same with `verify: none` (a config file): no digests, the work the
+                        rows above do (none of them verifies); weightcast's default is digest.
   weightcast_replicate  `mpirun -np N weightcast run CFG --set device=host [--set
   weightcast_fsdp        placement=replicate|fsdp] --report r.{rank}.json` (CLI, no torch, the
                         checkpoint's dtype); fsdp only where the binary accepts the key.
@@ -70,7 +73,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if os.environ.get("WC_BENCH_PYDEPS"):
     sys.path.append(os.environ["WC_BENCH_PYDEPS"])
 
-TORCH_VARIANTS = ["fsdp2_broadcast", "dcp_slices", "load_file_every_rank", "weightcast_load_into"]
+TORCH_VARIANTS = ["fsdp2_broadcast", "dcp_slices", "load_file_every_rank", "weightcast_load_into",
+                  "weightcast_load_into_unverified"]
 CLI_VARIANTS = ["weightcast_replicate", "weightcast_fsdp"]
 ALL_VARIANTS = TORCH_VARIANTS + CLI_VARIANTS
 GIB = 1 << 30
@@ -210,10 +214,19 @@ def load(variant: str, model, ckpt: Path, files: list[Path], rank: int,
         missing = set(dst) - seen
         if missing:
             raise KeyError(f"dcp_slices: not in the checkpoint: {sorted(missing)[:5]}")
-    elif variant == "weightcast_load_into":
+    elif variant in ("weightcast_load_into", "weightcast_load_into_unverified"):
+        import tempfile
+
         import weightcast
 
-        weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port)
+        with tempfile.TemporaryDirectory(prefix="wc-bench-") as scratch:
+            config = None
+            if variant == "weightcast_load_into_unverified":
+                config = os.path.join(scratch, "unverified.yaml")
+                with open(config, "w") as f:
+                    f.write("verify: none\n")
+            weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port,
+                                 config=config)
     else:
         raise ValueError(f"unknown variant {variant}")
 
@@ -361,7 +374,7 @@ def main() -> int:
                     rows.append(row)
                     print(json.dumps({k: row[k] for k in row if k != "ranks"}), file=sys.stderr)
                     continue
-                if v == "weightcast_load_into" and (wc_py_skip or wc_world_skip):
+                if v.startswith("weightcast_load_into") and (wc_py_skip or wc_world_skip):
                     row["skip"] = wc_py_skip or wc_world_skip
                     rows.append(row)
                     continue
@@ -380,7 +393,7 @@ def main() -> int:
                     reps.append(json.loads(p.read_text()) if p.exists() else {"error": "no result"})
                 errs = [f"rank {x.get('rank', r)}: {x['error']}" for r, x in enumerate(reps)
                         if "error" in x]
-                if v == "weightcast_load_into" and errs and "several ranks" in errs[0]:
+                if v.startswith("weightcast_load_into") and errs and "several ranks" in errs[0]:
                     # The package refuses this world size (a build without the distributed entry
                     # point): a skip with its message, and no second job for the other dtype.
                     wc_world_skip = "load_into refuses the world: " + errs[0].split(": ", 1)[1]
