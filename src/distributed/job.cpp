@@ -45,6 +45,11 @@ using Clock = std::chrono::steady_clock;
 // (InterruptHandler::ending_grace) for the ending to finish: this stays below.
 constexpr std::chrono::milliseconds unwind_grace{2'000};
 
+// How long a call with no timeout (Watchdog::Blocking) has to return once another rank's
+// failure has arrived, before the watchdog ends the process: enough for a collective that
+// every rank had entered to complete, within `unwind_grace` and the launcher's grace.
+constexpr std::chrono::milliseconds blocking_return_most{1'000};
+
 // How long a thread that ends the process waits for the control plane's reader, once
 // stopped, to return (ControlPlane::stop_reader): a handler in progress takes microseconds;
 // the bound keeps a reader stuck in one (a caller's hook) from holding the exit.
@@ -184,8 +189,17 @@ class Watchdog {
       });
       if (_closing) return;
       if (_remote_since && !_unwinding) {
-        // A call with no timeout (Blocking) cannot come back for another rank's failure:
-        // end at once rather than after the grace, which a launcher's teardown may not wait.
+        // A call with no timeout (Blocking) may still return after another rank's failure:
+        // a collective every rank had entered (MPI_Comm_dup, which the failing rank left
+        // first) returns within milliseconds, and the thread then unwinds and raises, as the
+        // failure policy says. One that does not return by `blocking_return_most` never
+        // will: end then rather than after the whole grace, which a launcher's teardown may
+        // not wait.
+        if (_blocking) {
+          _changed.wait_for(lock, blocking_return_most,
+                            [this] { return _closing || _unwinding || !_blocking; });
+          if (_closing || _unwinding) continue;
+        }
         if (!_blocking && _changed.wait_until(lock, *_remote_since + unwind_grace,
                                               [this] { return _closing || _unwinding; })) {
           continue;
@@ -611,6 +625,7 @@ class Job {
           _mpi = _options.mpi_communicator
                      ? std::make_unique<MpiSession>(*_options.mpi_communicator)
                      : std::make_unique<MpiSession>();
+          if (_options.test_hooks.inside_mpi_open) _options.test_hooks.inside_mpi_open();
         }
         if (_mpi->rank() != rank() || _mpi->world_size() != _world.world_size) {
           // Where the config gave the world, the config is what disagrees with mpirun.

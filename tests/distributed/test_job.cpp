@@ -394,6 +394,26 @@ TEST_CASE("job: a communicator handed in carries a placed load's slices between 
   }
 }
 
+TEST_CASE("job: a rank still inside MPI_Comm_dup when another fails throws as the others do",
+          "[job][mpi]") {
+  // Rank 1 leaves MPI_Comm_dup and fails at once; rank 0 is still inside the watched call. It
+  // used to be ended by its watchdog (a watched call was taken never to return after another
+  // rank's failure) instead of throwing.
+  REQUIRE_MPI();
+  const auto checkpoint = corpus_dir() / "real" / corpus_file;
+  TempDir dir;
+  const auto r = run_mpi_job("slow-dup", checkpoint, free_port(), dir.path());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    const auto lines = rank_lines(dir.path(), rank);
+    REQUIRE(lines.size() == 2);
+    CHECK_THAT(lines[0], StartsWith("error 78 rank 1: ") && Contains("mpi_job: no wants here"));
+    CHECK(lines[1] == "allreduce 3");
+  }
+}
+
 TEST_CASE("job: under mpirun, settings that differ throw on every rank and MPI stays usable",
           "[job][mpi]") {
   REQUIRE_MPI();

@@ -38,7 +38,8 @@
  *    failure while an `MPI_Ibcast` is in flight (a non-blocking collective cannot be cancelled,
  *    MPI 4.0 §5.12: MPI may still write into the arena and will hang any later collective or
  *    `MPI_Finalize`), and a calling thread that does not come back at all (stuck in
- *    `MPI_Init_thread`, `MPI_Comm_dup` or `MPI_Finalize` past the timeout; or, 2 s after
+ *    `MPI_Init_thread`, `MPI_Comm_dup` or `MPI_Finalize` past the timeout, or still in one
+ *    of them 1 s after another rank's failure, while one that returns unwinds; or, 2 s after
  *    another rank's failure, still in a hook of the caller's or inside NCCL's own polling,
  *    which is bounded only by `load.timeout`: creating the communicator, enqueueing a
  *    broadcast group). With `throw_error` the first
@@ -104,6 +105,9 @@ struct JobTestHooks {
   std::function<void(std::vector<std::uint64_t>& digests)> before_report;
   /// Every rank, once it has the verdict, before its transport shuts down (MPI_Finalize).
   std::function<void()> after_verdict;
+  /// Every rank under transport mpi, once its MPI session is open, still inside the watched
+  /// call that opened it (a rank slow to come back from MPI_Comm_dup).
+  std::function<void()> inside_mpi_open;
 };
 
 /// One rank's outcome of a job.

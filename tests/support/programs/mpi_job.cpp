@@ -9,6 +9,9 @@
 //                  communicator's ranks too (each line then holds a local shard's digest);
 //       mismatch - MPI_COMM_WORLD handed in, world rank 1 with another chunk_size: every rank
 //                  must throw (config, 78) before any collective, and MPI stay usable.
+//       slow-dup - rank 0 stays 300 ms inside the watched MPI_Comm_dup after it returned, and
+//                  rank 1 fails (config, 78) as soon as it is out: rank 0 must throw the
+//                  failure as the others do, not be ended by the job's watchdog.
 // Each rank writes OUT_DIR/r<world rank>.txt: "job_rank <r> of <n>", then "<tensor> <xxh3>"
 // per tensor (or "error <status> <message>"), and afterwards proves MPI still works
 // (MPI_Allreduce, then its own MPI_Finalize). Exit status 0 unless something here failed.
@@ -22,13 +25,17 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <thread>
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: mpi_job world|split|split-fsdp|mismatch CHECKPOINT PORT OUT_DIR\n");
+    std::fprintf(stderr,
+                 "usage: mpi_job world|split|split-fsdp|mismatch|slow-dup CHECKPOINT PORT "
+                 "OUT_DIR\n");
     return 64;
   }
   const std::string_view mode = argv[1];
@@ -58,6 +65,14 @@ int main(int argc, char** argv) {
   } else if (mode == "mismatch") {
     job.mpi_communicator = weightcast::mpi_communicator(MPI_COMM_WORLD);
     if (world_rank == 1) job.load.chunk_bytes = 128 << 10;
+  } else if (mode == "slow-dup") {
+    job.test_hooks.inside_mpi_open = [world_rank] {
+      if (world_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    };
+    job.wants = [](const weightcast::Catalogue& catalogue, int rank, int size) {
+      if (rank == 1) throw weightcast::Error(weightcast::Errc::config, "mpi_job: no wants here");
+      return weightcast::resolve_placement({}, catalogue, rank, size);
+    };
   } else if (mode != "world") {
     std::fprintf(stderr, "mpi_job: unknown mode %s\n", argv[1]);
     return 64;
@@ -84,7 +99,7 @@ int main(int argc, char** argv) {
     }
   } catch (const weightcast::Error& e) {
     out.print("error {} {}\n", weightcast::exit_status(e.code()), e.what());
-    failed_here = mode == "mismatch" ? 0 : 1;
+    failed_here = mode == "mismatch" || mode == "slow-dup" ? 0 : 1;
   }
   // The caller's MPI is still usable: a collective of its own, then its own MPI_Finalize
   // (which would fail had the job finalised MPI).
