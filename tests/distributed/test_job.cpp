@@ -331,6 +331,24 @@ void check_tensors(const std::vector<std::string>& lines) {
   CHECK(tensors == expected.size());
 }
 
+// Runs mpi_job `mode` on 3 ranks, in which every rank catches the job's failure: its file holds
+// the error line, which must match `error_line`, then "allreduce 3" (MPI still usable).
+template <typename Matcher>
+void check_every_rank_threw(const std::string& mode, const Matcher& error_line) {
+  const auto checkpoint = corpus_dir() / "real" / corpus_file;
+  TempDir dir;
+  const auto r = run_mpi_job(mode, checkpoint, free_port(), dir.path());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    const auto lines = rank_lines(dir.path(), rank);
+    REQUIRE(lines.size() == 2);
+    CHECK_THAT(lines[0], error_line);
+    CHECK(lines[1] == "allreduce 3");
+  }
+}
+
 }  // namespace
 
 TEST_CASE("job: 3 ranks under mpirun in a program that initialised MPI itself", "[job][mpi]") {
@@ -400,35 +418,14 @@ TEST_CASE("job: a rank still inside MPI_Comm_dup when another fails throws as th
   // used to be ended by its watchdog (a watched call was taken never to return after another
   // rank's failure) instead of throwing.
   REQUIRE_MPI();
-  const auto checkpoint = corpus_dir() / "real" / corpus_file;
-  TempDir dir;
-  const auto r = run_mpi_job("slow-dup", checkpoint, free_port(), dir.path());
-  INFO(r.out << r.err);
-  REQUIRE(r.exit_status == 0);
-  for (int rank = 0; rank < 3; ++rank) {
-    INFO("rank " << rank);
-    const auto lines = rank_lines(dir.path(), rank);
-    REQUIRE(lines.size() == 2);
-    CHECK_THAT(lines[0], StartsWith("error 78 rank 1: ") && Contains("mpi_job: no wants here"));
-    CHECK(lines[1] == "allreduce 3");
-  }
+  check_every_rank_threw("slow-dup",
+                         StartsWith("error 78 rank 1: ") && Contains("mpi_job: no wants here"));
 }
 
 TEST_CASE("job: under mpirun, settings that differ throw on every rank and MPI stays usable",
           "[job][mpi]") {
   REQUIRE_MPI();
-  const auto checkpoint = corpus_dir() / "real" / corpus_file;
-  TempDir dir;
-  const auto r = run_mpi_job("mismatch", checkpoint, free_port(), dir.path());
-  INFO(r.out << r.err);
-  REQUIRE(r.exit_status == 0);
-  for (int rank = 0; rank < 3; ++rank) {
-    INFO("rank " << rank);
-    const auto lines = rank_lines(dir.path(), rank);
-    REQUIRE(lines.size() == 2);
-    CHECK_THAT(lines[0], StartsWith("error 78 rank 1: chunk_size differs between ranks: this "
-                                    "rank has 128 KiB"));
-    CHECK(lines[1] == "allreduce 3");
-  }
+  check_every_rank_threw("mismatch", StartsWith("error 78 rank 1: chunk_size differs between "
+                                                "ranks: this rank has 128 KiB"));
 }
 #endif
