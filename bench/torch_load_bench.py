@@ -3,7 +3,9 @@
 weightcast's, side by side in one run, with a bit-exact cross-check of every rank's local shards.
 
 Every variant runs as a fresh `mpirun -np N` job (gloo CPU backend, rendezvous over TCP on
-127.0.0.1), on the same checkpoint, with the page cache warm (the files are read once first):
+127.0.0.1), on the same checkpoint, with the page cache warm: the files are read before each job,
+as a kernel may page out file pages left idle for a minute (DAMON's pageout scheme does on the VM
+bench/RESULTS.md's figures come from):
 
   fsdp2_broadcast       accelerate's / torch's FSDP2 path (cpu_ram_efficient_loading): rank 0
                         reads the full state dict (safetensors.torch.load_file of every shard);
@@ -78,6 +80,13 @@ TORCH_VARIANTS = ["fsdp2_broadcast", "dcp_slices", "load_file_every_rank", "weig
 CLI_VARIANTS = ["weightcast_replicate", "weightcast_fsdp"]
 ALL_VARIANTS = TORCH_VARIANTS + CLI_VARIANTS
 GIB = 1 << 30
+
+
+def warm_page_cache(files: list[Path]) -> None:
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
 
 
 def shard_files(ckpt: Path) -> list[Path]:
@@ -337,9 +346,6 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     tensor_bytes = 0
     for f in files:
-        with open(f, "rb") as fh:  # warm the page cache, so every variant starts alike
-            while fh.read(1 << 24):
-                pass
         hlen = int.from_bytes(open(f, "rb").read(8), "little")
         tensor_bytes += f.stat().st_size - 8 - hlen
     print(f"# checkpoint {ckpt}: {len(files)} shards, {tensor_bytes / 1e9:.2f} GB of tensors",
@@ -362,6 +368,7 @@ def main() -> int:
     for rnd in range(args.rounds):
         for dt in args.dtypes.split(","):
             for v in variants:
+                warm_page_cache(files)  # so every job starts alike
                 tag = f"{dt}.{v}"
                 row = {"dtype": dt, "variant": v}
                 if v in CLI_VARIANTS:
