@@ -27,11 +27,11 @@ HostMapping::HostMapping(std::uint64_t bytes, std::string_view what) : _bytes(by
   _mapping = static_cast<std::byte*>(p);
   const auto address = reinterpret_cast<std::uintptr_t>(_mapping);
   _data = _mapping + (huge_page_bytes - address % huge_page_bytes) % huge_page_bytes;
-  // No MADV_HUGEPAGE: the system's THP policy decides. On this project's VMs, where the
-  // default is `madvise`, advised memory faulted in 2.2–3.2 s/GiB against 0.45 s/GiB for
-  // 4 KiB pages (each huge page zeroed in memory the hypervisor had to back anew), and a
-  // placed 3-rank CLI load took 5 s instead of 1.6 s (bench/RESULTS.md). Where the policy is
-  // `always`, the 2 MiB alignment lets the kernel use huge pages all the same.
+  // No MADV_HUGEPAGE: the system's THP policy decides. Where it is `madvise`, advised memory
+  // faulted in faster when the kernel had free huge pages and several times slower when it
+  // had to zero fresh ones, so each load (a fresh arena) swung by seconds (bench/RESULTS.md).
+  // Where the policy is `always`, the 2 MiB alignment lets the kernel use huge pages all the
+  // same.
 }
 
 HostMapping::~HostMapping() { release(); }

@@ -214,11 +214,10 @@ bool launched_on_one_node() {
 // (point-to-point over the BTLs: shared memory, vader's single-copy CMA, which the mapped
 // sends of a placed load are built on) unless the user chose a PML (OMPI_MCA_pml, which
 // `mpirun --mca pml X` sets too). Left to choose, Open MPI also opens the cm PML and its MTLs
-// (PSM, PSM2, OFI), which probe for network hardware a one-node job does not use: measured
-// here, MPI_Init_thread on 3 ranks took 0.26 s, and 0.07 s with ob1 chosen.
+// (PSM, PSM2, OFI), which probe for network hardware a one-node job does not use
+// (MPI_Init_thread four times as long, bench/RESULTS.md).
 void choose_one_node_pml() {
-  if (!launched_on_one_node() || std::getenv("OMPI_MCA_pml") != nullptr) return;
-  ::setenv("OMPI_MCA_pml", "ob1", 0);
+  if (launched_on_one_node()) ::setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ constexpr std::uint64_t huge_page_bytes = 2ull << 20;
  * The mapping is not advised `MADV_HUGEPAGE`: the system's transparent huge page policy
  * decides (`/sys/kernel/mm/transparent_hugepage/enabled`). Under `always` the 2 MiB start
  * lets the kernel back it with huge pages; under `madvise` (the usual default) it keeps
- * 4 KiB pages, which measured several times cheaper to fault in on a VM (bench/RESULTS.md).
+ * 4 KiB pages, whose first touch costs the same each time; advised huge pages measured
+ * faster or several times slower on a VM, as the kernel had free ones or not (bench/RESULTS.md).
  */
 class HostMapping {
  public:
