@@ -334,10 +334,19 @@ class Pipeline {
     return out;
   }
   /// Per want of this rank: whether `received_digests` holds its digest.
-  [[nodiscard]] std::vector<std::uint8_t> received_hashed() const { return _hash_received; }
+  [[nodiscard]] std::vector<std::uint8_t> received_hashed() const {
+    if (_me == 0 && _expected) return std::vector<std::uint8_t>(_want_data.size(), 1);
+    return _hash_received;
+  }
   /// Per want of this rank: the digest of the bytes received (hashed as they landed), or 0.
+  /// Rank 0 with expected digests: its own expected ones, of the bytes it copied from.
   [[nodiscard]] std::vector<std::uint64_t> received_digests() const {
     std::vector<std::uint64_t> out(_want_data.size(), 0);
+    if (_me == 0 && _expected) {
+      const auto& expected = _expected->digests();
+      for (std::size_t w = 0; w < out.size(); ++w) out[w] = expected[expected_index(0, w)];
+      return out;
+    }
     if (!_received) return out;
     for (std::size_t w = 0; w < out.size(); ++w) {
       if (_hash_received[w]) out[w] = _received->digests()[w];
@@ -391,6 +400,11 @@ class Pipeline {
       // shard once the load is done (local_digests).
       const bool host = want.destination.data != nullptr ? !device_in_place
                                                          : _arena.kind() == MemoryKind::host;
+      // Rank 0 hashes every rank's expected bytes in its staging ring, its own included, and
+      // copies its own from there within its own process: a second hash of that copy would
+      // check only memcpy (or the device upload). Its local shards' digests are the expected
+      // ones (received_digests), so each byte is hashed once on rank 0.
+      if (_me == 0 && placement.expect_digests) continue;
       _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
       if (_cast_to[w] || device_in_place || _hash_landed[w]) {
         _hash_received[w] = 1;

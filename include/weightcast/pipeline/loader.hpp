@@ -196,6 +196,8 @@ struct LoadResult {
   /// wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a cast,
   /// or device memory outside the arena), and, with `LoadPlacement::expect_digests`, for
   /// host memory, hashed right after each chunk landed; 0 for the others (`local_digests`).
+  /// Rank 0 with `expect_digests` hashes its own wants once, in its staging ring, before it
+  /// copies them within its own process: its entries are its `expected_digests[0]`.
   std::vector<std::uint64_t> received_digests;
   /// Per want: 1 where `received_digests` holds its digest.
   std::vector<std::uint8_t> received_hashed;
