@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=["weightcast", "dcp"], default="weightcast")
     ap.add_argument("--loads", type=int, default=1, help="loads per job")
     ap.add_argument("--port", type=int, default=29531, help="gloo's rendezvous port")
+    ap.add_argument("--config", help="weightcast.load_into's config file (e.g. verify: none)")
     args = ap.parse_args()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
@@ -59,7 +60,7 @@ def main() -> int:
         dist.barrier()
         t0 = time.perf_counter()
         with torch.no_grad():
-            pipeline = load(args.mode, model, args.checkpoint)
+            pipeline = load(args.mode, model, args.checkpoint, args.config)
         seconds = time.perf_counter() - t0
         dist.barrier()
         if rank == 0:
@@ -69,11 +70,11 @@ def main() -> int:
     return 0
 
 
-def load(mode: str, model, checkpoint: str) -> float | None:
+def load(mode: str, model, checkpoint: str, config: str | None) -> float | None:
     if mode == "weightcast":
         import weightcast
 
-        return weightcast.load_into(model, checkpoint, progress=False).seconds
+        return weightcast.load_into(model, checkpoint, progress=False, config=config).seconds
     from safetensors import safe_open
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
