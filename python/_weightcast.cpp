@@ -290,6 +290,7 @@ struct PyOptions {
   std::optional<std::string> direct_io;    // auto|on|off
   std::optional<std::string> timeout;      // "300s" or seconds
   std::optional<std::string> reader;       // auto|uring|pread
+  std::optional<std::string> verify;       // digest|none
 };
 
 /// @p rendezvous_port goes through the config key `rendezvous.port`, so its rule (1 to
@@ -297,6 +298,7 @@ struct PyOptions {
 Config effective_config(const PyOptions& o, std::optional<int> rendezvous_port = std::nullopt) {
   std::vector<std::string> overrides;
   if (rendezvous_port) overrides.push_back("rendezvous.port=" + std::to_string(*rendezvous_port));
+  if (o.verify) overrides.push_back("verify=" + *o.verify);
   Config config = load_config(o.config.value_or(std::string()), overrides);
   if (o.chunk_size) config.chunk_bytes = parse_size(*o.chunk_size, "chunk_size");
   if (o.buffer_depth) config.buffer_depth = *o.buffer_depth;
@@ -688,15 +690,17 @@ NB_MODULE(_weightcast, m) {
          std::optional<nb::bytes> config, std::optional<std::string> chunk_size,
          std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
-         std::optional<std::string> reader, nb::object progress, double progress_interval_s) {
+         std::optional<std::string> reader, std::optional<std::string> verify,
+         nb::object progress, double progress_interval_s) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
-                    std::move(direct_io), std::move(timeout), std::move(reader)};
+                    std::move(direct_io), std::move(timeout), std::move(reader),
+                    std::move(verify)};
         return py_load(catalogue, device, ordinal, o, std::move(progress), progress_interval_s);
       },
       "catalogue"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
-      "reader"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
+      "reader"_a.none(), "verify"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
       "Loads a catalogue into a host or CUDA arena on this process (world size 1).");
 
   m.def(
@@ -705,19 +709,21 @@ NB_MODULE(_weightcast, m) {
          std::optional<nb::bytes> config, std::optional<std::string> chunk_size,
          std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
-         std::optional<std::string> reader, std::optional<std::string> placement,
-         std::optional<int> rendezvous_port, nb::object plan, nb::object progress,
-         double progress_interval_s) {
+         std::optional<std::string> reader, std::optional<std::string> verify,
+         std::optional<std::string> placement, std::optional<int> rendezvous_port,
+         nb::object plan, nb::object progress, double progress_interval_s) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
-                    std::move(direct_io), std::move(timeout), std::move(reader)};
+                    std::move(direct_io), std::move(timeout), std::move(reader),
+                    std::move(verify)};
         return py_run_job(fs_path(checkpoint), device, ordinal, o, std::move(placement),
                           rendezvous_port, std::move(plan), std::move(progress),
                           progress_interval_s);
       },
       "checkpoint"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
-      "reader"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(), "plan"_a.none(),
+      "reader"_a.none(), "verify"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(),
+      "plan"_a.none(),
       "progress"_a.none(), "progress_interval_s"_a,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
       "alone reads the checkpoint.");

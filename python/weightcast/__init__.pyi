@@ -61,10 +61,15 @@ class LoadReport:
     """Bytes this rank received: its local shards, in the checkpoint's dtype."""
     seconds: float
     """Wall time of the load pipeline on this rank, seconds."""
+    verdict: str
+    """Rank 0's verdict, the same on every rank: ``"3 ranks, 31 local shards bit-exact
+    (...)"`` when every rank's digests matched rank 0's (``verify``, the default);
+    ``"..., not compared (verify: none)"`` with ``verify=False``; ``"1 rank: ... loaded
+    (nothing to compare)"`` at world size 1. A mismatch raises instead (70)."""
     def __init__(self, missing_keys: list[str] = ..., unexpected_keys: list[str] = ...,
                  loaded_keys: list[str] = ..., cast_keys: list[str] = ...,
                  staged_keys: list[str] = ..., bytes: int = ...,
-                 seconds: float = ...) -> None: ...
+                 seconds: float = ..., verdict: str = ...) -> None: ...
 
 def load(
     checkpoint: PathLike,
@@ -79,6 +84,7 @@ def load(
     config: PathLike | None = None,
     progress: bool | Callable[[Progress], None] | None = None,
     reader: str | None = None,
+    verify: bool | None = None,
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -120,6 +126,12 @@ def load(
             (78).
         reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
             ``"pread"``.
+        verify: on several ranks, whether each rank hashes what it received (XXH3-64, as the
+            bytes land) and rank 0 checks every digest against its own of the bytes it read,
+            raising (70) on every rank, naming rank and tensor, where one differs. Default: the
+            config's ``verify`` (``digest``, i.e. True). False skips the hashing
+            (bench/RESULTS.md measures what it costs). ``LoadReport.verdict`` says which ran.
+            Unused at world size 1. A bool: anything else raises (78).
         rendezvous_port: rank 0's TCP port where the ranks meet (1 to 65535); default the
             config's ``rendezvous.port``, 29555. Unused at world size 1. Rank 0's address is
             ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``).
@@ -163,6 +175,7 @@ def load_into(
     config: PathLike | None = None,
     progress: bool | Callable[[Progress], None] | None = None,
     reader: str | None = None,
+    verify: bool | None = None,
     rendezvous_port: int | None = None,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place.
@@ -197,11 +210,11 @@ def load_into(
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
         chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
-            rendezvous_port: as for ``load``.
+            verify, rendezvous_port: as for ``load``.
 
     Returns:
-        A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, bytes,
-        seconds.
+        A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, staged_keys,
+        bytes, seconds, verdict.
 
     Raises:
         Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against

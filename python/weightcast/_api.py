@@ -118,6 +118,15 @@ def _port(value: object) -> int | None:
     return value
 
 
+def _verify_text(verify: object) -> str | None:
+    # A bool only: a truthy string such as "none" must not read as True.
+    if verify is None:
+        return None
+    if isinstance(verify, bool):
+        return "digest" if verify else "none"
+    raise Error(f"verify: {verify!r} is not True or False", CONFIG)
+
+
 def _reader_text(reader: object) -> str | None:
     if reader is None or reader in ("auto", "uring", "pread"):
         return reader  # type: ignore[return-value]
@@ -148,19 +157,19 @@ def _progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
 @dataclass(frozen=True)
 class _Options:
     """The keywords ``load`` and ``load_into`` share, checked and as the extension takes them:
-    (config, chunk_size, buffer_depth, io_depth, direct_io, timeout, reader)."""
+    (config, chunk_size, buffer_depth, io_depth, direct_io, timeout, reader, verify)."""
 
     config: bytes | None
     core: tuple
 
     @staticmethod
     def of(*, config: object, chunk_size: object, buffer_depth: object, io_depth: object,
-           direct_io: object, timeout: object, reader: object) -> _Options:
+           direct_io: object, timeout: object, reader: object, verify: object) -> _Options:
         config_s = _fs_path(config, "config") if config is not None else None
         return _Options(config_s, (
             config_s, _size_text(chunk_size, "chunk_size"), _count(buffer_depth, "buffer_depth"),
             _count(io_depth, "io_depth"), _direct_io_text(direct_io), _duration_text(timeout),
-            _reader_text(reader)))
+            _reader_text(reader), _verify_text(verify)))
 
 
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
@@ -198,6 +207,7 @@ def load(
     config: PathLike | None = None,
     progress: bool | Callable[[_progress.Progress], None] | None = None,
     reader: str | None = None,
+    verify: bool | None = None,
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -210,7 +220,8 @@ def load(
     _check_placement(placement)
     port = _port(rendezvous_port)
     options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
-                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader)
+                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
+                          verify=verify)
     world = _world(options.config)
     dev = _resolve_device(device, options.config)
     if world["world_size"] > 1:
@@ -252,6 +263,8 @@ class LoadReport:
     """Bytes this rank received (its local shards, in the checkpoint's dtype)."""
     seconds: float = 0.0
     """Wall time of the load pipeline (files open to last byte), seconds."""
+    verdict: str = ""
+    """Rank 0's verdict, the same on every rank (docs/python.md, ``verify``)."""
 
 
 def _key_mapper(key_map: KeyMap) -> Callable[[str], str | None]:
@@ -363,6 +376,7 @@ def load_into(
     config: PathLike | None = None,
     progress: bool | Callable[[_progress.Progress], None] | None = None,
     reader: str | None = None,
+    verify: bool | None = None,
     rendezvous_port: int | None = None,
 ) -> LoadReport:
     """Loads a checkpoint into a model's own tensors; see ``weightcast/__init__.pyi``."""
@@ -388,7 +402,8 @@ def load_into(
                         "memory to load into; call model.to_empty(device=...) first", USAGE)
 
     options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
-                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader)
+                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
+                          verify=verify)
     port = _port(rendezvous_port)
     world = _world(options.config)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
@@ -448,7 +463,8 @@ def load_into(
     return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
                       loaded_keys=list(state["routes"]), cast_keys=state["casts"],
                       staged_keys=staged_keys,
-                      bytes=int(stats["bytes"]), seconds=float(stats["seconds"]))
+                      bytes=int(stats["bytes"]), seconds=float(stats["seconds"]),
+                      verdict=result.verdict)
 
 
 # Casts the library makes at the receiver, into host memory (placement.hpp's

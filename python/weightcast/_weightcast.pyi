@@ -43,13 +43,14 @@ def open_checkpoint(path: bytes) -> Catalogue:
 def load(catalogue: Catalogue, device: str, ordinal: int, config: bytes | None,
          chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
          direct_io: str | None, timeout: str | None, reader: str | None,
-         progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
+         verify: str | None, progress: Callable[..., None] | None,
+         progress_interval_s: float) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1)."""
 
 def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
             chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
             direct_io: str | None, timeout: str | None, reader: str | None,
-            placement: str | None, rendezvous_port: int | None,
+            verify: str | None, placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0

@@ -27,6 +27,7 @@ def small(tmp_path):
     ({"timeout": -1}, "timeout"), ({"timeout": -0.5}, "timeout"),
     ({"reader": 1}, "reader"), ({"reader": b"pread"}, "reader"),
     ({"progress": "yes"}, "progress"), ({"progress": 1}, "progress"),
+    ({"verify": "none"}, "verify"), ({"verify": 1}, "verify"),
 ])
 def test_keyword_values_of_the_wrong_kind_are_config_errors(small, kwargs, word):
     with pytest.raises(weightcast.Error) as e:

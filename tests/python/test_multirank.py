@@ -71,7 +71,7 @@ def ranks(tmp_path_factory):
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(checkpoint,
                                                                  safe_serialization=True)
     out = tmp_path_factory.mktemp("ranks")
-    ports = free_ports(9)
+    ports = free_ports(10)
     r = run_ranks(HERE / "multirank_worker.py", [str(checkpoint), str(out)] +
                   [str(p) for p in ports])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
@@ -101,6 +101,22 @@ def test_fsdp2_load_into_matches_set_model_state_dict_bit_exact(ranks, dtype):
     # The shards are uneven and each rank holds its own: 256 vocab rows as 86/86/84.
     rows = [r[f"{dtype}_shapes"]["model.embed_tokens.weight"][0] for r in ranks]
     assert rows == [86, 86, 84]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_load_into_reports_rank_0s_verdict_on_every_rank(ranks, dtype):
+    # By default every rank's local shards are hashed and checked by rank 0.
+    verdicts = {r[f"{dtype}_verdict"] for r in ranks}
+    assert len(verdicts) == 1, verdicts
+    verdict = verdicts.pop()
+    assert verdict.startswith("3 ranks, ") and "local shards bit-exact" in verdict, verdict
+
+
+def test_load_into_with_verify_false_lands_the_same_bytes_and_says_it_did_not_compare(ranks):
+    for r in ranks:
+        assert r["unverified_exact"], r["rank"]
+        assert r["unverified_verdict"].endswith("not compared (verify: none)"), r
+        assert "bit-exact" not in r["unverified_verdict"]
 
 
 def test_a_strict_failure_raises_on_every_rank_naming_the_key(ranks):
