@@ -25,7 +25,7 @@ bench/RESULTS.md's figures come from):
                         MPI, FP32 params cast at the receiver); only where `import weightcast`
                         works; a load_into that refuses the world is reported with its message.
   weightcast_load_into_unverified
-                        the same with `verify: none` (a config file): no digests, the work the
+                        the same with verify=False (`verify: none`): no digests, the work the
                         rows above do (none of them verifies); weightcast's default is digest.
   weightcast_replicate  `mpirun -np N weightcast run CFG --set device=host [--set
   weightcast_fsdp        placement=replicate|fsdp] --report r.{rank}.json` (CLI, no torch, the
@@ -224,18 +224,10 @@ def load(variant: str, model, ckpt: Path, files: list[Path], rank: int,
         if missing:
             raise KeyError(f"dcp_slices: not in the checkpoint: {sorted(missing)[:5]}")
     elif variant in ("weightcast_load_into", "weightcast_load_into_unverified"):
-        import tempfile
-
         import weightcast
 
-        with tempfile.TemporaryDirectory(prefix="wc-bench-") as scratch:
-            config = None
-            if variant == "weightcast_load_into_unverified":
-                config = os.path.join(scratch, "unverified.yaml")
-                with open(config, "w") as f:
-                    f.write("verify: none\n")
-            weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port,
-                                 config=config)
+        weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port,
+                             verify=variant == "weightcast_load_into")
     else:
         raise ValueError(f"unknown variant {variant}")
 
