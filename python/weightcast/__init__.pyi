@@ -63,9 +63,10 @@ class LoadReport:
     """Wall time of the load pipeline on this rank, seconds."""
     verdict: str
     """Rank 0's verdict, the same on every rank: ``"3 ranks, 31 local shards bit-exact
-    (...)"`` when every rank's digests matched rank 0's (``verify``, the default);
-    ``"..., not compared (verify: none)"`` with ``verify=False``; ``"1 rank: ... loaded
-    (nothing to compare)"`` at world size 1. A mismatch raises instead (70)."""
+    (...)"`` (the local shards of every rank counted together) when every rank's digests
+    matched rank 0's (``verify``, the default); ``"..., not compared (verify: none)"`` with
+    ``verify=False``; ``"1 rank: 2 tensors loaded (nothing to compare)"`` at world size 1,
+    whatever ``verify`` is (the tensors this call loaded). A mismatch raises instead (70)."""
     def __init__(self, missing_keys: list[str] = ..., unexpected_keys: list[str] = ...,
                  loaded_keys: list[str] = ..., cast_keys: list[str] = ...,
                  staged_keys: list[str] = ..., bytes: int = ...,
@@ -131,7 +132,8 @@ def load(
             raising (70) on every rank, naming rank and tensor, where one differs. Default: the
             config's ``verify`` (``digest``, i.e. True). False skips the hashing
             (bench/RESULTS.md measures what it costs). ``LoadReport.verdict`` says which ran.
-            Unused at world size 1. A bool: anything else raises (78).
+            Unused at world size 1. Exactly a Python bool: anything else (``"none"``, 1,
+            ``numpy.True_``) raises (78).
         rendezvous_port: rank 0's TCP port where the ranks meet (1 to 65535); default the
             config's ``rendezvous.port``, 29555. Unused at world size 1. Rank 0's address is
             ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``).

@@ -724,7 +724,9 @@ class Job {
   // ---- step 6: the verdict ----------------------------------------------------------------
   void reach_verdict(JobResult& result) {
     if (!several()) {
-      const std::size_t tensors = result.load.catalogue.tensors.size();
+      // A placed load counts what this rank asked for, not the checkpoint.
+      const std::size_t tensors = result.load.placed ? result.load.wants.tensors.size()
+                                                     : result.load.catalogue.tensors.size();
       result.verdict = Verdict{0, fmt::format("1 rank: {} loaded (nothing to compare)",
                                               detail::counted(tensors, "tensor"))};
     } else {
