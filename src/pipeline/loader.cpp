@@ -512,15 +512,14 @@ class Pipeline {
   // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk.
   awaitable<void> copy_to_mine(std::uint32_t w, const std::byte* data,
                                std::uint64_t local_offset, std::uint64_t bytes) {
-    if (_hash_received[w] && !_hash_landed[w]) _received->update(w, data, bytes);
+    // Only without expected digests (verify: none): a cast or device want's report digest,
+    // of the source bytes. With them, rank 0's own digests are its expected ones.
+    if (_hash_received[w]) _received->update(w, data, bytes);
     if (_cast_to[w]) {
       cast_into(w, data, local_offset, bytes);
       co_return;
     }
     co_await wait(_device.upload(data, _want_data[w] + local_offset, bytes), upload_poll_cap);
-    // The copy, not its source: what rank 0's expected digest of the source is checked
-    // against.
-    if (_hash_landed[w]) _received->update(w, _want_data[w] + local_offset, bytes);
   }
 
   // Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
@@ -716,8 +715,8 @@ class Pipeline {
 
   // A receiving rank's want is hashed from where it landed: host memory directly
   // (`_hash_landed`), an in-place device want (nccl) read back through the device, as no host
-  // copy of it passed this rank. Rank 0 hashed its own in copy_to_mine; a cast want is
-  // hashed from its window, above. Deliveries land in each want's local order, as the
+  // copy of it passed this rank. Rank 0 hashed its own from the source (expect or
+  // copy_to_mine); a cast want is hashed from its window, above. Deliveries land in each want's local order, as the
   // streaming digest needs.
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
     if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
