@@ -38,7 +38,11 @@ def outcome(call) -> dict:
 
 
 def wait_for(flag: Path) -> None:
+    # Bounded: should rank 0 hang, this rank must not outlive the test's mpirun.
+    deadline = time.monotonic() + 100
     while not flag.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank 0 never wrote {flag}")
         time.sleep(0.05)
 
 
