@@ -241,12 +241,13 @@ def load_into(
     Raises:
         Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
             floating), or (strict) missing/unexpected keys, naming the keys; 64 for a key
-            that is not a str, a meta tensor, a key_map mapping two checkpoint keys to one destination, or a destination
-            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(), a
-            destination ``copy_`` cannot write (elements sharing memory, as ``expand`` makes;
-            an inference tensor outside inference mode), ``strict`` not a bool; and whatever
-            ``load`` raises. On several ranks every check runs on every rank once rank 0 has
-            sent the catalogue, so a refused load raises on every rank.
+            that is not a str, a meta tensor, a key_map mapping two checkpoint keys to one
+            destination, or a destination that is not a tensor, a DTensor placed other than
+            Shard(d)/Replicate(), a destination ``copy_`` cannot write (elements sharing
+            memory, as ``expand`` makes; an inference tensor outside inference mode),
+            ``strict`` not a bool; and whatever ``load`` raises. On several ranks every check
+            runs on every rank once rank 0 has sent the catalogue, so a refused load raises on
+            every rank.
     """
 
 def build_info() -> dict[str, object]:

@@ -117,10 +117,10 @@ class ControlPlane {
    *         the port); `config` (78) on a peer whose token is longer than rank 0 takes
    *         (`detail::max_token_bytes`), or when rank 0 refuses it (wrong token, another
    *         job's id, world size, rank taken); `interrupted` (130) once `options.stop` is
-   *         requested before the rendezvous is over; `timeout` (75) on rank 0 when some rank did not
-   *         join in time (names the ranks, and any refused connection; the ranks that joined
-   *         get that as an ABORT), and on a peer whose hello rank 0 accepted but did not
-   *         answer in time.
+   *         requested before the rendezvous is over; `timeout` (75) on rank 0 when some rank
+   *         did not join in time (names the ranks, and any refused connection; the ranks that
+   *         joined get that as an ABORT), and on a peer whose hello rank 0 accepted but did
+   *         not answer in time.
    * @throws RemoteAbort with rank 0's status and message on a peer that rank 0 aborts during
    *         the rendezvous (e.g. its own `timeout` for the ranks that did not join).
    */
