@@ -86,3 +86,20 @@ def test_two_loads_at_once_are_refused_or_correct_never_swapped(ranks):
     # Started in another order on rank 1, the first loads met and were refused.
     assert any(not got["ok"] and got["status"] == 78
                for r in ranks for got in r["concurrent"].values())
+
+
+def test_a_rank_interrupted_by_ctrl_c_is_named_as_such_on_the_others(tmp_path):
+    # A load long enough (2,048 chunks) that rank 1's SIGINT at its first chunk stops it.
+    checkpoint = tmp_path / "big.safetensors"
+    save_file({"w": torch.zeros(8 << 20, dtype=torch.uint8)}, str(checkpoint))
+    out = tmp_path / "ranks"
+    out.mkdir()
+    # Rank 1 ends without MPI_Finalize (a broadcast was in flight): mpirun's status is not
+    # the test's; what each rank saw is.
+    run_ranks(HERE / "multirank_interrupt_worker.py",
+              [str(checkpoint), str(out), str(free_ports(1)[0])], timeout=120)
+    got = [json.loads((out / f"rank{i}.json").read_text())["outcome"] for i in range(RANKS)]
+    assert got[1].get("interrupt"), got
+    for outcome in (got[0], got[2]):
+        assert outcome.get("status") == 130, got
+        assert outcome["message"] == "rank 1: interrupted by SIGINT (Ctrl-C) during the load", got
