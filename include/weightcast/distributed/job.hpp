@@ -6,7 +6,9 @@
  * checkpoint. In order, on every rank:
  *  1. **meet**: the world is found (given, or from the launcher's environment as `weightcast
  *     run` finds it: world.hpp), the device made, the data plane chosen, and the ranks meet
- *     over the control plane (TCP to rank 0, control_plane.hpp);
+ *     over the control plane (TCP to rank 0, control_plane.hpp); rank 0 sends its
+ *     `identity` and every rank that has one compares it with its own, before rank 0 opens
+ *     the checkpoint;
  *  2. **catalogue**: rank 0 opens the checkpoint and sends its catalogue to every rank, and
  *     every rank checks that it agrees with rank 0 on the settings that shape the broadcasts
  *     (`chunk_bytes`, device kind, transport, `verify`): ranks that disagree would post
@@ -250,12 +252,14 @@ struct JobOptions {
  * @return this rank's result and rank 0's passing verdict.
  * @throws Error with this rank's message, or the failing rank's on every other (its `Errc`;
  *         `exit_status` maps it to a `<sysexits.h>` status): `config` (78) for options out of
- *         bounds, a transport that does not suit the world or device, settings that differ
- *         between ranks, no checkpoint on rank 0; what `open_checkpoint` and `load` throw
- *         (64-66, 74, 75, 130); `unavailable` (69) when a peer is lost, the device, MPI or NCCL
+ *         bounds, a transport that does not suit the world or device, settings or an
+ *         `identity` that differ between ranks, no checkpoint on rank 0; what
+ *         `open_checkpoint` and `load` throw (64-66, 74, 75, 130); `unavailable` (69) when a peer is lost, the device, MPI or NCCL
  *         cannot be used, or MPI's rank and size disagree with the world; `timeout` (75) when a
- *         rank stalls (the message names the silent ranks and how far each got); `internal`
- *         (70) for a digest mismatch (rank 0 lists them; the others say rank 0 found some).
+ *         rank stalls (the message names the silent ranks and how far each got);
+ *         `interrupted` (130) when `load.stop` is requested, also during the rendezvous;
+ *         `internal` (70) for a digest mismatch (rank 0 lists them; the others say rank 0
+ *         found some).
  *         Under `FailurePolicy::end_process` some failures end the process instead (above).
  */
 JobResult run_job(const JobOptions& options);
