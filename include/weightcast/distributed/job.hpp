@@ -254,12 +254,12 @@ struct JobOptions {
  *         `exit_status` maps it to a `<sysexits.h>` status): `config` (78) for options out of
  *         bounds, a transport that does not suit the world or device, settings or an
  *         `identity` that differ between ranks, no checkpoint on rank 0; what
- *         `open_checkpoint` and `load` throw (64-66, 74, 75, 130); `unavailable` (69) when a peer is lost, the device, MPI or NCCL
- *         cannot be used, or MPI's rank and size disagree with the world; `timeout` (75) when a
- *         rank stalls (the message names the silent ranks and how far each got);
- *         `interrupted` (130) when `load.stop` is requested, also during the rendezvous;
- *         `internal` (70) for a digest mismatch (rank 0 lists them; the others say rank 0
- *         found some).
+ *         `open_checkpoint` and `load` throw (64-66, 74, 75, 130); `unavailable` (69) when a
+ *         peer is lost, the device, MPI or NCCL cannot be used, or MPI's rank and size
+ *         disagree with the world; `timeout` (75) when a rank stalls (the message names the
+ *         silent ranks and how far each got); `interrupted` (130) when `load.stop` is
+ *         requested, also during the rendezvous; `internal` (70) for a digest mismatch (rank
+ *         0 lists them; the others say rank 0 found some).
  *         Under `FailurePolicy::end_process` some failures end the process instead (above).
  */
 JobResult run_job(const JobOptions& options);
