@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -239,8 +240,11 @@ LoadResult& checked(const PyLoadResult& r) {
 /// running Python's signal handlers every 50 ms. A handler that raises (Ctrl-C's
 /// KeyboardInterrupt) requests a stop and re-raises here once the load has ended.
 /// With @p on_job_thread, the work runs on the JobThread instead of a thread of its own.
+/// @p keyboard_interrupt, when given, is set before the stop when the handler raised
+/// KeyboardInterrupt (SIGINT's), for the work's message.
 template <class Work>
-auto run_interruptible(Work work, bool on_job_thread = false) {
+auto run_interruptible(Work work, bool on_job_thread = false,
+                       std::atomic<bool>* keyboard_interrupt = nullptr) {
   std::stop_source stop;
   std::optional<nb::python_error> raised;
   using Result = decltype(work(stop.get_token()));
@@ -253,6 +257,9 @@ auto run_interruptible(Work work, bool on_job_thread = false) {
       nb::gil_scoped_acquire acquire;
       if (!raised && PyErr_CheckSignals() != 0) {
         raised.emplace();  // fetches the handler's exception
+        if (keyboard_interrupt != nullptr && raised->matches(PyExc_KeyboardInterrupt)) {
+          keyboard_interrupt->store(true);
+        }
         stop.request_stop();
       }
     }
@@ -349,28 +356,103 @@ void check_keyword_options(const LoadOptions& options) {
   }
 }
 
-/// The progress hook runs on the load's thread: it takes the GIL only every
-/// @p interval_s (and for the last chunk), and a renderer that raises is dropped (reported
-/// as unraisable) rather than failing the load. None: no hook.
-std::function<void(const LoadProgress&)> progress_hook(nb::object progress, double interval_s) {
-  if (progress.is_none()) return {};
-  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
-  auto callback = std::make_shared<nb::object>(std::move(progress));
-  const auto interval = std::chrono::duration<double>(interval_s);
-  return [callback, last, interval](const LoadProgress& p) {
-    const auto now = std::chrono::steady_clock::now();
-    if (p.chunks_done != p.chunks_total && now - *last < interval) return;
-    *last = now;
-    nb::gil_scoped_acquire acquire;
-    if (callback->is_none()) return;
-    try {
-      (*callback)(p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
-                  fs_str(std::string(p.shard_name)));
-    } catch (nb::python_error& e) {
-      e.discard_as_unraisable("weightcast progress renderer");
-      *callback = nb::none();
+/// The caller's progress callback, called on a thread of its own: the load's hook only
+/// records the latest update (every @p interval_s, and the last chunk) and returns, so a slow
+/// callback neither throttles the pipeline nor keeps its stall timeout from firing; updates
+/// that arrive while the callback runs are dropped but the latest. A callback that raises is
+/// dropped (reported as unraisable) rather than failing the load.
+class ProgressRelay {
+ public:
+  /// @p callback: None for no progress (then `hook()` is empty and no thread starts).
+  ProgressRelay(nb::object callback, double interval_s)
+      : _callback(std::move(callback)), _interval(interval_s) {
+    if (!_callback.is_none()) _thread = std::thread([this] { serve(); });
+  }
+  /// Joins the thread: call `finish` first, without the GIL.
+  ~ProgressRelay() {
+    if (_thread.joinable()) finish();
+  }
+  ProgressRelay(const ProgressRelay&) = delete;
+  ProgressRelay& operator=(const ProgressRelay&) = delete;
+
+  /// The load's `on_progress`: cheap, never blocks on the callback.
+  std::function<void(const LoadProgress&)> hook() {
+    if (!_thread.joinable()) return {};
+    return [this](const LoadProgress& p) {
+      const auto now = std::chrono::steady_clock::now();
+      if (p.chunks_done != p.chunks_total && now - _last < _interval) return;
+      _last = now;
+      {
+        std::lock_guard lock(_mutex);
+        _latest = Update{p.bytes_done, p.bytes_total, p.chunks_done, p.chunks_total, p.seconds,
+                         std::string(p.shard_name)};
+      }
+      _changed.notify_one();
+    };
+  }
+
+  /// Delivers the update still pending (the last chunk's, on success), then ends the thread.
+  /// Call without the GIL (the thread takes it to call back).
+  void finish() {
+    {
+      std::lock_guard lock(_mutex);
+      _closing = true;
     }
+    _changed.notify_one();
+    if (_thread.joinable()) _thread.join();
+  }
+
+ private:
+  struct Update {
+    std::uint64_t bytes_done, bytes_total, chunks_done, chunks_total;
+    double seconds;
+    std::string shard;
   };
+
+  void serve() {
+    for (;;) {
+      Update next;
+      {
+        std::unique_lock lock(_mutex);
+        _changed.wait(lock, [this] { return _latest || _closing; });
+        if (!_latest) return;
+        next = std::move(*_latest);
+        _latest.reset();
+      }
+      nb::gil_scoped_acquire acquire;
+      if (_callback.is_none()) continue;
+      try {
+        _callback(next.bytes_done, next.bytes_total, next.chunks_done, next.chunks_total,
+                  next.seconds, fs_str(next.shard));
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("weightcast progress renderer");
+        _callback = nb::none();
+      }
+    }
+  }
+
+  nb::object _callback;  // used with the GIL held
+  const std::chrono::duration<double> _interval;
+  std::chrono::steady_clock::time_point _last;  // the load's thread only
+  std::mutex _mutex;
+  std::condition_variable _changed;
+  std::optional<Update> _latest;
+  bool _closing = false;
+  std::thread _thread;  // last: starts after the members it uses exist
+};
+
+/// Runs @p work (which loads, reporting through @p relay), then lets @p relay deliver its
+/// last update and end, without the GIL, whether @p work returned or threw.
+template <class Work>
+auto with_progress(ProgressRelay& relay, Work work) {
+  struct Finish {
+    ProgressRelay& relay;
+    ~Finish() {
+      nb::gil_scoped_release release;
+      relay.finish();
+    }
+  } finish{relay};
+  return work();
 }
 
 PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
@@ -383,18 +465,19 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
   // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
   options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
   check_keyword_options(options);
-  options.on_progress = progress_hook(std::move(progress), progress_interval_s);
+  ProgressRelay relay(std::move(progress), progress_interval_s);
+  options.on_progress = relay.hook();
 
   Catalogue copy = catalogue.catalogue;
-  // `options` (and the Python callback it holds) outlives the thread and is released here,
-  // with the GIL held.
-  auto result = run_interruptible([&](std::stop_token stop) {
-    LoadOptions o = options;
-    o.stop = stop;
-    auto device = kind == DeviceKind::cuda ? make_cuda_device(device_ordinal)
-                                           : make_host_device();
-    auto transport = make_local_transport();
-    return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
+  auto result = with_progress(relay, [&] {
+    return run_interruptible([&](std::stop_token stop) {
+      LoadOptions o = options;
+      o.stop = stop;
+      auto device = kind == DeviceKind::cuda ? make_cuda_device(device_ordinal)
+                                             : make_host_device();
+      auto transport = make_local_transport();
+      return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
+    });
   });
   PyLoadResult out;
   out.result = std::move(result);
@@ -422,9 +505,10 @@ std::string fmt_python_error(nb::python_error& e, const char* where) {
   throw Error(Errc::usage, fmt_python_error(e, where));
 }
 
-/// The job thread's MPI session, made on first use (the JobThread's own thread only).
+/// Before a job on several ranks over MPI (the JobThread's own thread only): whether this
+/// process can use MPI at all. Nothing here waits for another rank.
 /// @throws Error `unavailable` (69) when MPI cannot be used for @p world.
-MpiCommunicator job_mpi(const World& world) {
+void check_job_mpi(const World& world) {
   JobThread& thread = JobThread::get();
   if (thread.mpi_suspect) {
     throw Error(Errc::unavailable,
@@ -437,16 +521,23 @@ MpiCommunicator job_mpi(const World& world) {
                 "transport mpi: this process is a fork of one that initialised MPI, which a "
                 "forked child cannot use (MPI 4.0 leaves fork undefined); load in the parent");
   }
-  if (!thread.mpi) {
-    if (!started_by_mpi_launcher() && !mpi_initialized()) {
-      throw Error(Errc::unavailable,
-                  "transport mpi: " + world.describe() + ", but this process was not started "
-                  "by mpirun: host tensors on several ranks travel over MPI, which needs the "
-                  "ranks started by mpirun (mpirun -n " + std::to_string(world.world_size) +
-                  " python ...); under torchrun load to CUDA (device='cuda', transport nccl)");
-    }
-    thread.mpi = std::make_unique<MpiSession>();
+  if (!thread.mpi && !started_by_mpi_launcher() && !mpi_initialized()) {
+    throw Error(Errc::unavailable,
+                "transport mpi: " + world.describe() + ", but this process was not started "
+                "by mpirun: host tensors on several ranks travel over MPI, which needs the "
+                "ranks started by mpirun (mpirun -n " + std::to_string(world.world_size) +
+                " python ...); under torchrun load to CUDA (device='cuda', transport nccl)");
   }
+}
+
+/// The job thread's MPI session, made on first use (the JobThread's own thread only): the
+/// job calls it (JobOptions::mpi_source) once every rank has met, so that MPI_Init_thread,
+/// which waits for every rank with no timeout of its own, never waits for a rank that did
+/// not come: the rendezvous has named it by then.
+/// @throws Error `unavailable` (69) when MPI's rank and size are not @p world's.
+MpiCommunicator job_mpi(const World& world) {
+  JobThread& thread = JobThread::get();
+  if (!thread.mpi) thread.mpi = std::make_unique<MpiSession>();
   if (thread.mpi->rank() != world.rank || thread.mpi->world_size() != world.world_size) {
     throw Error(Errc::unavailable,
                 "transport mpi: MPI says rank " + std::to_string(thread.mpi->rank()) + " of " +
@@ -456,6 +547,40 @@ MpiCommunicator job_mpi(const World& world) {
   }
   return MpiCommunicator{thread.mpi->communicator()};
 }
+
+/// The checkpoint's path as the caller gave it, lexically normalised ("./a//b/" is "a/b"):
+/// what every rank's load is compared by (JobOptions::identity). Not made absolute: ranks on
+/// other nodes may run in other directories.
+std::string checkpoint_as_given(const std::string& checkpoint) {
+  std::string normal = std::filesystem::path(checkpoint).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
+}
+
+/// While it lives, this process runs a load on several ranks. Such loads run one at a time
+/// per process: ranks meet in the order their loads reach rank 0, so two at once from two
+/// threads would pair across ranks in whatever order each process started them.
+class SeveralRanksLoad {
+ public:
+  SeveralRanksLoad() {
+    if (in_flight().exchange(true)) {
+      throw Error(Errc::usage,
+                  "another load on several ranks is in progress in this process (from another "
+                  "thread): loads on several ranks run one at a time per process, since every "
+                  "rank must make the same calls in the same order; load one checkpoint after "
+                  "the other");
+    }
+  }
+  ~SeveralRanksLoad() { in_flight().store(false); }
+  SeveralRanksLoad(const SeveralRanksLoad&) = delete;
+  SeveralRanksLoad& operator=(const SeveralRanksLoad&) = delete;
+
+ private:
+  static std::atomic<bool>& in_flight() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+};
 
 /// A Python want (name, offset, shape, data_ptr, capacity, memory, dtype) as the library's.
 TensorWant want_of(const nb::handle& item) {
@@ -488,9 +613,10 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
                         int device_ordinal, const PyOptions& py_options,
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
-                        nb::object progress, double progress_interval_s) {
+                        nb::object progress, double progress_interval_s, bool alone) {
   const Config config = effective_config(py_options, rendezvous_port);
-  World world = detect_world(config);
+  // Alone: a world of one rank, whatever the launcher's environment says.
+  World world = alone ? World{} : detect_world(config);
   const DeviceKind kind = parse_device_kind(device_kind);
   // A CUDA device's ordinal is the world's local rank (job.hpp); the caller's device wins.
   if (kind == DeviceKind::cuda) world.local_rank = device_ordinal;
@@ -499,7 +625,15 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   job.device = kind;
   job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
   check_keyword_options(job.load);
-  job.load.on_progress = progress_hook(std::move(progress), progress_interval_s);
+  // Every rank names the checkpoint it was given (never opened but on rank 0): two loads at
+  // once, paired across ranks in the wrong order, then fail on every rank instead of
+  // delivering one checkpoint's bytes into the other's destinations.
+  job.identity = "checkpoint '" + checkpoint_as_given(checkpoint) + "'";
+  const bool several = world.world_size > 1;
+  std::optional<SeveralRanksLoad> one_at_a_time;
+  if (several) one_at_a_time.emplace();
+  ProgressRelay relay(std::move(progress), progress_interval_s);
+  job.load.on_progress = relay.hook();
   if (placement) {
     if (*placement == "replicate") {
       job.placement = PlacementSpec{};
@@ -528,24 +662,39 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
       }
     };
   }
-  const bool several = world.world_size > 1;
   const bool mpi = several && kind == DeviceKind::host;
   auto started = std::make_shared<std::atomic<bool>>(false);
   job.on_load_start = [started] { started->store(true); };
+  // A load stopped by Ctrl-C says so: the other ranks end with this rank's message.
+  auto keyboard = std::make_shared<std::atomic<bool>>(false);
+  job.on_load_end = [keyboard](std::exception_ptr failure) {
+    if (!failure || !keyboard->load()) return;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      if (e.code() != Errc::interrupted) return;
+    } catch (...) {
+      return;
+    }
+    throw Error(Errc::interrupted, "interrupted by SIGINT (Ctrl-C) during the load");
+  };
+  if (mpi) job.mpi_source = [world] { return job_mpi(world); };
 
-  auto result = run_interruptible(
-      [&](std::stop_token stop) {
-        JobOptions o = job;
-        o.load.stop = stop;
-        if (mpi) o.mpi_communicator = job_mpi(world);
-        try {
-          return std::make_shared<JobResult>(run_job(o));
-        } catch (...) {
-          if (mpi && started->load()) JobThread::get().mpi_suspect = true;
-          throw;
-        }
-      },
-      /*on_job_thread=*/true);
+  auto result = with_progress(relay, [&] {
+    return run_interruptible(
+        [&](std::stop_token stop) {
+          JobOptions o = job;
+          o.load.stop = stop;
+          if (mpi) check_job_mpi(world);
+          try {
+            return std::make_shared<JobResult>(run_job(o));
+          } catch (...) {
+            if (mpi && started->load()) JobThread::get().mpi_suspect = true;
+            throw;
+          }
+        },
+        /*on_job_thread=*/true, keyboard.get());
+  });
   PyLoadResult out;
   out.rank = result->world.rank;
   out.world_size = result->world.world_size;
@@ -711,20 +860,20 @@ NB_MODULE(_weightcast, m) {
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, std::optional<std::string> verify,
          std::optional<std::string> placement, std::optional<int> rendezvous_port,
-         nb::object plan, nb::object progress, double progress_interval_s) {
+         nb::object plan, nb::object progress, double progress_interval_s, bool alone) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader),
                     std::move(verify)};
         return py_run_job(fs_path(checkpoint), device, ordinal, o, std::move(placement),
                           rendezvous_port, std::move(plan), std::move(progress),
-                          progress_interval_s);
+                          progress_interval_s, alone);
       },
       "checkpoint"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "verify"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(),
       "plan"_a.none(),
-      "progress"_a.none(), "progress_interval_s"_a,
+      "progress"_a.none(), "progress_interval_s"_a, "alone"_a = false,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
       "alone reads the checkpoint.");
   m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },

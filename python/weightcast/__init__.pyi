@@ -88,6 +88,7 @@ def load(
     verify: bool | None = None,
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
+    alone: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint, on this rank or on every rank.
 
@@ -96,26 +97,34 @@ def load(
     variables) every rank calls it: rank 0 alone reads the checkpoint (the others never open
     ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
     must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
-    every rank, its message naming the rank ("rank 2: ...").
+    every rank, its message naming the rank ("rank 2: ..."). Every rank must make the same
+    call, naming the same checkpoint; loads on several ranks run one at a time per process.
 
     Args:
         checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory
             holding one index or exactly one ``.safetensors`` file (transformers'
             ``save_pretrained`` layout). A str, bytes or ``os.PathLike``; a file name that is
             not UTF-8 (bytes, or a str with surrogate escapes as ``os.listdir`` gives it)
-            opens too. Another type raises TypeError.
+            opens too. Another type raises TypeError. On several ranks every rank names the
+            checkpoint as rank 0 does (the path as given, lexically normalised: ``"./a/"`` is
+            ``"a"``; never opened but on rank 0): a rank naming another raises 78 on every
+            rank, naming that rank's path and rank 0's, before rank 0 opens anything.
         device: where the tensors live: ``"cpu"`` (the default without ``config``),
             ``"cuda"`` (torch's current device), ``"cuda:N"``, a ``torch.device``, or
             ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
             With ``config`` and no ``device``, the config's ``device`` key decides.
-        chunk_size: bytes per chunk, an int or a size string (``"16MiB"``); 1 B to 4 GiB.
-        buffer_depth: staging slots (1 to 1024); host memory is chunk_size × buffer_depth.
-        io_depth: reads in flight (1 to 4096).
+        chunk_size: bytes per chunk, an int (anything ``operator.index`` takes, e.g. a
+            numpy integer) or a size string (``"16MiB"``); 1 B to 4 GiB.
+        buffer_depth: staging slots (1 to 1024, an int as for chunk_size); host memory is
+            chunk_size × buffer_depth.
+        io_depth: reads in flight (1 to 4096, an int as for chunk_size).
         direct_io: O_DIRECT reads: ``"auto"`` (buffered for a shard in the page cache or on a
             filesystem that refuses O_DIRECT), ``"on"``/True, ``"off"``/False.
         timeout: the longest any stage may make no progress: seconds, a ``timedelta`` or a
-            duration string (``"300s"``); default 300 s. NaN, infinite, zero or negative
-            seconds raise (78).
+            duration string (``"300s"``); default 300 s; counted in whole milliseconds.
+            NaN, infinite, zero, negative or under 0.001 seconds raise (78). On several ranks
+            it also bounds the rendezvous: a rank that never calls is named ("rank(s) 1-2
+            did not join", 75) within it.
         placement: ``"replicate"`` (every rank gets every tensor whole) or ``"fsdp"`` (each
             rank gets its ``Shard(0)`` local shard, ``torch.chunk``'s split, of every tensor
             of at least one dimension); at world size 1 both give whole tensors.
@@ -123,8 +132,10 @@ def load(
             its keys.
         progress: None (default): a one-line bar on stderr on rank 0 when stderr is a
             terminal, silent otherwise; True/False forces it on/off; a callable receives a
-            ``Progress`` at most every 0.1 s and after the last chunk. Anything else raises
-            (78).
+            ``Progress`` at most every 0.1 s and after the last chunk, on a thread of its
+            own: the load never waits for it, and updates that come while it runs are
+            dropped but the latest (the last chunk's arrives before the call returns). One
+            that raises is reported as unraisable and dropped. Anything else raises (78).
         reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
             ``"pread"``.
         verify: on several ranks, whether each rank hashes what it received (XXH3-64, as the
@@ -136,7 +147,11 @@ def load(
             ``numpy.True_``) raises (78).
         rendezvous_port: rank 0's TCP port where the ranks meet (1 to 65535); default the
             config's ``rendezvous.port``, 29555. Unused at world size 1. Rank 0's address is
-            ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``).
+            ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``). An int
+            as for chunk_size.
+        alone: True loads on this process only, as a world of one rank, whatever the
+            launcher's environment says (e.g. rank 0 alone under mpirun, for an evaluation):
+            no rendezvous, no MPI. Default False. Anything but a bool raises (64).
         unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
             F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
             an odd last dimension) raises before any byte is read, as
@@ -157,9 +172,13 @@ def load(
             represent; 74 on a failed read; 75 when a stage stalls past ``timeout``; 78 for a
             bad keyword or config value (naming it); 69 when CUDA is asked for where the build
             or machine has none, a peer rank is lost, or host tensors on several ranks were
-            not started by mpirun; 75 when a rank stalls (naming it).
+            not started by mpirun; 75 when a rank stalls (naming it) or did not join within
+            ``timeout``; 78 on every rank when a rank names another checkpoint than rank 0;
+            64 when this process is already running a load on several ranks (from another
+            thread). On several ranks every message starts with the rank it concerns.
         KeyboardInterrupt: Ctrl-C stops the load within moments (the GIL is released while it
-            runs; signal handlers run every 50 ms).
+            runs; signal handlers run every 50 ms), also while rank 0 waits at the
+            rendezvous for ranks that never come.
     """
 
 def load_into(
@@ -179,6 +198,7 @@ def load_into(
     reader: str | None = None,
     verify: bool | None = None,
     rendezvous_port: int | None = None,
+    alone: bool = False,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place.
 
@@ -212,7 +232,7 @@ def load_into(
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
         chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
-            verify, rendezvous_port: as for ``load``.
+            verify, rendezvous_port, alone: as for ``load``.
 
     Returns:
         A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, staged_keys,
@@ -220,13 +240,14 @@ def load_into(
 
     Raises:
         Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
-            floating), or (strict) missing/unexpected keys, naming the keys; 64 for a meta
-            tensor, a key_map mapping two checkpoint keys to one destination, or a destination
-            that is not a tensor, a DTensor placed other than Shard(d)/Replicate(), a
-            destination ``copy_`` cannot write (elements sharing memory, as ``expand`` makes;
-            an inference tensor outside inference mode), ``strict`` not a bool; and whatever
-            ``load`` raises. On several ranks every check runs on every rank once rank 0 has
-            sent the catalogue, so a refused load raises on every rank.
+            floating), or (strict) missing/unexpected keys, naming the keys; 64 for a key
+            that is not a str, a meta tensor, a key_map mapping two checkpoint keys to one
+            destination, or a destination that is not a tensor, a DTensor placed other than
+            Shard(d)/Replicate(), a destination ``copy_`` cannot write (elements sharing
+            memory, as ``expand`` makes; an inference tensor outside inference mode),
+            ``strict`` not a bool; and whatever ``load`` raises. On several ranks every check
+            runs on every rank once rank 0 has sent the catalogue, so a refused load raises on
+            every rank.
     """
 
 def build_info() -> dict[str, object]:

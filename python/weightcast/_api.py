@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import math
+import numbers
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
@@ -20,24 +22,45 @@ KeyMap = Union[str, Mapping[str, str], Callable[[str], Union[str, None]], None]
 
 # How often the progress renderer may run, seconds (the last chunk always draws).
 _PROGRESS_INTERVAL_S = 0.1
+# chunk_size's upper bound (LoadOptions::chunk_bytes, 4 GiB), for a message.
+_MAX_CHUNK_BYTES = 4 << 30
 # Messages list at most this many keys of one kind, then the count of the rest.
 _MAX_KEYS_SHOWN = 10
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as an int when it is one (anything ``operator.index`` takes: int, a numpy
+    integer, a 0-d integer tensor), else None; a bool is not a number here."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _size_text(value: object, key: str) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, str):
+        return value
+    number = _integer(value)
+    if number is None:
         raise Error(f"{key}: {value!r} is not a size (bytes as an int, or '16MiB')", CONFIG)
-    return str(value)
+    if number < 1:
+        # The range LoadOptions::chunk_bytes states for 0, not a size's own (0 to 2^64 - 1)
+        # that a negative int would otherwise be told.
+        raise Error(f"{key} is {number}: must be 1 to {_MAX_CHUNK_BYTES}", CONFIG)
+    return str(number)
 
 
 def _count(value: object, key: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+    number = _integer(value)
+    if number is None or not 0 <= number < 2**32:
         raise Error(f"{key}: {value!r} is not a count (a positive int)", CONFIG)
-    return value
+    return number
 
 
 def _duration_text(value: object) -> str | None:
@@ -47,12 +70,21 @@ def _duration_text(value: object) -> str | None:
         value = value.total_seconds()
     if isinstance(value, str):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # Any real number: int, float, numpy's scalars (registered with the numbers ABCs).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise Error(f"timeout: {value!r} is not a duration (seconds, or '300s')", CONFIG)
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value) or value <= 0 or value * 1000 >= 2**63:
         # NaN, infinity and negatives have no millisecond count; name what the caller wrote.
         raise Error(f"timeout: {value!r} is not a duration: seconds must be finite and more "
                     "than 0 (at most 7 days)", CONFIG)
+    if value < 0.001:
+        # Timeouts count whole milliseconds: rounding would make it 0 ms, which reads as none.
+        raise Error(f"timeout: {value!r} seconds is under the 1 ms timeouts are counted in "
+                    "(at least 0.001)", CONFIG)
     return f"{round(value * 1000)}ms"
 
 
@@ -93,10 +125,33 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
                 CONFIG)
 
 
-def _world(config: bytes | None) -> dict:
+def _world(config: bytes | None, alone: object) -> dict:
     """This process's world as ``weightcast run`` detects it (the config's ``world.*``, else
-    torchrun's, Slurm's or Open MPI's environment)."""
+    torchrun's, Slurm's or Open MPI's environment); with ``alone``, rank 0 of 1."""
+    if not isinstance(alone, bool):
+        raise Error(f"alone: {alone!r} is not True or False", USAGE)
+    if alone:
+        return {"rank": 0, "world_size": 1, "local_rank": 0, "source": "alone",
+                "describe": "rank 0 of 1 (alone=True)"}
     return _core.detect_world(config)
+
+
+def _ranked(error: Error, world: dict | None) -> Error:
+    """A local error raised on one rank of several, before its job started, names the rank
+    as the job's own messages do ("rank 2: ...")."""
+    if world is None or world["world_size"] <= 1 or str(error).startswith("rank "):
+        return error
+    return Error(f"rank {world['rank']}: {error}", error.status)
+
+
+def _own_world(config: object, alone: object) -> dict | None:
+    """This process's world, for a message's rank prefix; None when it cannot be told."""
+    if alone is True:
+        return None
+    try:
+        return _core.detect_world(None if config is None else _fs_path(config, "config"))
+    except Exception:
+        return None
 
 
 def _check_placement(placement: object) -> None:
@@ -109,8 +164,10 @@ def _port(value: object) -> int | None:
     checked in every world, also where a world of one never uses the port."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = _integer(value)
+    if number is None:
         raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, 1 to 65535)", CONFIG)
+    value = number
     try:
         _core.check_setting("rendezvous.port", str(value))
     except Error as e:  # the config's words, named as the caller wrote the keyword
@@ -174,13 +231,14 @@ class _Options:
 
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
              placement: str | None, rendezvous_port: int | None,
-             plan: Callable[..., Any] | None, progress: object, rank: int) -> Any:
+             plan: Callable[..., Any] | None, progress: object, rank: int,
+             alone: bool) -> Any:
     """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
     the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
     ``checkpoint``."""
     return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
                          *options.core, placement, rendezvous_port, plan,
-                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S)
+                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone)
 
 
 def _tensors(result: Any) -> dict[str, torch.Tensor]:
@@ -210,10 +268,25 @@ def load(
     verify: bool | None = None,
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
+    alone: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint; see ``weightcast/__init__.pyi``."""
     import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
 
+    try:
+        return _load(checkpoint, device=device, chunk_size=chunk_size,
+                     buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io,
+                     timeout=timeout, placement=placement, config=config, progress=progress,
+                     reader=reader, verify=verify, unsupported_dtypes=unsupported_dtypes,
+                     rendezvous_port=rendezvous_port, alone=alone)
+    except Error as e:
+        raise _ranked(e, _own_world(config, alone)) from None
+
+
+def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: Any,
+          io_depth: Any, direct_io: Any, timeout: Any, placement: Any, config: Any,
+          progress: Any, reader: Any, verify: Any, unsupported_dtypes: Any,
+          rendezvous_port: Any, alone: Any) -> dict[str, torch.Tensor]:
     if unsupported_dtypes not in ("error", "bytes"):
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
@@ -222,7 +295,7 @@ def load(
     options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
-    world = _world(options.config)
+    world = _world(options.config, alone)
     dev = _resolve_device(device, options.config)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
@@ -232,7 +305,7 @@ def load(
 
         result = _run_job(checkpoint, options, device=dev, placement=placement,
                           rendezvous_port=port, plan=plan, progress=progress,
-                          rank=world["rank"])
+                          rank=world["rank"], alone=False)
         return _tensors(result)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
@@ -378,8 +451,23 @@ def load_into(
     reader: str | None = None,
     verify: bool | None = None,
     rendezvous_port: int | None = None,
+    alone: bool = False,
 ) -> LoadReport:
     """Loads a checkpoint into a model's own tensors; see ``weightcast/__init__.pyi``."""
+    try:
+        return _load_into(model_or_state_dict, checkpoint, strict=strict, key_map=key_map,
+                          device=device, chunk_size=chunk_size, buffer_depth=buffer_depth,
+                          io_depth=io_depth, direct_io=direct_io, timeout=timeout,
+                          config=config, progress=progress, reader=reader, verify=verify,
+                          rendezvous_port=rendezvous_port, alone=alone)
+    except Error as e:
+        raise _ranked(e, _own_world(config, alone)) from None
+
+
+def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, key_map: Any,
+               device: Any, chunk_size: Any, buffer_depth: Any, io_depth: Any,
+               direct_io: Any, timeout: Any, config: Any, progress: Any, reader: Any,
+               verify: Any, rendezvous_port: Any, alone: Any) -> LoadReport:
     import torch
 
     if not isinstance(strict, bool):
@@ -394,6 +482,10 @@ def load_into(
         raise Error(f"load_into: {type(model_or_state_dict).__name__} is neither a "
                     "torch.nn.Module nor a mapping of str to torch.Tensor", USAGE)
     for key, t in target.items():
+        if not isinstance(key, str):
+            raise Error(f"load_into: {owner} has the key {key!r}, a {type(key).__name__}: "
+                        "keys are str, as a state_dict's are (checkpoint tensor names are "
+                        "str)", USAGE)
         if not isinstance(t, torch.Tensor):
             raise Error(f"load_into: {owner} key '{key}' holds a {type(t).__name__}, "
                         "not a torch.Tensor", USAGE)
@@ -405,7 +497,7 @@ def load_into(
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
     port = _port(rendezvous_port)
-    world = _world(options.config)
+    world = _world(options.config, alone)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)
@@ -442,7 +534,7 @@ def load_into(
     try:
         result = _run_job(checkpoint, options, device=dev, placement=None,
                           rendezvous_port=port, plan=plan, progress=progress,
-                          rank=world["rank"])
+                          rank=world["rank"], alone=alone)
     except Error:
         if "raised" in state:
             raise state.pop("raised") from None

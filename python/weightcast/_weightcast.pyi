@@ -52,12 +52,17 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
             direct_io: str | None, timeout: str | None, reader: str | None,
             verify: str | None, placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
-            progress: Callable[..., None] | None, progress_interval_s: float) -> LoadResult:
+            progress: Callable[..., None] | None, progress_interval_s: float,
+            alone: bool = False) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
-    alone reads the checkpoint. ``plan(catalogue, rank, world_size)``, on every rank once the
-    catalogue is known, may raise (``Error`` ends every rank with its status) and returns None
-    (``placement`` decides) or this rank's wants: (name, offset, shape, data_ptr,
-    capacity_bytes, "host"|"cuda", dtype name or None) tuples, landing in place."""
+    alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
+    environment says. Every rank's checkpoint, as given, must be rank 0's (78 otherwise);
+    a second call on several ranks while one runs in this process raises 64. ``progress``
+    runs on a thread of its own, never holding the load. ``plan(catalogue, rank,
+    world_size)``, on every rank once the catalogue is known, may raise (``Error`` ends every
+    rank with its status) and returns None (``placement`` decides) or this rank's wants:
+    (name, offset, shape, data_ptr, capacity_bytes, "host"|"cuda", dtype name or None)
+    tuples, landing in place."""
 
 def after_fork_in_child() -> None:
     """Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork)."""

@@ -606,6 +606,16 @@ class HeaderScan {
     if (_entry_fault) std::rethrow_exception(_entry_fault);
   }
 
+  /// For a hole's message: "" without repeated tensor names, else why the hole is likely
+  /// there (the earlier entry of a repeated name is dropped, its bytes unclaimed).
+  [[nodiscard]] std::string repeated_note() const {
+    if (_repeated_names == 0) return {};
+    return fmt::format(" (tensor name {} appears more than once in the header; the last entry "
+                       "is used, as the safetensors reference does, so an earlier one's bytes "
+                       "belong to no tensor)",
+                       quote(_first_repeated));
+  }
+
   /// What the reference ignores and a reader may want to know: entry keys besides dtype,
   /// shape and data_offsets (debug), repeated tensor names (warning). After report_faults().
   void log_notes() const {
@@ -919,6 +929,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     fail(file, fmt::format("header is not valid JSON: {}", e.what()));
   }
   std::vector<Entry> entries;
+  std::string repeated;  // why a hole may be there (repeated_note)
   SafetensorsHeader header;
   header.header_bytes = json_text.size();
   header.data_bytes = data_bytes;
@@ -927,6 +938,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     json::sax_parse(json_text.data(), json_text.data() + json_text.size(), &scan);
     scan.report_faults();
     scan.log_notes();
+    repeated = scan.repeated_note();
     header.metadata = std::move(scan.metadata());
     entries = std::move(scan.entries());
   }
@@ -952,7 +964,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     if (entry.begin != expected_begin) {
       if (previous == nullptr) {
         fail_tensor(file, entry.name,
-                    fmt::format("{} leave a hole: the first tensor must begin at 0", offsets()));
+                    fmt::format("{} leave a hole: the first tensor must begin at 0{}", offsets(),
+                                repeated));
       }
       if (entry.begin < expected_begin) {
         fail_tensor(file, entry.name,
@@ -960,10 +973,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
                                 quote(header.tensors.back().name), expected_begin));
       }
       fail_tensor(file, entry.name,
-                  fmt::format("{} leave a hole of {} bytes after tensor {}, which ends at {}",
+                  fmt::format("{} leave a hole of {} bytes after tensor {}, which ends at {}{}",
                               offsets(), entry.begin - expected_begin,
-                              quote(header.tensors.back().name),
-                              expected_begin));
+                              quote(header.tensors.back().name), expected_begin, repeated));
     }
     std::uint64_t elements = 1;
     for (auto dim : entry.shape) {

@@ -105,6 +105,9 @@ constexpr std::chrono::milliseconds accept_backoff{100};
 // print it, short enough that a stopped peer does not hold the job.
 constexpr std::chrono::milliseconds abort_grace{10'000};
 
+// The longest step of a rendezvous wait between looks at `RendezvousOptions::stop`.
+constexpr std::chrono::milliseconds stop_step{100};
+
 // How far past what was asked a wait ran, when it ran past it: time this process did not run
 // (stopped by SIGSTOP or a debugger, or starved), which does not count against a deadline.
 // Every wait here waits in steps of at most a second and moves its deadline on by this (the
@@ -543,11 +546,12 @@ struct ControlPlane::Impl {
       });
     };
     accept_next();
-    while (joined < world.world_size - 1 && Clock::now() < deadline) {
-      // In steps of a second: a rank 0 stopped meanwhile takes, once resumed, the hellos
-      // waiting in its sockets rather than blaming the ranks that sent them.
+    while (joined < world.world_size - 1 && Clock::now() < deadline &&
+           !options.stop.stop_requested()) {
+      // In short steps: a rank 0 stopped meanwhile takes, once resumed, the hellos waiting in
+      // its sockets rather than blaming the ranks that sent them, and a stop ends the wait.
       const auto begin = Clock::now();
-      const auto until = std::min<Clock::time_point>(deadline, begin + std::chrono::seconds(1));
+      const auto until = std::min<Clock::time_point>(deadline, begin + stop_step);
       rendezvous_io.run_one_until(until);
       deadline += overrun(Clock::now() - begin, until - begin);
     }
@@ -559,9 +563,15 @@ struct ControlPlane::Impl {
     for (int r = 1; r < world.world_size; ++r) {
       if (!connections[r]) missing.push_back(r);
     }
-    std::string message = fmt::format(
-        "rendezvous: rank(s) {} did not join rank 0 at {} within {}", rank_list(missing),
-        host_port(options.address, options.port), milliseconds(options.timeout));
+    const bool stopped = options.stop.stop_requested();
+    std::string message =
+        stopped ? fmt::format("rendezvous: stopped (RendezvousOptions::stop) while rank(s) {} "
+                              "had not joined rank 0 at {}",
+                              rank_list(missing), host_port(options.address, options.port))
+                : fmt::format("rendezvous: rank(s) {} did not join rank 0 at {} within {}",
+                              rank_list(missing), host_port(options.address, options.port),
+                              milliseconds(options.timeout));
+    const Errc code = stopped ? Errc::interrupted : Errc::timeout;
     if (refused > 0) {
       message += fmt::format("; refused {} connection(s), last {}", refused, last_refusal);
     }
@@ -573,13 +583,12 @@ struct ControlPlane::Impl {
       if (!connection) continue;
       try {
         send_all(connection->socket.native_handle(),
-                 frame_bytes(Frame::abort,
-                             encode_status(exit_status(Errc::timeout), abort_message)),
+                 frame_bytes(Frame::abort, encode_status(exit_status(code), abort_message)),
                  Clock::now() + std::chrono::seconds(1), connection->rank);
       } catch (const Error&) {
       }
     }
-    throw Error(Errc::timeout, message);
+    throw Error(code, message);
   }
 
   void connect_to_root() {
@@ -590,11 +599,19 @@ struct ControlPlane::Impl {
     auto backoff = std::chrono::milliseconds(2);
     std::string last_error = "no attempt";
     auto pause = [&] {
-      const auto step = std::min<Clock::duration>(backoff, deadline - Clock::now());
+      const auto step = std::min<Clock::duration>(
+          std::min<Clock::duration>(backoff, stop_step), deadline - Clock::now());
       const auto begin = Clock::now();
       std::this_thread::sleep_for(step);
       deadline += overrun(Clock::now() - begin, step);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    };
+    auto check_stop = [&] {
+      if (!options.stop.stop_requested()) return;
+      throw Error(Errc::interrupted,
+                  fmt::format("rendezvous: stopped (RendezvousOptions::stop) before rank 0 at {} "
+                              "accepted this rank",
+                              host_port(options.address, options.port)));
     };
     const std::string hello_payload =
         detail::encode_hello({world.rank, world.world_size, options.token, options.job_id});
@@ -605,20 +622,23 @@ struct ControlPlane::Impl {
     }
     const std::string hello = frame_bytes(Frame::hello, hello_payload);
     while (Clock::now() < deadline) {
+      check_stop();
       asio::io_context connect_io;
       tcp::socket socket(connect_io);
       boost::system::error_code result = asio::error::would_block;
       socket.async_connect(endpoint, [&](boost::system::error_code ec) { result = ec; });
       // Up to 5 s for the connect, in steps of a second (overrun).
       auto connect_until = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-      while (result == asio::error::would_block && Clock::now() < connect_until) {
+      while (result == asio::error::would_block && Clock::now() < connect_until &&
+             !options.stop.stop_requested()) {
         const auto begin = Clock::now();
-        const auto until = std::min(connect_until, begin + std::chrono::seconds(1));
+        const auto until = std::min<Clock::time_point>(connect_until, begin + stop_step);
         connect_io.run_until(until);
         const auto stopped = overrun(Clock::now() - begin, until - begin);
         deadline += stopped;
         connect_until += stopped;
       }
+      check_stop();
       if (result == asio::error::would_block) {
         last_error = "connect timed out";
         continue;

@@ -439,6 +439,7 @@ class Job {
   JobResult run() {
     meet();
     try {
+      agree_identity();
       Catalogue catalogue = share_catalogue();
       LoadOptions options = plan();
       confirm_ready();
@@ -512,6 +513,8 @@ class Job {
       _rendezvous = _options.rendezvous ? *_options.rendezvous
                                         : rendezvous_options(Config{}, _world);
       if (!_options.rendezvous) _rendezvous.timeout = _options.load.timeout;
+      // A stop (the caller's Ctrl-C) ends a rendezvous that some rank never joins.
+      _rendezvous.stop = _options.load.stop;
       if (_rendezvous.job_id.empty()) {
         _rendezvous.job_id = _world.job_id;
         _rendezvous.job_id_source = _world.job_id_source;
@@ -544,6 +547,33 @@ class Job {
         fail(std::current_exception());
       }
     }
+  }
+
+  // ---- step 1b: every rank runs the same load -------------------------------------------
+  // Ranks meet in the order they reach rank 0's port: two loads started at once in each
+  // process, in different orders, would pair one job's rank 0 with the other's peers and
+  // deliver the wrong checkpoint's bytes without a word. Rank 0's identity goes out before it
+  // opens anything; a rank that differs fails the job on every rank, naming both, and rank 0
+  // waits for every rank's word before it goes on, so that the mismatch is the job's one
+  // message (not a failure of rank 0's own that raced it).
+  void agree_identity() {
+    if (!several()) return;
+    if (rank() == 0) {
+      _control->share(_options.identity);
+      _control->gather(RankReport{0, 0, 0, {}}, "word that it runs rank 0's load");
+      return;
+    }
+    const std::string root = _control->share({});
+    if (root.empty() || _options.identity.empty() || root == _options.identity) {
+      _control->gather(RankReport{rank(), 0, 0, {}}, "word that it runs rank 0's load");
+      return;
+    }
+    throw Error(Errc::config,
+                fmt::format("this rank's load is not rank 0's: this rank loads {}, rank 0 loads "
+                            "{}; every rank must make the same call, and one load on several "
+                            "ranks at a time per process (loads started at once meet in the "
+                            "order they reach rank 0)",
+                            printable(_options.identity), printable(root)));
   }
 
   // ---- step 2: rank 0 has the catalogue, and every rank agrees the settings --------------
@@ -597,8 +627,8 @@ class Job {
   // the round trip is left out, as `weightcast run` always did.
   void confirm_ready() {
     if (!several()) return;
-    const bool job_initialises_mpi =
-        _kind == TransportKind::mpi && !_options.mpi_communicator && !mpi_initialized();
+    const bool job_initialises_mpi = _kind == TransportKind::mpi && !_options.mpi_communicator &&
+                                     !_options.mpi_source && !mpi_initialized();
     if (job_initialises_mpi) return;
     _control->gather(RankReport{rank(), 0, 0, {}}, "word that it is ready");
     if (rank() == 0) {
@@ -622,9 +652,13 @@ class Job {
           Watchdog::Blocking blocking(
               *_watchdog, control_timeout(),
               _options.mpi_communicator || mpi_initialized() ? "MPI_Comm_dup" : "MPI_Init_thread");
-          _mpi = _options.mpi_communicator
-                     ? std::make_unique<MpiSession>(*_options.mpi_communicator)
-                     : std::make_unique<MpiSession>();
+          if (_options.mpi_communicator) {
+            _mpi = std::make_unique<MpiSession>(*_options.mpi_communicator);
+          } else if (_options.mpi_source) {
+            _mpi = std::make_unique<MpiSession>(_options.mpi_source());
+          } else {
+            _mpi = std::make_unique<MpiSession>();
+          }
           if (_options.test_hooks.inside_mpi_open) _options.test_hooks.inside_mpi_open();
         }
         if (_mpi->rank() != rank() || _mpi->world_size() != _world.world_size) {

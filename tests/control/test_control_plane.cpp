@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <stop_token>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -34,6 +35,7 @@
 using namespace weightcast;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using Clock = std::chrono::steady_clock;
 namespace wire = weightcast::detail;
 
@@ -500,6 +502,34 @@ TEST_CASE("control plane: a wrong token is refused on both sides", "[control_pla
   auto [code, what] = intruder.get();
   CHECK(code == Errc::config);
   CHECK_THAT(what, Contains("refused this rank") && Contains("wrong job token"));
+}
+
+TEST_CASE("control plane: a stop ends the rendezvous on rank 0 and on a peer, long before the "
+          "timeout", "[control_plane]") {
+  // Ctrl-C in Python while the other ranks never come: the wait ends on the stop, as it
+  // would on the timeout, rank 0 telling the ranks that joined.
+  const std::uint16_t port = test::free_port();
+  for (const int rank : {0, 1}) {
+    INFO("rank " << rank);
+    std::stop_source stop;
+    auto options = loopback(rank == 0 ? port : test::free_port(), "", std::chrono::seconds(60));
+    options.stop = stop.get_token();
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      stop.request_stop();
+    });
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      ControlPlane control(world_of(rank, 3), options);
+      FAIL("the rendezvous completed");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::interrupted);
+      CHECK_THAT(e.what(), StartsWith("rendezvous: stopped (RendezvousOptions::stop)"));
+      if (rank == 0) CHECK_THAT(e.what(), Contains("rank(s) 1-2 had not joined"));
+    }
+    stopper.join();
+    CHECK(std::chrono::steady_clock::now() - begin < std::chrono::seconds(20));  // not 60 s
+  }
 }
 
 TEST_CASE("control plane: no rank 0 is unavailable within the timeout", "[control_plane]") {

@@ -260,6 +260,49 @@ TEST_CASE("job: a hook's exception on rank 0 ends every rank with rank 0's messa
   }
 }
 
+TEST_CASE("job: a rank whose load is not rank 0's fails every rank naming both, before rank 0 "
+          "opens the checkpoint", "[job]") {
+  // Two loads at once in each process meet in arrival order: the identity is what keeps one
+  // job's bytes out of the other's destinations.
+  if (!mpi_compiled_in()) {
+    WARN("skipped: this build has no MPI (the job's transport would be refused first)");
+    return;
+  }
+  const auto checkpoint = corpus_dir() / "real" / corpus_file;
+  bool opened = false;
+  const auto outcomes = run_two(free_port(), checkpoint, [&](int rank, JobOptions& job) {
+    job.identity = rank == 0 ? "checkpoint 'policy.safetensors'" : "checkpoint 'ref.safetensors'";
+    if (rank == 0) job.on_catalogue = [&](const Catalogue&) { opened = true; };
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    REQUIRE(outcomes[rank].error);
+    CHECK(outcomes[rank].error->code() == Errc::config);
+    CHECK_THAT(outcomes[rank].error->what(),
+               StartsWith("rank 1: this rank's load is not rank 0's: this rank loads checkpoint "
+                          "'ref.safetensors', rank 0 loads checkpoint 'policy.safetensors'"));
+  }
+  CHECK_FALSE(opened);
+}
+
+TEST_CASE("job: an identity set on one rank only is not compared", "[job]") {
+  if (!mpi_compiled_in()) {
+    WARN("skipped: this build has no MPI (the job's transport would be refused first)");
+    return;
+  }
+  const auto checkpoint = corpus_dir() / "real" / corpus_file;
+  const auto outcomes = run_two(free_port(), checkpoint, [](int rank, JobOptions& job) {
+    if (rank == 1) job.identity = "checkpoint 'elsewhere'";
+    // Past the identity, the first step to fail: rank 0's own hook.
+    if (rank == 0) job.on_catalogue = [](const Catalogue&) { throw Error(Errc::io, "stop here"); };
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    REQUIRE(outcomes[rank].error);
+    CHECK(std::string(outcomes[rank].error->what()) == "rank 0: stop here");
+  }
+}
+
 TEST_CASE("job: an exception that is not an Error ends every rank with internal", "[job]") {
   if (!mpi_compiled_in()) {
     WARN("skipped: this build has no MPI (the job's transport would be refused first)");

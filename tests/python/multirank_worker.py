@@ -2,8 +2,9 @@
 
     mpirun -n 3 python multirank_worker.py CHECKPOINT_DIR OUT_DIR TORCH_PORT PORT×7
 
-Rank 0 alone is given the checkpoint's path: the others get a path that does not exist, so
-a load that passes proves they never open a file. Every rank writes OUT_DIR/rank{N}.json with
+Every rank names the checkpoint alike, by a relative path (every rank must name rank 0's),
+but only rank 0 runs in the directory that holds it: the others run in an empty one, so a
+load that passes proves they never open a file. Every rank writes OUT_DIR/rank{N}.json with
 what it saw; the test asserts on those. Each weightcast call meets on a port of its own
 (picked free by the test), torch's gloo group on TORCH_PORT.
 """
@@ -61,7 +62,13 @@ def main() -> None:
     ports = [int(p) for p in sys.argv[4:]]
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    mine = checkpoint if rank == 0 else Path("/nonexistent/weightcast-rank-has-no-files")
+    if rank == 0:
+        os.chdir(checkpoint.parent)
+    else:
+        (out_dir / f"cwd{rank}").mkdir()
+        os.chdir(out_dir / f"cwd{rank}")
+    mine = Path(checkpoint.name)
+    assert mine.exists() == (rank == 0)
     files = sorted(checkpoint.glob("*.safetensors"))
     from safetensors.torch import load_file
 

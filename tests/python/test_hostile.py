@@ -139,3 +139,84 @@ def test_a_dimension_past_int64_is_refused_before_any_byte(tmp_path):
     # load_into lands in place: x is no destination, so no byte of it is received anywhere.
     report = weightcast.load_into(dest, path, strict=False)
     assert report.unexpected_keys == ["x"] and dest["ok"].item() == 0
+
+
+def test_integers_of_any_kind_operator_index_takes_are_sizes_and_counts(small):
+    import numpy as np
+
+    got = weightcast.load(small[0], chunk_size=np.int64(1 << 20), buffer_depth=np.int32(2),
+                          io_depth=np.uint8(4), timeout=np.int64(30),
+                          rendezvous_port=np.int64(29555))
+    assert_same(got, small[1])
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load(small[0], chunk_size=np.float64(4096.0))
+    assert e.value.status == 78 and "chunk_size" in str(e.value)
+
+
+def test_a_timeout_under_a_millisecond_is_refused_not_called_0_ms(small):
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load(small[0], timeout=1e-9)
+    assert e.value.status == 78
+    assert "1e-09" in str(e.value) and "0 ms" not in str(e.value), str(e.value)
+
+
+def test_a_mapping_with_keys_that_are_not_str_is_refused(small):
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load_into({1: torch.zeros(2, 3)}, small[0], strict=False)
+    assert e.value.status == 64 and "key 1, a int" in str(e.value), str(e.value)
+
+
+def test_alone_loads_on_this_process_whatever_the_launcher_says(small, monkeypatch):
+    # A world of 3 from torchrun's variables, with no rank 1 or 2 anywhere: alone=True loads
+    # here at once instead of waiting for them at the rendezvous.
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    assert_same(weightcast.load(small[0], alone=True, timeout=1), small[1])
+    dest = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
+    report = weightcast.load_into(dest, small[0], alone=True, timeout=1)
+    assert_same(dest, small[1])
+    assert report.verdict.startswith("1 rank: 2 tensors loaded")
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load(small[0], alone="yes")
+    assert e.value.status == 64 and "alone" in str(e.value)
+
+
+def test_local_errors_on_a_rank_of_several_name_the_rank(small, monkeypatch):
+    for key, value in {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(weightcast.Error) as e:
+        weightcast.load(small[0], chunk_size="16 parsecs")
+    assert str(e.value).startswith("rank 2: chunk_size"), str(e.value)
+
+
+def test_a_slow_progress_callable_neither_throttles_the_load_nor_stalls_it(tmp_path):
+    """The callable runs off the load's path: updates that come while it runs are dropped but
+    the latest, and the last chunk's always arrives before the call returns. With the call in
+    series, 64 chunks took 64 × 0.5 s, and no stall timeout could fire meanwhile."""
+    import time
+
+    path = tmp_path / "p.safetensors"
+    ref = {"w": torch.randn(256, 256)}
+    save_file(ref, str(path))
+    seen: list = []
+
+    def slow(p):
+        seen.append(p)
+        time.sleep(0.5)
+
+    begin = time.monotonic()
+    got = weightcast.load(path, chunk_size=4096, progress=slow, timeout=2)
+    took = time.monotonic() - begin
+    assert_same(got, ref)
+    assert seen[-1].chunks_done == seen[-1].chunks_total == 64
+    assert len(seen) < 64
+    assert took < 64 * 0.5 / 4, took  # a hang check with room for a loaded machine
+
+
+def test_chunk_size_0_and_negative_state_the_same_range(small):
+    for value in (0, -1):
+        with pytest.raises(weightcast.Error) as e:
+            weightcast.load(small[0], chunk_size=value)
+        assert e.value.status == 78
+        assert str(e.value) == f"chunk_size is {value}: must be 1 to 4294967296", str(e.value)

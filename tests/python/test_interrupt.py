@@ -1,7 +1,7 @@
 """Ctrl-C during a load: KeyboardInterrupt within moments, the load cancelled, nothing leaked.
 
-The GIL is released while the load runs, so the progress hook (the load's own thread) can
-run Python meanwhile: it sends SIGINT to this process on the first chunk, as a terminal's
+The GIL is released while the load runs, so the progress callable (on a thread of its own)
+can run Python meanwhile: it sends SIGINT to this process on the first chunk, as a terminal's
 Ctrl-C would, and the main thread's signal check then stops the load."""
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ def test_ctrl_c_stops_a_load_within_moments(tmp_path):
         if not sent:
             sent.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGINT)
-            # Hold the load (this is its thread) past the main thread's 50 ms signal check,
-            # so that it cannot end first however few chunks the plan makes.
             time.sleep(0.5)
 
     # Python turns SIGINT into KeyboardInterrupt only where SIGINT was not ignored when it

@@ -52,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -69,6 +70,10 @@ struct RendezvousOptions {
   std::string job_id;
   std::string job_id_source;          ///< Where `job_id` came from, for messages.
   std::chrono::milliseconds timeout{300'000};  ///< Bound on every wait.
+  /// Ends the rendezvous early: a stop requested while rank 0 waits for its peers, or a peer
+  /// for rank 0, is seen within 100 ms and thrown as `interrupted` (130) (rank 0 first tells
+  /// the ranks that joined). `run_job` passes `LoadOptions::stop` here.
+  std::stop_token stop;
 };
 
 /// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
@@ -111,10 +116,11 @@ class ControlPlane {
    *         answers a peer's hello with a malformed or unknown message (another service on
    *         the port); `config` (78) on a peer whose token is longer than rank 0 takes
    *         (`detail::max_token_bytes`), or when rank 0 refuses it (wrong token, another
-   *         job's id, world size, rank taken); `timeout` (75) on rank 0 when some rank did not
-   *         join in time (names the ranks, and any refused connection; the ranks that joined
-   *         get that as an ABORT), and on a peer whose hello rank 0 accepted but did not
-   *         answer in time.
+   *         job's id, world size, rank taken); `interrupted` (130) once `options.stop` is
+   *         requested before the rendezvous is over; `timeout` (75) on rank 0 when some rank
+   *         did not join in time (names the ranks, and any refused connection; the ranks that
+   *         joined get that as an ABORT), and on a peer whose hello rank 0 accepted but did
+   *         not answer in time.
    * @throws RemoteAbort with rank 0's status and message on a peer that rank 0 aborts during
    *         the rendezvous (e.g. its own `timeout` for the ranks that did not join).
    */

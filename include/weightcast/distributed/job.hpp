@@ -6,7 +6,9 @@
  * checkpoint. In order, on every rank:
  *  1. **meet**: the world is found (given, or from the launcher's environment as `weightcast
  *     run` finds it: world.hpp), the device made, the data plane chosen, and the ranks meet
- *     over the control plane (TCP to rank 0, control_plane.hpp);
+ *     over the control plane (TCP to rank 0, control_plane.hpp); rank 0 sends its
+ *     `identity` and every rank that has one compares it with its own, before rank 0 opens
+ *     the checkpoint;
  *  2. **catalogue**: rank 0 opens the checkpoint and sends its catalogue to every rank, and
  *     every rank checks that it agrees with rank 0 on the settings that shape the broadcasts
  *     (`chunk_bytes`, device kind, transport, `verify`): ranks that disagree would post
@@ -140,6 +142,15 @@ struct JobOptions {
   /// This process's place; nullopt: `detect_world(Config{})` (the launcher's environment),
   /// or, with `mpi_communicator` / `nccl_communicator`, the communicator's rank and size.
   std::optional<World> world;
+  /// What this rank's load is, as the caller names it, e.g. "checkpoint 'models/llama'" (the
+  /// Python package sets the checkpoint's path as given, lexically normalised). Rank 0 shares
+  /// its own once the ranks have met, before it opens the checkpoint; a rank whose `identity`
+  /// differs from rank 0's fails the job on every rank with `config` (78), its message naming
+  /// this rank's and rank 0's: two jobs whose ranks met in the wrong pairs (two loads at once
+  /// in each process, started in different orders) must not deliver one job's bytes to the
+  /// other's. Empty on this rank or on rank 0: not compared (ranks other than 0 may then pass
+  /// any `checkpoint`, which they never read).
+  std::string identity;
   /// Where the ranks meet; nullopt: `rendezvous_options(Config{}, world)`: rank 0's address
   /// from `$MASTER_ADDR` (else 127.0.0.1), port 29555, token `$WEIGHTCAST_TOKEN`, timeout
   /// `load.timeout`. Unused at world size 1.
@@ -153,6 +164,15 @@ struct JobOptions {
   /// The caller's MPI communicator to broadcast on (duplicated: see "MPI" above); nullopt:
   /// `MPI_COMM_WORLD`. Implies `transport` mpi.
   std::optional<MpiCommunicator> mpi_communicator;
+  /// Where transport mpi gets the caller's communicator when the caller makes it on first
+  /// use and keeps it past the job (the Python package initialises MPI once per process):
+  /// called on the calling thread in step 4, once every rank has met and said it is ready,
+  /// inside the same watched call as `MPI_Init_thread` (past the rendezvous timeout, the job
+  /// ends the process: the failure model); what it returns is used as `mpi_communicator`.
+  /// Unlike a communicator made before `run_job`, an MPI initialised here cannot hold a rank
+  /// past the timeout when some rank never joins: the rendezvous fails first. Ignored when
+  /// `mpi_communicator` is set or the transport is not mpi.
+  std::function<MpiCommunicator()> mpi_source;
   /// The caller's NCCL communicator to broadcast on, as it is; nullopt: a new one of the
   /// job's own. Implies `transport` nccl and a cuda device.
   std::optional<NcclCommunicator> nccl_communicator;
@@ -232,12 +252,14 @@ struct JobOptions {
  * @return this rank's result and rank 0's passing verdict.
  * @throws Error with this rank's message, or the failing rank's on every other (its `Errc`;
  *         `exit_status` maps it to a `<sysexits.h>` status): `config` (78) for options out of
- *         bounds, a transport that does not suit the world or device, settings that differ
- *         between ranks, no checkpoint on rank 0; what `open_checkpoint` and `load` throw
- *         (64-66, 74, 75, 130); `unavailable` (69) when a peer is lost, the device, MPI or NCCL
- *         cannot be used, or MPI's rank and size disagree with the world; `timeout` (75) when a
- *         rank stalls (the message names the silent ranks and how far each got); `internal`
- *         (70) for a digest mismatch (rank 0 lists them; the others say rank 0 found some).
+ *         bounds, a transport that does not suit the world or device, settings or an
+ *         `identity` that differ between ranks, no checkpoint on rank 0; what
+ *         `open_checkpoint` and `load` throw (64-66, 74, 75, 130); `unavailable` (69) when a
+ *         peer is lost, the device, MPI or NCCL cannot be used, or MPI's rank and size
+ *         disagree with the world; `timeout` (75) when a rank stalls (the message names the
+ *         silent ranks and how far each got); `interrupted` (130) when `load.stop` is
+ *         requested, also during the rendezvous; `internal` (70) for a digest mismatch (rank
+ *         0 lists them; the others say rank 0 found some).
  *         Under `FailurePolicy::end_process` some failures end the process instead (above).
  */
 JobResult run_job(const JobOptions& options);
