@@ -1,7 +1,7 @@
 """One rank of tests/python/test_dcp.py's multi-rank cases, started by mpirun (not collected
 by pytest).
 
-    mpirun -n 2 python dcp_worker.py CHECKPOINT_DIR OUT_DIR TORCH_PORT PORT×3
+    mpirun -n 2 python dcp_worker.py CHECKPOINT_DIR OUT_DIR TORCH_PORT PORT×5
 
 Every rank names the checkpoint by the same relative path, but only rank 0 runs in the
 directory that holds it (as in multirank_worker.py): a load that passes proves the others
@@ -63,13 +63,43 @@ def main() -> None:
         report[f"{name}_sharded"] = sum(type(v).__name__ == "DTensor"
                                         for v in model.state_dict().values())
 
+    # Shard(1) DTensors (a box that is not one contiguous run: a row piece per row), FP32
+    # from BF16, against torch's reader.
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items()
+              if k.endswith("proj.weight")}  # global shapes
+    names = sorted(shapes)[:4]
+
+    def by_columns():
+        return {k: distribute_tensor(torch.zeros(shapes[k]), mesh, [Shard(1)]) for k in names}
+
+    ours, theirs = by_columns(), by_columns()
+    dcp.load(ours, storage_reader=weightcast.dcp.HuggingFaceStorageReader(
+        mine, rendezvous_port=ports[3], **options))
+    dcp.load(theirs, storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
+    report["shard1_count"] = len(names)
+    report["shard1_mismatch"] = [k for k in names
+                                 if raw(ours[k].to_local()) != raw(theirs[k].to_local())]
+
+    # A failure inside read_data: rank 1 names another checkpoint than rank 0 (the metadata
+    # came from rank 0, so it got that far). weightcast.Error on every rank, which DCP hands
+    # back in CheckpointException.failures as is.
+    try:
+        dcp.load(by_columns(), storage_reader=weightcast.dcp.HuggingFaceStorageReader(
+            mine if rank == 0 else "other_checkpoint", rendezvous_port=ports[4], **options))
+        report["read_data_failure"] = None
+    except CheckpointException as e:
+        report["read_data_failure"] = {
+            str(r): [type(exc).__name__, getattr(exc, "status", None), str(exc)]
+            for r, (exc, _) in e.failures.items()}
+
     # Rank 0 cannot open the checkpoint: every rank's read_metadata raises weightcast.Error
     # with rank 0's message, which DCP hands back as CheckpointException holding each rank's
     # failure (its own AssertionError quoting the message).
     try:
-        dcp.load(sharded(torch.float32, mesh).state_dict(),
-                 storage_reader=weightcast.dcp.HuggingFaceStorageReader(
-                     "no_such_checkpoint", rendezvous_port=ports[2], **options))
+        dcp.load(by_columns(), storage_reader=weightcast.dcp.HuggingFaceStorageReader(
+            "no_such_checkpoint", rendezvous_port=ports[2], **options))
         report["missing_file"] = None
     except CheckpointException as e:
         report["missing_file"] = {

@@ -119,7 +119,7 @@ def dcp_ranks(tmp_path_factory):
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(checkpoint,
                                                                  safe_serialization=True)
     out = tmp_path_factory.mktemp("dcp_ranks")
-    ports = free_ports(4)
+    ports = free_ports(6)
     r = run_ranks(HERE / "dcp_worker.py", [str(checkpoint), str(out)] + [str(p) for p in ports],
                   ranks=RANKS, timeout=120)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
@@ -140,3 +140,18 @@ def test_rank_0_unable_to_open_fails_every_rank_with_its_message(dcp_ranks):
         assert failures is not None and sorted(failures) == [str(r) for r in range(RANKS)]
         for _, status, message in failures.values():
             assert "rank 0: no_such_checkpoint: no such file" in message
+
+
+def test_shard_1_dtensors_match_torchs_reader_bit_exact(dcp_ranks):
+    for report in dcp_ranks:
+        assert report["shard1_count"] > 0
+        assert report["shard1_mismatch"] == [], report["rank"]
+
+
+def test_a_failure_in_read_data_is_weightcast_error_on_every_rank(dcp_ranks):
+    for report in dcp_ranks:
+        failures = report["read_data_failure"]
+        assert failures is not None and sorted(failures) == [str(r) for r in range(RANKS)]
+        for kind, status, message in failures.values():
+            assert (kind, status) == ("Error", 78), message
+            assert "other_checkpoint" in message
