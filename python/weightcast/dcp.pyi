@@ -31,9 +31,10 @@ class HuggingFaceStorageReader(StorageReader):
     as weightcast's world does (the launcher's environment): ``read_metadata`` sends rank 0's
     metadata over it (``Error`` 78 when the two worlds differ, 64 without a process group).
 
-    Each rank's DCP plan asks one box per tensor (the global offsets and lengths of its
-    ``ReadItem``): whole tensors, ``Shard(d)`` and ``Replicate`` DTensors. Two boxes of one
-    tensor on one rank raise ``Error`` (64) naming the tensor and both boxes. A destination
+    Each rank's DCP plan must ask one box per tensor (the global offsets and lengths of its
+    ``ReadItem``): whole tensors, ``Shard(d)``, ``Replicate`` and their products on a mesh
+    of several dims (FSDP2 over tensor parallel too). Two boxes of one tensor on one rank
+    raise ``Error`` (64) naming the tensor and both boxes. A destination
     that is contiguous, on the load's device, in the checkpoint's dtype or one the receiver
     casts to (BF16/F16 -> FP32, FP32 -> BF16/F16, host) is written in place; any other
     lands in the checkpoint's dtype first and ``copy_`` writes it, as torch's reader does.

@@ -1,7 +1,8 @@
 """weightcast.dcp.HuggingFaceStorageReader under torch.distributed.checkpoint (DCP): the same
-bytes as torch's own HuggingFaceStorageReader, in one process and on 2 ranks under mpirun with
-FSDP2 (fully_shard on a gloo CPU mesh) where only rank 0 can open the files; a missing key and
-an unopenable checkpoint raise."""
+bytes as torch's own HuggingFaceStorageReader, in one process, on 2 ranks under mpirun with
+FSDP2 (fully_shard on a gloo CPU mesh) and on 4 ranks on a 2 × 2 mesh, where only rank 0 can
+open the files; a missing key, an unopenable checkpoint and a failure inside read_data raise
+on every rank."""
 
 from __future__ import annotations
 
@@ -155,3 +156,30 @@ def test_a_failure_in_read_data_is_weightcast_error_on_every_rank(dcp_ranks):
         for kind, status, message in failures.values():
             assert (kind, status) == ("Error", 78), message
             assert "other_checkpoint" in message
+
+
+@pytest.fixture(scope="module")
+def mesh_ranks(tmp_path_factory):
+    checkpoint = tmp_path_factory.mktemp("dcp_mesh") / "plain"
+    checkpoint.mkdir()
+    torch.manual_seed(9)
+    # Rows that 4 divides (DTensor splits a strided shard evenly only); 9 columns split
+    # unevenly.
+    tensors = {"wq": torch.randn(8, 12), "w_up": torch.randn(16, 6), "odd": torch.randn(12, 9)}
+    safetensors_torch.save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()},
+                                str(checkpoint / "model.safetensors"))
+    out = tmp_path_factory.mktemp("dcp_mesh_ranks")
+    ports = free_ports(6)
+    r = run_ranks(HERE / "dcp_mesh_worker.py", [str(checkpoint), str(out)] +
+                  [str(p) for p in ports], ranks=4, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(4)]
+
+
+@pytest.mark.parametrize("layout", ["shard0_shard1", "replicate_shard1", "shard1_shard0",
+                                    "fsdp_over_tp"])
+def test_a_2x2_mesh_matches_torchs_reader_bit_exact(mesh_ranks, layout):
+    dtypes = ("bfloat16", "float32") if layout == "fsdp_over_tp" else ("float32",)
+    for report in mesh_ranks:
+        for dtype in dtypes:
+            assert report[f"{layout}_{dtype}"] == [], (report["rank"], dtype)
