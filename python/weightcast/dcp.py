@@ -66,7 +66,6 @@ class HuggingFaceStorageReader(StorageReader):
         self._progress = progress
         self._alone = alone
         self.load_id = uuid.uuid4().hex
-        self._dtypes: dict[str, str] = {}
         self.storage_data: dict[MetadataIndex, Any] = {}
 
     # --- StorageReader ---------------------------------------------------------------------
@@ -139,24 +138,35 @@ class HuggingFaceStorageReader(StorageReader):
     # --- read_metadata ---------------------------------------------------------------------
 
     def _read_metadata(self) -> Metadata:
-        world = self._world()
-        several = world["world_size"] > 1
+        # A rank whose own world is wrong still joins the broadcast (and raises after it), so
+        # that no rank waits for one that left.
+        problem: Error | None = None
+        try:
+            self._world()
+        except Error as e:
+            problem = e
+        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         reply: list[Any] = [None]
-        if world["rank"] == 0:
-            try:
-                reply[0] = ("tensors", self._catalogue_tensors())
-            except Error as e:
-                if not several:
-                    raise
-                reply[0] = ("error", str(e), e.status)
-            except Exception as e:  # sent on as an Error, so no rank waits in vain
-                if not several:
-                    raise
-                reply[0] = ("error", f"{type(e).__name__}: {e}", INTERNAL)
+        if not several or dist.get_rank() == 0:
+            if problem is not None:
+                reply[0] = ("error", str(problem), problem.status)
+            else:
+                try:
+                    reply[0] = ("tensors", self._catalogue_tensors())
+                except Error as e:
+                    if not several:
+                        raise
+                    reply[0] = ("error", str(e), e.status)
+                except Exception as e:  # sent on as an Error, so no rank waits in vain
+                    if not several:
+                        raise
+                    reply[0] = ("error", f"{type(e).__name__}: {e}", INTERNAL)
         if several:
             # DCP calls read_metadata on every rank, in the same order, so a broadcast over
             # its own process group reaches every rank; the others open no file.
             dist.broadcast_object_list(reply, src=0)
+        if problem is not None:
+            raise problem
         if reply[0][0] == "error":
             _, message, status = reply[0]
             raise Error(message if message.startswith("rank ") else f"rank 0: {message}",
@@ -164,7 +174,6 @@ class HuggingFaceStorageReader(StorageReader):
         tensors: list[tuple[str, str, list[int]]] = reply[0][1]
         state: dict[str, TensorStorageMetadata] = {}
         storage: dict[MetadataIndex, Any] = {}
-        self._dtypes = {}
         for name, st_dtype, shape in tensors:
             size = torch.Size(shape)
             zeros = torch.Size([0] * len(shape))
@@ -172,7 +181,6 @@ class HuggingFaceStorageReader(StorageReader):
                 properties=TensorProperties(dtype=_dtypes.torch_dtype(st_dtype)), size=size,
                 chunks=[ChunkStorageMetadata(offsets=zeros, sizes=size)])
             storage[MetadataIndex(fqn=name, offset=zeros)] = st_dtype
-            self._dtypes[name] = st_dtype
         metadata = Metadata(state_dict_metadata=state,  # type: ignore[arg-type]
                             storage_data=storage)
         metadata.storage_meta = StorageMeta(load_id=self.load_id)
