@@ -43,3 +43,26 @@ def test_extension_stub_names_exist():
         assert hasattr(_weightcast, name), name
     public = {n for n in dir(_weightcast) if not n.startswith("_")}
     assert public <= set(stubs) | {"Catalogue", "LoadResult"}, public - set(stubs)
+
+
+def test_dcp_stub_matches_the_reader():
+    import pytest
+
+    pytest.importorskip("torch.distributed.checkpoint")
+    import weightcast.dcp
+
+    tree = ast.parse((PKG / "dcp.pyi").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == "HuggingFaceStorageReader")
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    real_cls = weightcast.dcp.HuggingFaceStorageReader
+    for name, stub in methods.items():
+        real = inspect.signature(getattr(real_cls, name))
+        params = [p.arg for p in stub.args.args + stub.args.kwonlyargs]
+        if name == "validate_checkpoint_id":
+            params = params[1:]  # cls, bound away on the classmethod
+        assert params == list(real.parameters)[:len(params)], name
+        if name == "__init__":
+            assert params == list(real.parameters), name
+            for p, d in zip(stub.args.kwonlyargs, stub.args.kw_defaults):
+                assert real.parameters[p.arg].default == ast.literal_eval(d), p.arg

@@ -1,0 +1,282 @@
+"""``weightcast.dcp``: a ``torch.distributed.checkpoint`` storage reader over weightcast.
+
+``dcp.load(state_dict, storage_reader=weightcast.dcp.HuggingFaceStorageReader(path))`` loads a
+safetensors checkpoint as torch's ``HuggingFaceStorageReader`` does, but rank 0 alone opens
+the files and reads each byte once; every rank receives the boxes its DCP plan asks for, in
+place. Importing this module imports torch. See ``weightcast/dcp.pyi`` and docs/python.md.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from . import _api, _dtypes
+from . import _weightcast as _core
+from ._errors import CONFIG, INTERNAL, USAGE, Error
+
+__all__ = ["HuggingFaceStorageReader"]
+
+
+def _box_text(offsets: Any, lengths: Any) -> str:
+    return f"offsets {list(offsets)}, lengths {list(lengths)}"
+
+
+class HuggingFaceStorageReader(StorageReader):
+    """A DCP ``StorageReader`` for a safetensors checkpoint (see ``weightcast/dcp.pyi``)."""
+
+    def __init__(self, path: _api.PathLike, thread_count: int = 1, *, device: Any = None,
+                 chunk_size: Any = None, buffer_depth: Any = None, io_depth: Any = None,
+                 direct_io: Any = None, timeout: Any = None, config: Any = None,
+                 progress: Any = None, reader: Any = None, verify: Any = None,
+                 rendezvous_port: Any = None, alone: bool = False) -> None:
+        if _api._integer(thread_count) is None or thread_count < 1:
+            raise Error(f"HuggingFaceStorageReader: thread_count={thread_count!r} is not a "
+                        "positive int", USAGE)
+        if not isinstance(alone, bool):
+            raise Error(f"alone: {alone!r} is not True or False", USAGE)
+        _api._fs_path(path, "path")  # a TypeError for what is not a path, now
+        self.path = path
+        # Accepted for torch's signature; rank 0's reads are weightcast's (io_depth).
+        self.thread_count = int(thread_count)
+        self._options = _api._Options.of(
+            config=config, chunk_size=chunk_size, buffer_depth=buffer_depth, io_depth=io_depth,
+            direct_io=direct_io, timeout=timeout, reader=reader, verify=verify)
+        self._port = _api._port(rendezvous_port)
+        self._device = device
+        if device is not None or self._options.config is not None:
+            _api._resolve_device(device, self._options.config)  # a bad device raises now
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
+        self._progress = progress
+        self._alone = alone
+        self.load_id = uuid.uuid4().hex
+        self.storage_data: dict[MetadataIndex, Any] = {}
+
+    # --- StorageReader ---------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id is not None:
+            _api._fs_path(checkpoint_id, "checkpoint_id")
+            self.path = checkpoint_id
+        self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        # Ranks other than 0 need not see the files, so a path of any content is valid here.
+        return isinstance(checkpoint_id, (str, bytes, os.PathLike))
+
+    def read_metadata(self) -> Metadata:  # type: ignore[override]
+        # No **kwargs, as torch's HuggingFaceStorageReader: DCP retries a reader whose
+        # read_metadata takes them with rank=, per rank and without collectives, which would
+        # part the ranks.
+        try:
+            return self._read_metadata()
+        except Error as e:
+            raise _api._ranked(e, self._world_or_none()) from None
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        self.storage_data = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            self._read_data(plan, planner)
+        except Error as e:
+            raise _api._ranked(e, self._world_or_none()) from None
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    # --- the world -------------------------------------------------------------------------
+
+    def _world(self) -> dict:
+        """weightcast's world (the launcher's environment), checked against torch's default
+        process group when one is initialised: DCP exchanges plans over that group while
+        weightcast moves the bytes over its own, so both must number the ranks alike."""
+        world = _api._world(self._options.config, self._alone)
+        if dist.is_available() and dist.is_initialized():
+            rank, size = dist.get_rank(), dist.get_world_size()
+            if (rank, size) != (world["rank"], world["world_size"]):
+                raise Error(f"HuggingFaceStorageReader: torch.distributed's default process "
+                            f"group says rank {rank} of {size}, weightcast's world says "
+                            f"{world['describe']}: both must number the ranks alike", CONFIG)
+        elif world["world_size"] > 1:
+            raise Error(f"HuggingFaceStorageReader: {world['describe']}, but no "
+                        "torch.distributed process group is initialised, over which DCP and "
+                        "this reader exchange plans and metadata (init_process_group first, "
+                        "or alone=True for a one-rank load)", USAGE)
+        return world
+
+    def _world_or_none(self) -> dict | None:
+        try:
+            return _api._world(self._options.config, self._alone)
+        except Exception:
+            return None
+
+    # --- read_metadata ---------------------------------------------------------------------
+
+    def _read_metadata(self) -> Metadata:
+        # A rank whose own world is wrong still joins the broadcast (and raises after it), so
+        # that no rank waits for one that left.
+        problem: Error | None = None
+        try:
+            self._world()
+        except Error as e:
+            problem = e
+        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        reply: list[Any] = [None]
+        if not several or dist.get_rank() == 0:
+            if problem is not None:
+                reply[0] = ("error", str(problem), problem.status)
+            else:
+                try:
+                    reply[0] = ("tensors", self._catalogue_tensors())
+                except Error as e:
+                    if not several:
+                        raise
+                    reply[0] = ("error", str(e), e.status)
+                except Exception as e:  # sent on as an Error, so no rank waits in vain
+                    if not several:
+                        raise
+                    reply[0] = ("error", f"{type(e).__name__}: {e}", INTERNAL)
+        if several:
+            # DCP calls read_metadata on every rank, in the same order, so a broadcast over
+            # its own process group reaches every rank; the others open no file.
+            dist.broadcast_object_list(reply, src=0)
+        if problem is not None:
+            raise problem
+        if reply[0][0] == "error":
+            _, message, status = reply[0]
+            raise Error(message if message.startswith("rank ") else f"rank 0: {message}",
+                        status)
+        tensors: list[tuple[str, str, list[int]]] = reply[0][1]
+        state: dict[str, TensorStorageMetadata] = {}
+        storage: dict[MetadataIndex, Any] = {}
+        for name, st_dtype, shape in tensors:
+            size = torch.Size(shape)
+            zeros = torch.Size([0] * len(shape))
+            state[name] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=_dtypes.torch_dtype(st_dtype)), size=size,
+                chunks=[ChunkStorageMetadata(offsets=zeros, sizes=size)])
+            storage[MetadataIndex(fqn=name, offset=zeros)] = st_dtype
+        metadata = Metadata(state_dict_metadata=state,  # type: ignore[arg-type]
+                            storage_data=storage)
+        metadata.storage_meta = StorageMeta(load_id=self.load_id)
+        return metadata
+
+    def _catalogue_tensors(self) -> list[tuple[str, str, list[int]]]:
+        """(name, safetensors dtype, shape as torch holds it) per tensor, file order."""
+        catalogue = _core.open_checkpoint(_api._fs_path(self.path, "checkpoint"))
+        out = []
+        for meta in catalogue.tensors:
+            _dtypes.check_shape(meta, catalogue.shards)
+            _dtypes.check_representable(meta, "error")
+            out.append((meta["name"], meta["dtype"], list(_api._checkpoint_shape(meta))))
+        return out
+
+    # --- read_data -------------------------------------------------------------------------
+
+    def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        world = self._world()
+        # One box per tensor per rank: the library's want (a local shard) is one box.
+        items: dict[str, Any] = {}
+        for item in plan.items:
+            fqn = item.storage_index.fqn
+            if item.type != LoadItemType.TENSOR:
+                raise Error(f"HuggingFaceStorageReader: '{fqn}' is asked as {item.type.name}; "
+                            "a safetensors checkpoint holds tensors only", USAGE)
+            if fqn in items:
+                first = _box_text(items[fqn].storage_offsets, items[fqn].lengths)
+                raise Error(f"HuggingFaceStorageReader: rank {world['rank']} asks tensor "
+                            f"'{fqn}' in two boxes ({first}; "
+                            f"{_box_text(item.storage_offsets, item.lengths)}): weightcast "
+                            "delivers one box of a tensor per rank until general boxes land",
+                            USAGE)
+            items[fqn] = item
+        targets = {fqn: planner.resolve_tensor(item).detach() for fqn, item in items.items()}
+
+        if self._device is None and self._options.config is None:
+            devices = {t.device for t in targets.values()}
+            only = next(iter(devices)) if len(devices) == 1 else None
+            dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
+                if only is not None and only.type == "cuda" else ("host", 0)
+        else:
+            dev = _api._resolve_device(self._device, self._options.config)
+        memory = "cuda" if dev[0] == "cuda" else "host"
+        torch_device = torch.device("cuda", dev[1]) if memory == "cuda" else torch.device("cpu")
+
+        state: dict[str, Any] = {}
+
+        def wants_for(catalogue: Any, rank: int, world_size: int) -> list[tuple]:
+            metas = {m["name"]: m for m in catalogue.tensors}
+            wants: list[tuple] = []
+            staged: list[tuple] = []
+            for fqn, item in items.items():
+                meta = metas.get(fqn)
+                if meta is None:
+                    raise Error(f"HuggingFaceStorageReader: rank {rank} asks tensor '{fqn}', "
+                                "which the checkpoint lacks", USAGE)
+                box = _box_text(item.storage_offsets, item.lengths)
+                target = targets[fqn]
+                if tuple(target.shape) != tuple(item.lengths):
+                    raise Error(f"HuggingFaceStorageReader: rank {rank}: tensor '{fqn}', box "
+                                f"{box}: the planner's destination has shape "
+                                f"{list(target.shape)}", USAGE)
+                st_dtype = meta["dtype"]
+                src_dtype = _dtypes.torch_dtype(st_dtype)
+                cast = None
+                castable = True
+                if src_dtype != target.dtype:
+                    cast = _api._ST_NAMES.get(str(target.dtype).removeprefix("torch."))
+                    castable = memory == "host" and (st_dtype, cast) in _api._RECEIVER_CASTS
+                if castable and target.is_contiguous() and target.device == torch_device:
+                    dest = target
+                else:
+                    # torch's copy_ casts and scatters what the library cannot land in place.
+                    dest = torch.empty(tuple(target.shape), dtype=src_dtype, device=torch_device)
+                    staged.append((target, dest))
+                    cast = None
+                offset, shape = list(item.storage_offsets), list(item.lengths)
+                if st_dtype == "F4" and shape:  # two elements per torch element
+                    offset[-1] *= 2
+                    shape[-1] *= 2
+                wants.append((fqn, offset, shape, dest.data_ptr(),
+                              dest.numel() * dest.element_size(), memory, cast))
+            state["staged"] = staged
+            return wants
+
+        _api._run_job(self.path, self._options, device=dev, placement=None,
+                      rendezvous_port=self._port, plan=wants_for,
+                      progress=self._progress, rank=world["rank"],
+                      alone=bool(self._alone))
+        staged = state.pop("staged", [])
+        if staged:
+            with torch.no_grad():
+                for target, landed in staged:
+                    target.copy_(landed)
+            if dev[0] == "cuda":
+                torch.cuda.current_stream(dev[1]).synchronize()
+        for fqn, item in items.items():
+            planner.commit_tensor(item, targets[fqn])

@@ -1,0 +1,185 @@
+"""weightcast.dcp.HuggingFaceStorageReader under torch.distributed.checkpoint (DCP): the same
+bytes as torch's own HuggingFaceStorageReader, in one process, on 2 ranks under mpirun with
+FSDP2 (fully_shard on a gloo CPU mesh) and on 4 ranks on a 2 × 2 mesh, where only rank 0 can
+open the files; a missing key, an unopenable checkpoint and a failure inside read_data raise
+on every rank."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import weightcast
+from test_multirank import free_ports, run_ranks
+
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+CheckpointException = pytest.importorskip("torch.distributed.checkpoint.api").CheckpointException
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import weightcast.dcp  # noqa: E402  (imports torch.distributed.checkpoint)
+
+HERE = Path(__file__).resolve().parent
+RANKS = 2
+
+
+def raw(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.fixture()
+def bf16_checkpoint(tmp_path):
+    torch.manual_seed(5)
+    tensors = {
+        "embed.weight": torch.randn(11, 6).to(torch.bfloat16),
+        "layers.0.weight": torch.randn(4, 3, 5).to(torch.bfloat16),
+        "layers.0.bias": torch.randn(7).to(torch.bfloat16),
+        "scale": torch.randn(()).to(torch.bfloat16),
+        "empty": torch.zeros(0, 3).to(torch.bfloat16),
+    }
+    # Values FP32 cannot hold exactly in BF16 are not needed: BF16 -> FP32 is exact; the
+    # point is that both readers cast alike.
+    tensors["layers.0.bias"][0] = float("inf")
+    safetensors_torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    return tmp_path, tensors
+
+
+def _load(state_dict, reader):
+    with warnings.catch_warnings():  # DCP warns that no process group means one process
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state_dict, storage_reader=reader)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_process_matches_torchs_reader_bit_exact(bf16_checkpoint, dtype):
+    path, tensors = bf16_checkpoint
+    ours = {k: torch.full(v.shape, 7.0, dtype=dtype) for k, v in tensors.items()}
+    theirs = {k: torch.full(v.shape, 7.0, dtype=dtype) for k, v in tensors.items()}
+    _load(ours, weightcast.dcp.HuggingFaceStorageReader(path, timeout=20, progress=False))
+    _load(theirs, dcp.HuggingFaceStorageReader(str(path)))
+    for k in tensors:
+        assert ours[k].dtype == dtype and ours[k].shape == tensors[k].shape, k
+        assert raw(ours[k]) == raw(theirs[k]), k
+    assert raw(ours["layers.0.weight"].to(torch.bfloat16)) == raw(tensors["layers.0.weight"])
+
+
+def test_a_narrowed_or_strided_destination_lands_through_copy(bf16_checkpoint):
+    # A transposed (non-contiguous) FP32 destination: landed in the checkpoint's dtype, then
+    # copied by torch, as torch's reader writes it.
+    path, tensors = bf16_checkpoint
+    ours = {"embed.weight": torch.zeros(6, 11).t()}
+    theirs = {"embed.weight": torch.zeros(6, 11).t()}
+    _load(ours, weightcast.dcp.HuggingFaceStorageReader(path, timeout=20, progress=False))
+    _load(theirs, dcp.HuggingFaceStorageReader(str(path)))
+    assert torch.equal(ours["embed.weight"], theirs["embed.weight"])
+    assert torch.equal(ours["embed.weight"], tensors["embed.weight"].float())
+
+
+def test_a_key_the_checkpoint_lacks_raises_naming_it(bf16_checkpoint):
+    path, tensors = bf16_checkpoint
+    target = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in tensors.items()}
+    target["not.in.checkpoint"] = torch.zeros(2)
+    with pytest.raises(CheckpointException, match="not.in.checkpoint"):
+        _load(target, weightcast.dcp.HuggingFaceStorageReader(path, timeout=20, progress=False))
+
+
+def test_a_checkpoint_that_cannot_be_opened_raises_with_weightcasts_message(tmp_path):
+    with pytest.raises(CheckpointException, match="no_such_dir: no such file"):
+        _load({"x": torch.zeros(1)}, weightcast.dcp.HuggingFaceStorageReader(
+            tmp_path / "no_such_dir", timeout=20, progress=False))
+
+
+def test_bad_keywords_are_refused_when_the_reader_is_made(tmp_path):
+    with pytest.raises(TypeError, match="placement"):
+        weightcast.dcp.HuggingFaceStorageReader(tmp_path, placement="fsdp")
+    with pytest.raises(weightcast.Error, match="timeout") as e:
+        weightcast.dcp.HuggingFaceStorageReader(tmp_path, timeout=-1)
+    assert e.value.status == 78
+    with pytest.raises(weightcast.Error, match="thread_count") as e:
+        weightcast.dcp.HuggingFaceStorageReader(tmp_path, thread_count=0)
+    assert e.value.status == 64
+    with pytest.raises(weightcast.Error, match="device") as e:
+        weightcast.dcp.HuggingFaceStorageReader(tmp_path, device="tpu")
+    assert e.value.status == 78
+    # torch's keyword is taken
+    assert weightcast.dcp.HuggingFaceStorageReader(tmp_path, thread_count=4).thread_count == 4
+
+
+@pytest.fixture(scope="module")
+def dcp_ranks(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    checkpoint = tmp_path_factory.mktemp("dcp_llama") / "llama"
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(checkpoint,
+                                                                 safe_serialization=True)
+    out = tmp_path_factory.mktemp("dcp_ranks")
+    ports = free_ports(6)
+    r = run_ranks(HERE / "dcp_worker.py", [str(checkpoint), str(out)] + [str(p) for p in ports],
+                  ranks=RANKS, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(RANKS)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fsdp2_on_2_ranks_matches_torchs_reader_bit_exact(dcp_ranks, dtype):
+    for report in dcp_ranks:
+        assert report[f"{dtype}_keys"], report["rank"]
+        assert report[f"{dtype}_sharded"] > 0, report["rank"]  # DTensors, Shard(0)
+        assert report[f"{dtype}_mismatch"] == [], report["rank"]
+
+
+def test_rank_0_unable_to_open_fails_every_rank_with_its_message(dcp_ranks):
+    for report in dcp_ranks:
+        failures = report["missing_file"]
+        assert failures is not None and sorted(failures) == [str(r) for r in range(RANKS)]
+        for _, status, message in failures.values():
+            assert "rank 0: no_such_checkpoint: no such file" in message
+
+
+def test_shard_1_dtensors_match_torchs_reader_bit_exact(dcp_ranks):
+    for report in dcp_ranks:
+        assert report["shard1_count"] > 0
+        assert report["shard1_mismatch"] == [], report["rank"]
+
+
+def test_a_failure_in_read_data_is_weightcast_error_on_every_rank(dcp_ranks):
+    for report in dcp_ranks:
+        failures = report["read_data_failure"]
+        assert failures is not None and sorted(failures) == [str(r) for r in range(RANKS)]
+        for kind, status, message in failures.values():
+            assert (kind, status) == ("Error", 78), message
+            assert "other_checkpoint" in message
+
+
+@pytest.fixture(scope="module")
+def mesh_ranks(tmp_path_factory):
+    checkpoint = tmp_path_factory.mktemp("dcp_mesh") / "plain"
+    checkpoint.mkdir()
+    torch.manual_seed(9)
+    # Rows that 4 divides (DTensor splits a strided shard evenly only); 9 columns split
+    # unevenly.
+    tensors = {"wq": torch.randn(8, 12), "w_up": torch.randn(16, 6), "odd": torch.randn(12, 9)}
+    safetensors_torch.save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()},
+                                str(checkpoint / "model.safetensors"))
+    out = tmp_path_factory.mktemp("dcp_mesh_ranks")
+    ports = free_ports(6)
+    r = run_ranks(HERE / "dcp_mesh_worker.py", [str(checkpoint), str(out)] +
+                  [str(p) for p in ports], ranks=4, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(4)]
+
+
+@pytest.mark.parametrize("layout", ["shard0_shard1", "replicate_shard1", "shard1_shard0",
+                                    "fsdp_over_tp"])
+def test_a_2x2_mesh_matches_torchs_reader_bit_exact(mesh_ranks, layout):
+    dtypes = ("bfloat16", "float32") if layout == "fsdp_over_tp" else ("float32",)
+    for report in mesh_ranks:
+        for dtype in dtypes:
+            assert report[f"{layout}_{dtype}"] == [], (report["rank"], dtype)
