@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
        wire::frame_bytes(Frame::report, wire::encode_report({1, 4096, 0.5, {1, 2, 3}})) +
            status_frame(Frame::abort, 74, "rank 1: reading shard 'model-00001-of-00002'"));
   seed(dir, "report", root, wire::frame_bytes(Frame::report, wire::encode_report({2, 0, 0, {}})));
+  {
+    // A report in pieces: REPORT_PART frames, then the REPORT that ends them.
+    const std::string whole = wire::encode_report({1, 64, 0.5, {1, 2, 3, 4, 5, 6, 7, 8}});
+    seed(dir, "report_part", root,
+         wire::frame_bytes(Frame::report_part, whole.substr(0, 30)) +
+             wire::frame_bytes(Frame::report, whole.substr(30)));
+  }
   seed(dir, "progress", root,
        wire::frame_bytes(Frame::progress, wire::encode_progress(0)) +
            wire::frame_bytes(Frame::progress, wire::encode_progress(139)) +

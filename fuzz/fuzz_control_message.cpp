@@ -75,6 +75,8 @@ void decode_payload(wire::Frame type, std::string_view payload) {
       return;
     case wire::Frame::share_part:
       return;  // opaque bytes: a piece of a SHARE, judged once whole (as above)
+    case wire::Frame::report_part:
+      return;  // opaque bytes: a piece of a REPORT, judged once whole (as above)
     case wire::Frame::welcome:
       if (!payload.empty()) std::abort();  // the header check allows none
       return;

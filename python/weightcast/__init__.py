@@ -62,12 +62,13 @@ _atexit.register(_weightcast.shutdown)
 # parent's MPI: it forgets both rather than join or finalise them.
 _os.register_at_fork(after_in_child=_weightcast.after_fork_in_child)
 from ._api import LoadReport, load, load_into  # noqa: E402
-from ._errors import Error  # noqa: E402
+from ._errors import Error, InputOutputError, MissingInputError  # noqa: E402
 from ._progress import Progress  # noqa: E402
 
 __version__: str = _weightcast.build_info()["version"]
 
-__all__ = ["Error", "LoadReport", "Progress", "build_info", "load", "load_into"]
+__all__ = ["Error", "InputOutputError", "LoadReport", "MissingInputError", "Progress",
+           "build_info", "load", "load_into"]
 
 
 def build_info() -> dict[str, object]:

@@ -21,14 +21,29 @@ class Error(RuntimeError):
     config key. ``status`` is the ``<sysexits.h>`` code the CLI exits with for the same
     failure: 64 usage, 65 invalid checkpoint (or: it does not fit the model), 66 missing input,
     69 unavailable, 70 internal, 74 I/O, 75 timeout, 78 config. A subclass of RuntimeError,
-    which torch's ``load_state_dict`` raises for the same faults.
+    which torch's ``load_state_dict`` raises for the same faults. Status 66 is raised as
+    ``MissingInputError`` (also a ``FileNotFoundError``) and 74 as ``InputOutputError`` (also
+    an ``OSError``), as ``open()`` and ``safetensors.torch.load_file`` raise for those faults;
+    ``Error(message, 66)`` or ``Error(message, 74)`` makes one of them. Picklable: an
+    unpickled error has the same class, message and status.
     """
 
     status: int
-    def __init__(self, message: str, status: int = 70) -> None: ...
+    def __init__(self, message: str = "", status: int | None = None) -> None:
+        """``status`` None: the class's own (70 for ``Error``, 66, 74 for the kinds below)."""
     @property
     def kind(self) -> str:
         """The status's short name, e.g. ``"missing input"``."""
+
+class MissingInputError(Error, FileNotFoundError):
+    """Status 66 (missing input): the checkpoint, a shard or the config file is not there (or
+    is a directory or another non-file where a file was expected). ``errno`` is ENOENT;
+    ``filename`` is None (the message names the path)."""
+
+class InputOutputError(Error, OSError):
+    """Status 74 (I/O): a read failed, a file changed under the reader, or O_DIRECT was
+    refused with ``direct_io="on"``. ``errno`` is None (the message carries the system's
+    reason)."""
 
 class Progress(NamedTuple):
     """How far a load has come on this rank (passed to a ``progress=`` callable)."""
@@ -75,7 +90,7 @@ class LoadReport:
 def load(
     checkpoint: PathLike,
     *,
-    device: str | torch.device | None = None,
+    device: str | int | torch.device | None = None,
     chunk_size: int | str | None = None,
     buffer_depth: int | None = None,
     io_depth: int | None = None,
@@ -110,7 +125,8 @@ def load(
             ``"a"``; never opened but on rank 0): a rank naming another raises 78 on every
             rank, naming that rank's path and rank 0's, before rank 0 opens anything.
         device: where the tensors live: ``"cpu"`` (the default without ``config``),
-            ``"cuda"`` (torch's current device), ``"cuda:N"``, a ``torch.device``, or
+            ``"cuda"`` (torch's current device), ``"cuda:N"``, an int ``N`` (the same as
+            ``"cuda:N"``, as torch and safetensors read an int), a ``torch.device``, or
             ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
             With ``config`` and no ``device``, the config's ``device`` key decides.
         chunk_size: bytes per chunk, an int (anything ``operator.index`` takes, e.g. a
@@ -187,7 +203,7 @@ def load_into(
     *,
     strict: bool = True,
     key_map: KeyMap = None,
-    device: str | torch.device | None = None,
+    device: str | int | torch.device | None = None,
     chunk_size: int | str | None = None,
     buffer_depth: int | None = None,
     io_depth: int | None = None,

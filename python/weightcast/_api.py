@@ -107,6 +107,9 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
             return ("host", 0)
         kind = _core.config_device(config)
         device = "cpu" if kind == "host" else kind
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        # An accelerator index, as torch.device(0) and safetensors' load_file(device=0) read it.
+        device = f"cuda:{device}"
     text = str(device)  # a torch.device prints as "cuda:1" / "cpu"
     if text == "auto":
         text = "cuda" if _core.cuda_device_count() > 0 else "cpu"
@@ -121,8 +124,8 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
         if ordinal >= 2**31:  # the C++ ordinal is an int
             raise Error(f"device: {text!r}: no CUDA device has ordinal {ordinal}", UNAVAILABLE)
         return ("cuda", ordinal)
-    raise Error(f"device: {text!r} is not a device weightcast loads to (cpu, cuda, cuda:N, auto)",
-                CONFIG)
+    raise Error(f"device: {text!r} is not a device weightcast loads to (cpu, cuda, cuda:N, an int "
+                "N, auto)", CONFIG)
 
 
 def _world(config: bytes | None, alone: object) -> dict:
@@ -255,7 +258,7 @@ def _check_catalogue(catalogue: Any, unsupported_dtypes: str) -> None:
 def load(
     checkpoint: PathLike,
     *,
-    device: str | torch.device | None = None,
+    device: str | int | torch.device | None = None,
     chunk_size: int | str | None = None,
     buffer_depth: int | None = None,
     io_depth: int | None = None,
@@ -440,7 +443,7 @@ def load_into(
     *,
     strict: bool = True,
     key_map: KeyMap = None,
-    device: str | torch.device | None = None,
+    device: str | int | torch.device | None = None,
     chunk_size: int | str | None = None,
     buffer_depth: int | None = None,
     io_depth: int | None = None,

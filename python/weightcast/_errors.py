@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno as _errno
+
 #: The ``<sysexits.h>`` statuses weightcast uses, by name (docs/DESIGN.md § Errors).
 STATUS_NAMES = {
     64: "usage",
@@ -36,14 +38,27 @@ class Error(RuntimeError):
     input, 69 unavailable, 70 internal, 74 I/O, 75 timeout, 78 config.
 
     It derives from ``RuntimeError``, which torch's ``load_state_dict`` raises for the same
-    faults, so existing ``except RuntimeError`` handlers keep working.
+    faults, so existing ``except RuntimeError`` handlers keep working. ``Error(message, 66)``
+    and ``Error(message, 74)`` make the kinds below, which are also the ``OSError`` that
+    ``open()`` and ``safetensors.torch.load_file`` raise for the same faults, so handlers
+    written for those catch them too.
     """
 
     status: int
 
-    def __init__(self, message: str, status: int = INTERNAL) -> None:
+    def __new__(cls, message: str = "", status: int | None = None):
+        if cls is Error and status is not None:
+            cls = _KINDS.get(int(status), Error)
+        # OSError's own constructor for the kinds that are one (RuntimeError's refuses them),
+        # given the message alone: with two arguments it would read them as (errno, strerror).
+        base = OSError if issubclass(cls, OSError) else RuntimeError
+        return base.__new__(cls, message)
+
+    def __init__(self, message: str = "", status: int | None = None) -> None:
         super().__init__(message)
-        self.status = int(status)
+        self.status = int(self._status if status is None else status)
+
+    _status = INTERNAL
 
     @property
     def kind(self) -> str:
@@ -52,3 +67,25 @@ class Error(RuntimeError):
 
     def __reduce__(self):  # picklable across processes (multiprocessing, torch.distributed)
         return (type(self), (str(self), self.status))
+
+
+class MissingInputError(Error, FileNotFoundError):
+    """``Error`` 66 (missing input: the checkpoint, a shard or the config is not there), also
+    a ``FileNotFoundError`` with ``errno`` ENOENT."""
+
+    _status = MISSING_INPUT
+
+    def __init__(self, message: str = "", status: int | None = None) -> None:
+        super().__init__(message, status)
+        # errno alone: OSError's str() turns to "[Errno 2] ..." only once strerror is set too.
+        self.errno = _errno.ENOENT
+
+
+class InputOutputError(Error, OSError):
+    """``Error`` 74 (a read failed, a file changed under the reader, O_DIRECT refused), also
+    an ``OSError``."""
+
+    _status = IO
+
+
+_KINDS: dict[int, type[Error]] = {MISSING_INPUT: MissingInputError, IO: InputOutputError}

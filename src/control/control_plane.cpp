@@ -263,7 +263,9 @@ struct Connection {
   std::uint64_t progress = 0;        // the peer's chunks landed, by its last PROGRESS; likewise
   std::array<char, frame_header_bytes> header{};
   std::string payload;
-  std::string share_parts;  // a peer: SHARE_PART payloads so far, until the SHARE ending them
+  // SHARE_PART (a peer) or REPORT_PART (rank 0) payloads so far, until the SHARE or REPORT
+  // ending them.
+  std::string parts;
 };
 
 struct ControlPlane::Impl {
@@ -816,24 +818,19 @@ struct ControlPlane::Impl {
         return;
       }
       case Frame::share_part:
+      case Frame::report_part:
         // Grows by what arrived, frame by frame, never by a length announced ahead.
-        c.share_parts += c.payload;
+        c.parts += c.payload;
         return;
       case Frame::share: {
-        std::string bytes = std::move(c.share_parts);
-        c.share_parts = {};
-        if (bytes.empty()) {
-          bytes = std::move(c.payload);
-        } else {
-          bytes += c.payload;
-        }
+        std::string bytes = whole(c);
         std::lock_guard lock(mutex);
         shared.push_back(std::move(bytes));
         changed.notify_all();
         return;
       }
       case Frame::report: {
-        RankReport report = detail::decode_report(c.payload, what);
+        RankReport report = detail::decode_report(whole(c), what);
         if (report.rank != c.rank) {
           throw Error(Errc::unavailable,
                       fmt::format("{}: report of rank {}, not the connection's", what,
@@ -860,6 +857,25 @@ struct ControlPlane::Impl {
         throw Error(Errc::unavailable, fmt::format("unexpected message type {}",
                                                    static_cast<int>(type)));
     }
+  }
+
+  // The bytes a SHARE or REPORT ends: the parts before it, then its own payload.
+  static std::string whole(Connection& c) {
+    std::string bytes = std::move(c.parts);
+    c.parts = {};
+    if (bytes.empty()) return std::move(c.payload);
+    bytes += c.payload;
+    return bytes;
+  }
+
+  // Sends @p bytes as one frame of @p last, or, longer than one frame carries
+  // (max_share_bytes), as frames of @p part of that size and a last one of @p last.
+  void send_in_pieces(Connection& c, Frame part, Frame last, std::string_view bytes) {
+    while (bytes.size() > detail::max_share_bytes) {
+      send(c, part, bytes.substr(0, detail::max_share_bytes));
+      bytes.remove_prefix(detail::max_share_bytes);
+    }
+    send(c, last, bytes);
   }
 
   // A connection ended or misbehaved: unless that was expected, the job is over.
@@ -1151,16 +1167,8 @@ std::string ControlPlane::share(std::string bytes) {
   Impl& impl = *_impl;
   if (impl.world.world_size <= 1) return bytes;
   if (impl.world.rank == 0) {
-    // Longer than one frame carries: pieces, the last of them a SHARE (max_share_bytes).
-    const std::string_view all = bytes;
     for (auto& connection : impl.connections) {
-      if (!connection) continue;
-      std::size_t at = 0;
-      while (all.size() - at > detail::max_share_bytes) {
-        impl.send(*connection, Frame::share_part, all.substr(at, detail::max_share_bytes));
-        at += detail::max_share_bytes;
-      }
-      impl.send(*connection, Frame::share, all.substr(at));
+      if (connection) impl.send_in_pieces(*connection, Frame::share_part, Frame::share, bytes);
     }
     return bytes;
   }
@@ -1206,14 +1214,8 @@ std::vector<RankReport> ControlPlane::gather(RankReport mine, std::string_view w
   Impl& impl = *_impl;
   mine.rank = impl.world.rank;
   if (impl.world.rank != 0) {
-    const std::string report = detail::encode_report(mine);
-    if (report.size() > detail::max_share_bytes) {
-      throw Error(Errc::unavailable,
-                  fmt::format("control plane: a final report of {} digests ({} bytes) is over "
-                              "the limit of {} bytes",
-                              mine.digests.size(), report.size(), detail::max_share_bytes));
-    }
-    impl.send(*impl.connections.at(0), Frame::report, report);
+    impl.send_in_pieces(*impl.connections.at(0), Frame::report_part, Frame::report,
+                        detail::encode_report(mine));
     return {};
   }
   std::unique_lock lock(impl.mutex);

@@ -25,6 +25,7 @@ std::string_view frame_name(std::uint8_t type) {
     case Frame::done: return "verdict";
     case Frame::progress: return "progress";
     case Frame::share_part: return "share part";
+    case Frame::report_part: return "report part";
   }
   return "unknown";
 }
@@ -38,7 +39,7 @@ std::uint32_t payload_limit(Frame type, FrameReader reader, bool& accepted) {
       if (type == Frame::hello) return max_hello_bytes;
       break;
     case FrameReader::root:
-      if (type == Frame::report) return max_share_bytes;
+      if (type == Frame::report || type == Frame::report_part) return max_share_bytes;
       if (type == Frame::abort) return max_status_bytes;
       if (type == Frame::progress) return progress_bytes;
       break;

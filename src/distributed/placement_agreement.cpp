@@ -22,7 +22,7 @@ std::vector<std::uint64_t> pack(const std::string& bytes) {
 
 std::string unpack(const std::vector<std::uint64_t>& words, int rank) {
   const std::string what = fmt::format("placement wants from rank {}", rank);
-  if (words.empty() || words[0] > (words.size() - 1) * 8 || words[0] > max_wants_wire_bytes) {
+  if (words.empty() || words[0] > (words.size() - 1) * 8) {
     throw Error(Errc::unavailable, what + ": malformed (its length does not match)");
   }
   std::string bytes(words[0], '\0');

@@ -106,14 +106,11 @@ std::string_view to_string(Stage stage) noexcept {
 
 TensorView LoadResult::local(std::size_t index) const {
   const TensorWant& want = wants.tensors.at(index);
-  const TensorInfo* info = nullptr;
-  for (const TensorInfo& t : catalogue.tensors) {
-    if (t.name == want.tensor) info = &t;
-  }
-  if (info == nullptr) throw std::out_of_range("LoadResult::local: want of no tensor");
+  // By index: a search by name for each want would make N wants cost O(N²).
+  const TensorInfo& info = catalogue.tensors.at(want_tensors.at(index));
   const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
                                                              : arena->kind();
-  return TensorView{info, want_data.at(index), memory, &want};
+  return TensorView{&info, want_data.at(index), memory, &want};
 }
 
 std::vector<std::uint64_t> local_digests(const LoadResult& result) {
@@ -1373,6 +1370,15 @@ Plan plan_placed_load(LoadResult& result, Device& device, Transport& transport,
   result.arena = device.allocate_arena(layout.arena_bytes);
   result.placed = true;
   result.wants = placement.mine;
+  std::unordered_map<std::string_view, std::uint32_t> index_of;
+  index_of.reserve(result.catalogue.tensors.size());
+  for (std::uint32_t t = 0; t < result.catalogue.tensors.size(); ++t) {
+    index_of.emplace(result.catalogue.tensors[t].name, t);
+  }
+  result.want_tensors.reserve(result.wants.tensors.size());
+  for (const TensorWant& want : result.wants.tensors) {
+    result.want_tensors.push_back(index_of.at(want.tensor));  // validate_wants found each
+  }
   for (std::size_t w = 0; w < layout.offsets.size(); ++w) {
     const TensorDestination& d = placement.mine.tensors[w].destination;
     if (layout.offsets[w] == no_arena_offset) {

@@ -7,6 +7,7 @@
 #ifdef WEIGHTCAST_HAVE_MPI
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -43,6 +44,15 @@ std::unique_ptr<Transport> make_mpi_transport(MpiSession&) { no_mpi(); }
 namespace {
 
 constexpr std::chrono::microseconds progress_budget{1000};
+
+// An exchange's messages to or from one peer at most this long go together as one message
+// of an MPI_Type_create_hindexed datatype: a chunk of small tensors under fsdp holds one
+// delivery per tensor, and thousands of requests cost at every MPI_Testall. A longer message
+// stays contiguous: within a node Open MPI copies it once, straight from the sender's memory
+// (CMA), where a derived datatype is packed through its shared-memory buffers.
+constexpr std::uint64_t grouped_message_bytes = 64 * 1024;
+// At most this many messages a group, so that a group's length fits MPI's `int` sizes.
+constexpr std::size_t max_group_messages = INT_MAX / grouped_message_bytes;
 
 MPI_Comm to_comm(std::uintptr_t handle) {
   MPI_Comm comm;
@@ -184,8 +194,82 @@ class MpiTransport final : public Transport {
         requests.push_back(request);
       }
     };
-    for (const Message& m : receives) post(m, false);
-    for (const Message& m : sends) post(m, true);
+    // Posts @p group (short messages to or from one peer, in order) as one message, and
+    // empties it.
+    auto post_group = [&](std::vector<const Message*>& group, bool send) {
+      if (group.size() <= 1) {
+        if (!group.empty()) post(*group.front(), send);
+        group.clear();
+        return;
+      }
+      std::vector<int> lengths;
+      std::vector<MPI_Aint> addresses;
+      lengths.reserve(group.size());
+      addresses.reserve(group.size());
+      std::uint64_t bytes = 0;
+      for (const Message* m : group) {
+        lengths.push_back(static_cast<int>(m->bytes));
+        MPI_Aint address = 0;
+        MPI_Get_address(m->data, &address);  // relative to MPI_BOTTOM, where it is posted
+        addresses.push_back(address);
+        bytes += m->bytes;
+      }
+      const int peer = group.front()->peer;
+      const auto fail = [&](const char* call, int rc) {
+        return Error(Errc::unavailable,
+                     fmt::format("transport mpi: {} of {} messages ({} bytes) {} rank {} "
+                                 "failed: {}",
+                                 call, group.size(), bytes, send ? "to" : "from", peer,
+                                 mpi_error(rc)));
+      };
+      MPI_Datatype type = MPI_DATATYPE_NULL;
+      int rc = MPI_Type_create_hindexed(static_cast<int>(group.size()), lengths.data(),
+                                        addresses.data(), MPI_BYTE, &type);
+      if (rc != MPI_SUCCESS) throw fail("MPI_Type_create_hindexed", rc);
+      rc = MPI_Type_commit(&type);
+      if (rc != MPI_SUCCESS) {
+        MPI_Type_free(&type);
+        throw fail("MPI_Type_commit", rc);
+      }
+      MPI_Request request = MPI_REQUEST_NULL;
+      rc = send ? MPI_Isend(MPI_BOTTOM, 1, type, peer, tag, comm, &request)
+                : MPI_Irecv(MPI_BOTTOM, 1, type, peer, tag, comm, &request);
+      // Freed now: an operation posted with it keeps what it needs until it completes.
+      MPI_Type_free(&type);
+      if (rc != MPI_SUCCESS) throw fail(send ? "MPI_Isend" : "MPI_Irecv", rc);
+      requests.push_back(request);
+      total += bytes;
+      group.clear();
+    };
+    // Messages between two ranks match one to one in the order both post them, and the two
+    // sides list them alike (same peer, same lengths, same order), so both group alike: per
+    // peer, the short messages first, as groups in their order, then the others in theirs.
+    // A group's bytes are the same sequence on both sides, so its send and receive match.
+    auto post_all = [&](std::span<const Message> messages, bool send) {
+      std::vector<const Message*> by_peer;
+      by_peer.reserve(messages.size());
+      for (const Message& m : messages) by_peer.push_back(&m);
+      std::stable_sort(by_peer.begin(), by_peer.end(),
+                       [](const Message* a, const Message* b) { return a->peer < b->peer; });
+      std::vector<const Message*> group;
+      for (auto begin = by_peer.begin(); begin != by_peer.end();) {
+        const auto end = std::find_if(begin, by_peer.end(), [&](const Message* m) {
+          return m->peer != (*begin)->peer;
+        });
+        for (auto m = begin; m != end; ++m) {
+          if ((*m)->bytes > grouped_message_bytes) continue;
+          group.push_back(*m);
+          if (group.size() == max_group_messages) post_group(group, send);
+        }
+        post_group(group, send);
+        for (auto m = begin; m != end; ++m) {
+          if ((*m)->bytes > grouped_message_bytes) post(**m, send);
+        }
+        begin = end;
+      }
+    };
+    post_all(receives, false);
+    post_all(sends, true);
     guard.armed = false;
     if (requests.empty()) return nullptr;
     // No spinning here: once a receive's rendezvous message has arrived, one MPI_Testall

@@ -325,6 +325,48 @@ TEST_CASE("control plane: bytes longer than one frame reach every rank whole and
   }
 }
 
+TEST_CASE("control plane: a report longer than one frame reaches rank 0 whole, from each rank",
+          "[control_plane]") {
+  // What a rank reports grows with the checkpoint (its placement wants, a digest per tensor):
+  // past the 64 MiB + 4 KiB of one frame it goes in pieces, each rank's kept apart, and the
+  // next report (one frame) follows as a report of its own.
+  const std::uint16_t port = test::free_port();
+  const std::size_t count = wire::max_share_bytes / 8 + 1'000;
+  auto digests_of = [count](int rank) {
+    std::vector<std::uint64_t> digests(count);
+    for (std::size_t i = 0; i < count; ++i) digests[i] = i * 0x9E3779B97F4A7C15ull + rank;
+    return digests;
+  };
+  auto peer = [port, &digests_of](int rank) {
+    ControlPlane control(world_of(rank, 3), loopback(port));
+    control.gather(RankReport{rank, 7, 0.25, digests_of(rank)});
+    control.share({});
+    control.gather(RankReport{rank, 8, 0.5, {static_cast<std::uint64_t>(rank)}});
+    return control.finish({});
+  };
+  auto one = std::async(std::launch::async, peer, 1);
+  auto two = std::async(std::launch::async, peer, 2);
+  ControlPlane root(world_of(0, 3), loopback(port));
+  const auto big = root.gather(RankReport{0, 0, 0.0, {}});
+  REQUIRE(big.size() == 3);
+  for (int r : {1, 2}) {
+    INFO("rank " << r);
+    CHECK(big[r].rank == r);
+    CHECK(big[r].bytes == 7);
+    CHECK(big[r].digests.size() == count);
+    CHECK(big[r].digests == digests_of(r));
+  }
+  root.share("next");
+  const auto small = root.gather(RankReport{0, 0, 0.0, {}});
+  CHECK(small[1].digests == std::vector<std::uint64_t>{1});
+  CHECK(small[2].digests == std::vector<std::uint64_t>{2});
+  root.finish(Verdict{0, "ok"});
+  for (auto* f : {&one, &two}) {
+    REQUIRE(f->wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    CHECK(f->get().message == "ok");
+  }
+}
+
 TEST_CASE("catalogue wire: a shape of any number of dimensions travels, as the format allows",
           "[control_plane]") {
   // The format sets no limit on a shape's dimensions; one rank loads a 100-dimensional
@@ -614,8 +656,8 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   stranger[0] = 'G';
   CHECK_THAT(error_of(hello, stranger), Contains("hello: magic: not weightcast"));
   std::string newer = good_hello;
-  newer[4] = 4;
-  CHECK_THAT(error_of(hello, newer), Contains("protocol version 4, rank 0 speaks 3"));
+  newer[4] = 5;
+  CHECK_THAT(error_of(hello, newer), Contains("protocol version 5, rank 0 speaks 4"));
   auto progress = [](const std::string& b) { return wire::decode_progress(b, "progress"); };
   const std::string good_progress = wire::encode_progress(139);
   for (std::size_t n = 0; n < good_progress.size(); ++n) {
@@ -690,6 +732,14 @@ TEST_CASE("control wire: frame headers are checked per reader before any allocat
   CHECK_THAT(error_of(header(Frame::done, 0xffffffffu), FrameReader::peer),
              Contains("verdict message of 4294967295 bytes"));
   CHECK_THAT(error_of(header(Frame::report, 8), FrameReader::peer), Contains("unexpected"));
+  // A piece of a longer report is bounded like a REPORT; only rank 0 takes one.
+  CHECK(error_of(header(Frame::report_part, wire::max_share_bytes), FrameReader::root) ==
+        "accepted");
+  CHECK_THAT(error_of(header(Frame::report_part, wire::max_share_bytes + 1), FrameReader::root),
+             Contains("report part message of 67112961 bytes, over the limit of 67112960"));
+  CHECK_THAT(error_of(header(Frame::report_part, 8), FrameReader::peer), Contains("unexpected"));
+  CHECK_THAT(error_of(header(Frame::report_part, 8), FrameReader::greeting),
+             Contains("unexpected"));
   // The heartbeat goes both ways after the rendezvous, 8 bytes exactly at most.
   CHECK(error_of(header(Frame::progress, 8), FrameReader::root) == "accepted");
   CHECK(error_of(header(Frame::progress, 8), FrameReader::peer) == "accepted");

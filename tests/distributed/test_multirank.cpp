@@ -2,6 +2,7 @@
 // and every failure ends every rank in bounded time with one message and status.
 #include "weightcast/control/detail/control_wire.hpp"
 #include "weightcast/device/device.hpp"
+#include "weightcast/plan/placement.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
 
 #include "support/job.hpp"
@@ -1127,4 +1128,103 @@ TEST_CASE("multirank: a checkpoint whose catalogue is past one control frame (64
     CHECK(count(r.out, "bit-exact") == 1);
     CHECK_THAT(r.out, Contains(fmt::format("{} ranks × ", ranks)));
   }
+}
+
+TEST_CASE("multirank: a checkpoint whose placement wants are past one control frame (64 MiB) "
+          "loads bit-exact on 2 ranks, replicate and fsdp", "[multirank][large]") {
+  REQUIRE_MPI();
+  // A rank's wants name every tensor it receives (replicate: each whole; fsdp: its row of
+  // each), so they encode to about the checkpoint's names. 17,000 two-byte tensors named by
+  // 3,998 bytes: each rank's wants past the 64 MiB + 4 KiB one frame carries (rank 0 answers
+  // with every rank's, twice that), from a 69 MB header (the format allows 100,000,000). Long
+  // names keep the tensors few: the job's time goes by the tensor (fsdp sends each rank's row
+  // of each tensor as a message of its own).
+  constexpr int tensors = 17'000;
+  const std::string stem(3'990, 'w');
+  std::string header = "{";
+  std::string data(2 * tensors, '\0');
+  Catalogue catalogue;
+  for (int i = 0; i < tensors; ++i) {
+    const std::string name = fmt::format("{}.{:07}", stem, i);
+    if (i != 0) header += ',';
+    header += fmt::format(R"("{}":{{"dtype":"U8","shape":[2],"data_offsets":[{},{}]}})", name,
+                          2 * i, 2 * i + 2);
+    data[2 * i] = static_cast<char>((i * 7919) >> 3);
+    data[2 * i + 1] = static_cast<char>(i);
+    catalogue.tensors.push_back(TensorInfo{name, Dtype::U8, {2}, 0, 0, 2});
+  }
+  header += "}";
+  for (const PlacementMode mode : {PlacementMode::replicate, PlacementMode::fsdp}) {
+    const RankWants one = resolve_placement(PlacementSpec{mode, {}}, catalogue, 1, 2);
+    REQUIRE(encode_wants(std::vector<RankWants>{one}).size() > detail::max_share_bytes);
+  }
+  catalogue = {};
+  TempDir dir;
+  const auto checkpoint = dir / "long_names.safetensors";
+  write_file(checkpoint, make_safetensors(header, data));
+  for (const std::string placement : {"replicate", "fsdp"}) {
+    INFO("placement " << placement);
+    const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
+                                "--set", "placement=" + placement},
+                               base_sets(free_port())),
+                           {}, job_timeout_s);
+    INFO(r.out.substr(0, 4000) << r.err.substr(0, 4000));
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "bit-exact") == 1);
+    CHECK_THAT(r.out, Contains(placement == "fsdp" ? "local shards bit-exact" : "2 ranks × "));
+  }
+}
+
+TEST_CASE("multirank: a tensor of 100 dimensions loads on 2 ranks with fsdp as on one",
+          "[multirank]") {
+  REQUIRE_MPI();
+  // The format sets no limit on a shape's dimensions, nor does the catalogue's wire: neither
+  // do the placement wants, whose slices carry an offset and a length per dimension.
+  std::string shape = "[2";
+  for (int d = 1; d < 100; ++d) shape += ",1";
+  shape += "]";
+  TempDir dir;
+  const auto checkpoint = dir / "deep.safetensors";
+  const std::string header =
+      fmt::format(R"({{"deep":{{"dtype":"U8","shape":{},"data_offsets":[0,2]}}}})", shape);
+  write_file(checkpoint, make_safetensors(header, std::string("\x07\x09", 2)));
+  const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
+                              "--set", "placement=fsdp"},
+                             base_sets(free_port())),
+                         {}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Contains("2 ranks, 2 local shards bit-exact"));
+}
+
+TEST_CASE("multirank: fsdp delivers a chunk of 33,000 short slices and a few long ones to a "
+          "rank bit-exact", "[multirank]") {
+  REQUIRE_MPI();
+  // The mpi transport sends a peer's short slices of one chunk as one message (an hindexed
+  // datatype, at most 32,767 slices each) before its long ones; both sides must cut and order
+  // them alike. Rank 1's row of each two-row tensor: 1 byte, or 70,000 for every 5,000th.
+  constexpr int tensors = 33'000;
+  std::string header = "{";
+  std::string data;
+  for (int i = 0; i < tensors; ++i) {
+    const std::uint64_t row = i % 5'000 == 0 ? 70'000 : 1;
+    if (i != 0) header += ',';
+    header += fmt::format(R"("t{}":{{"dtype":"U8","shape":[2,{}],"data_offsets":[{},{}]}})", i,
+                          row, data.size(), data.size() + 2 * row);
+    for (std::uint64_t b = 0; b < 2 * row; ++b) {
+      data.push_back(static_cast<char>((i * 131 + b * 7) >> 2));
+    }
+  }
+  header += "}";
+  TempDir dir;
+  const auto checkpoint = dir / "mixed.safetensors";
+  write_file(checkpoint, make_safetensors(header, data));
+  const auto r = run_cli(cat(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
+                                  "--set", "placement=fsdp"},
+                                 base_sets(free_port())),
+                             {"--set", "chunk_size=16MiB"}),  // one chunk
+                         {}, job_timeout_s);
+  INFO(r.out.substr(0, 4000) << r.err.substr(0, 4000));
+  REQUIRE(r.exit_status == 0);
+  CHECK_THAT(r.out, Contains("2 ranks, 66000 local shards bit-exact"));
 }

@@ -382,6 +382,32 @@ TEST_CASE("validate_wants: each bad want names the rank - the tensor and the key
   REQUIRE(local_bytes(even.tensors[0], ok[0].tensors[0]) == 4);
 }
 
+TEST_CASE("wants of any size round-trip the wire - past one control frame", "[placement]") {
+  // Every rank's wants name every tensor: a checkpoint of many tensors on a few ranks encodes
+  // to more than the 64 MiB one control frame carries, and must load as it does on one rank.
+  constexpr std::size_t per_rank = 33'000;
+  std::vector<RankWants> wants(2);
+  const std::string stem(1'000, 'n');
+  for (std::size_t r = 0; r < wants.size(); ++r) {
+    for (std::size_t t = 0; t < per_rank; ++t) {
+      wants[r].tensors.push_back({stem + std::to_string(t), {r}, {1}, {}});
+    }
+  }
+  const std::string bytes = encode_wants(wants);
+  REQUIRE(bytes.size() > std::size_t{64} << 20);
+  const auto back = decode_wants(bytes, "wants");
+  REQUIRE(back.size() == 2);
+  REQUIRE(back[1].tensors.size() == per_rank);
+  CHECK(back[1].tensors.back().tensor == stem + std::to_string(per_rank - 1));
+  CHECK(back[1].tensors.back().offset == std::vector<std::uint64_t>{1});
+  CHECK(encode_wants(back) == bytes);
+  // A slice of a tensor of any number of dimensions, as the format and the catalogue allow.
+  std::vector<RankWants> deep(1);
+  deep[0].tensors.push_back({"deep", std::vector<std::uint64_t>(100, 0),
+                             std::vector<std::uint64_t>(100, 1), {}});
+  CHECK(decode_wants(encode_wants(deep), "wants")[0].tensors[0].shape.size() == 100);
+}
+
 TEST_CASE("wants round-trip the wire - truncated or corrupt bytes are refused - never trusted",
           "[placement]") {
   std::vector<RankWants> wants(3);

@@ -355,3 +355,83 @@ def test_error_pickles():
 
     e = pickle.loads(pickle.dumps(weightcast.Error("x.safetensors: gone", 66)))
     assert e.status == 66 and str(e) == "x.safetensors: gone"
+    for status, kind in [(66, weightcast.MissingInputError), (74, weightcast.InputOutputError),
+                         (65, weightcast.Error), (70, weightcast.Error)]:
+        made = weightcast.Error("x.safetensors: offset 8: gone", status)
+        back = pickle.loads(pickle.dumps(made))
+        assert type(made) is kind and type(back) is kind, status
+        assert back.status == status and str(back) == str(made) == "x.safetensors: offset 8: gone"
+        assert back.args == made.args == ("x.safetensors: offset 8: gone",)
+        assert repr(back) == f"{kind.__name__}('x.safetensors: offset 8: gone')"
+
+
+def test_a_missing_file_is_also_file_not_found_error(tmp_path):
+    """Code written around open() or safetensors' load_file catches weightcast's failures as
+    those raise them: a missing checkpoint is a FileNotFoundError (an OSError), still a
+    weightcast.Error with its status."""
+    import errno
+
+    missing = tmp_path / "nope.safetensors"
+    for call in (lambda: weightcast.load(missing),
+                 lambda: weightcast.load_into({"x": torch.zeros(1)}, missing)):
+        with pytest.raises(FileNotFoundError) as e:
+            call()
+        assert isinstance(e.value, weightcast.Error) and isinstance(e.value, RuntimeError)
+        assert isinstance(e.value, weightcast.MissingInputError)
+        assert e.value.status == 66 and e.value.kind == "missing input"
+        assert e.value.errno == errno.ENOENT
+        assert str(missing) in str(e.value) and "\n" not in str(e.value)
+    try:
+        weightcast.load(missing)
+    except OSError as e:  # what `except OSError` around load_file catches
+        assert e.status == 66
+    try:
+        weightcast.load(missing)
+    except weightcast.Error as e:  # and `except weightcast.Error` still does
+        assert type(e) is weightcast.MissingInputError
+
+
+def test_io_errors_are_also_os_errors(tmp_path):
+    # A shard that grows between its header's read and the load is an I/O failure (74).
+    path = tmp_path / "grows.safetensors"
+    save_file({"x": torch.ones(4)}, str(path))
+
+    def grow(name: str) -> str:  # runs once the header is read, before the shard is opened
+        with open(path, "ab") as f:
+            f.write(bytes(8))
+        return name
+
+    with pytest.raises(OSError) as e:
+        weightcast.load_into({"x": torch.zeros(4)}, path, key_map=grow)
+    assert not isinstance(e.value, FileNotFoundError)
+    assert isinstance(e.value, weightcast.InputOutputError)
+    assert isinstance(e.value, weightcast.Error)
+    assert e.value.status == 74 and e.value.kind == "io" and e.value.errno is None
+    assert "grows.safetensors: shard changed since its header was read" in str(e.value)
+    # The kinds made directly keep their own status; other statuses stay plain Errors.
+    assert weightcast.MissingInputError("x: no such file").status == 66
+    assert weightcast.InputOutputError("x: short read").status == 74
+    for status in (64, 65, 69, 70, 75, 78):
+        assert not isinstance(weightcast.Error("m", status), OSError), status
+    assert type(weightcast.Error("m")) is weightcast.Error and weightcast.Error("m").status == 70
+
+
+def test_an_int_device_is_an_accelerator_index(tmp_path):
+    """load(path, device=0) as torch.device(0) and safetensors' load_file(device=0) read it:
+    the same as "cuda:0" (here, without CUDA, the same refusal)."""
+    path = tmp_path / "a.safetensors"
+    save_file({"x": torch.ones(2)}, str(path))
+    for index in (0, 1):
+        try:
+            want = weightcast.load(path, device=f"cuda:{index}")
+        except weightcast.Error as e:
+            with pytest.raises(weightcast.Error) as got:
+                weightcast.load(path, device=index)
+            assert str(got.value) == str(e) and got.value.status == e.status
+            continue
+        got = weightcast.load(path, device=index)
+        assert got["x"].device == want["x"].device == torch.device("cuda", index)
+    for bad in (-1, True):  # neither is an accelerator index
+        with pytest.raises(weightcast.Error) as e:
+            weightcast.load(path, device=bad)
+        assert e.value.status == 78 and "device" in str(e.value), bad

@@ -24,7 +24,8 @@ def test_stubs_ship_with_the_package():
 
 def test_public_stub_signatures_match_the_runtime():
     stubs = _stub_functions(PKG / "__init__.pyi")
-    assert set(weightcast.__all__) <= set(stubs) | {"Error", "LoadReport", "Progress"}
+    assert set(weightcast.__all__) <= set(stubs) | {"Error", "InputOutputError", "LoadReport",
+                                                     "MissingInputError", "Progress"}
     for name in ("load", "load_into", "build_info"):
         stub, real = stubs[name], inspect.signature(getattr(weightcast, name))
         params = stub.args.args + stub.args.kwonlyargs

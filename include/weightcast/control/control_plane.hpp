@@ -17,12 +17,15 @@
  * The connection then carries framed messages (type u8, length u32, payload; little-endian;
  * control/detail/control_wire.hpp). Each side accepts only the types the other sends and checks the
  * length against that type's limit (64 MiB + 4 KiB for a frame of shared bytes and reports,
- * 64 KiB for ABORT and the verdict) before it allocates anything:
- *  - what rank 0 shares with every rank (the catalogue, an NCCL unique id), in frames of at
- *    most that limit: longer bytes go as SHARE_PART pieces and a last SHARE;
+ * 64 KiB for ABORT and the verdict) before it allocates anything. What grows with the
+ * checkpoint travels whatever its size, in frames of at most that limit:
+ *  - what rank 0 shares with every rank (the catalogue, every rank's placement wants, an NCCL
+ *    unique id): longer bytes go as SHARE_PART pieces and a last SHARE;
+ *  - what each rank reports to rank 0 (its placement wants, its per-tensor digests): longer
+ *    reports go as REPORT_PART pieces and a last REPORT;
  *  - ABORT(status, message): any failure on any rank ends every rank with that message and
  *    exit status; rank 0 relays a peer's ABORT to the others;
- *  - each rank's final report (per-tensor digests) and rank 0's verdict;
+ *  - rank 0's verdict;
  *  - PROGRESS, a heartbeat both ways (`note_progress`): the chunks a rank has landed. When a
  *    load stalls, rank 0 names the ranks that fell silent (stopped or hung) and how far
  *    each got (`stall_report`), and the other ranks leave that diagnosis to rank 0
@@ -141,7 +144,8 @@ class ControlPlane {
    * Bytes of any length travel: over `detail::max_share_bytes` (64 MiB + 4 KiB) as pieces
    * of that size, each frame's length checked before its payload is allocated, the whole
    * growing only by what arrives (a catalogue is bounded by the checkpoint's headers, not by
-   * the control plane: catalogue_wire.hpp).
+   * the control plane: catalogue_wire.hpp; every rank's wants by the catalogue and the world
+   * size: placement.hpp).
    * @return @p bytes on rank 0, rank 0's bytes elsewhere (@p bytes at world size 1).
    * @throws Error `timeout` (75) when nothing arrives (or a send cannot finish) in `timeout`;
    *         `unavailable` (69) when a send to a peer fails (the peer is gone); `RemoteAbort`
@@ -161,13 +165,14 @@ class ControlPlane {
    * @brief Sends this rank's report to rank 0; on rank 0 collects everyone's. May be called
    *        more than once (each call collects one report per rank), provided no rank sends
    *        its next report before rank 0 has collected this call's (e.g. rank 0 `share`s
-   *        between them).
+   *        between them). A report of any length travels, as `share`'s bytes do: over
+   *        `detail::max_share_bytes` as pieces of that size, rank 0's copy growing only by
+   *        what arrives (digests are 8 bytes a tensor of the catalogue or of this rank's wants).
    * @param what names the report in a timeout's message ("final report").
    * @return on rank 0 the reports of every rank, indexed by rank; elsewhere empty. The
    *         report's `rank` is set to this rank.
    * @throws Error `timeout` (75) on rank 0 naming the ranks whose report did not arrive in
-   *         `timeout`; elsewhere `unavailable` (69) when the encoded report is over
-   *         `detail::max_share_bytes`, and as `share` does when the send fails or stalls;
+   *         `timeout`; elsewhere as `share` does when the send fails or stalls;
    *         `RemoteAbort` once another rank's failure has ended the job (`remote_failure`).
    */
   std::vector<RankReport> gather(RankReport mine, std::string_view what = "final report");

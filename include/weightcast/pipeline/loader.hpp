@@ -190,6 +190,8 @@ struct LoadResult {
   bool placed = false;  ///< True for a placed load.
   /// This rank's wants: what it received, in the order it asked (empty otherwise).
   RankWants wants;
+  /// Per want: its tensor's index in `catalogue`.
+  std::vector<std::uint32_t> want_tensors;
   /// Per want: its local bytes (the arena, or the caller's in-place memory).
   std::vector<std::byte*> want_data;
   /// Per want: XXH3-64 of the bytes received, checkpoint dtype, taken as they landed — for

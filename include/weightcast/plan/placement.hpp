@@ -163,19 +163,20 @@ std::vector<std::uint64_t> local_offset(const TensorInfo& tensor, const TensorWa
 /// @return true when @p want is the whole tensor (no slice, or a slice covering it).
 bool wants_whole(const TensorInfo& tensor, const TensorWant& want);
 
-/// The most bytes `encode_wants` produces and `decode_wants` accepts: 64 MiB.
-inline constexpr std::size_t max_wants_wire_bytes = std::size_t{64} << 20;
-
 /**
  * @brief Encodes every rank's wants (or one rank's) for the control plane; pointers stay
  *        local (a decoded in-place want has `in_place` set and a null `data`).
- * @throws Error `internal` (70) when the encoding exceeds `max_wants_wire_bytes`.
+ *
+ * No limit of its own: a want is its tensor's name and 31 bytes, 16 more per dimension of a
+ * slice, so a checkpoint of many tensors on a few ranks encodes to more than one control
+ * frame carries; such bytes travel in pieces (ControlPlane::share, ControlPlane::gather).
  */
 std::string encode_wants(std::span<const RankWants> wants);
 
 /**
- * @brief Decodes what `encode_wants` wrote, checking every count against the bytes left
- *        before allocating (safe on any input).
+ * @brief Decodes what `encode_wants` wrote, of any length, checking every count against the
+ *        bytes left before allocating (safe on any input: what it allocates is bounded by
+ *        @p bytes).
  * @param what names the payload in messages, e.g. "wants from rank 2".
  * @throws Error `unavailable` (69) naming @p what and the field on any malformed input.
  */

@@ -88,7 +88,9 @@ class Transport {
    * Messages between two ranks match in the order both post them (MPI's non-overtaking
    * rule; NCCL's in-order send/recv), so every rank posts the plan's chunks in plan order.
    * `mpi`: `MPI_Isend`/`MPI_Irecv` on host memory, on the session's communicator, a message
-   * over `INT_MAX` bytes split into several. `nccl`: `ncclSend`/`ncclRecv` inside one
+   * over `INT_MAX` bytes split into several; a peer's messages of at most 64 KiB go first,
+   * together as one message of an hindexed datatype (at most 32,767 a message), so a chunk of
+   * many small slices is a few requests, not one per slice. `nccl`: `ncclSend`/`ncclRecv` inside one
    * `ncclGroupStart/End` on the comm stream (NCCL docs, "Point-to-point communication": a
    * group's calls to one peer run in order; NCCL ≥ 2.7), device memory at both ends, a peer
    * may be this rank itself; it fails, aborts and drains as `broadcast_group` does

@@ -39,14 +39,18 @@ enum class Frame : std::uint8_t {
                  ///< sent as a heartbeat, so silence means a stopped or hung process
   share_part = 9,  ///< 0 → peer: a piece of shared bytes longer than one frame carries; the
                    ///< pieces that follow, up to the next `share`, complete them
+  report_part = 10,  ///< peer → 0: a piece of a report longer than one frame carries; the
+                     ///< pieces that follow, up to the next `report`, complete it
 };
 
 /// Bytes of a frame header: type u8, payload length u32.
 inline constexpr std::size_t frame_header_bytes = 5;
-/// Longest payload of one SHARE, SHARE_PART or REPORT frame, bytes. Shared bytes longer than
-/// this (a catalogue has no fixed limit: ControlPlane::share) travel as SHARE_PART frames of
-/// this size and a last SHARE; each frame's length is still checked from its header before
-/// its payload is read or allocated.
+/// Longest payload of one SHARE, SHARE_PART, REPORT or REPORT_PART frame, bytes. What grows
+/// with the checkpoint has no fixed limit of its own (the catalogue and every rank's placement
+/// wants, shared by rank 0; a rank's wants and its per-tensor digests, reported to rank 0):
+/// longer bytes travel as SHARE_PART (REPORT_PART) frames of this size and a last SHARE
+/// (REPORT); each frame's length is still checked from its header before its payload is read
+/// or allocated.
 inline constexpr std::uint32_t max_share_bytes = (64u << 20) + 4096;
 /// Longest HELLO payload, bytes: rank 0 reads at most this much from a connection that has
 /// not shown the job token yet.
@@ -60,15 +64,15 @@ inline constexpr std::uint32_t hello_magic = 0x4f4c4548;
 /// PROGRESS payload, bytes: chunks landed, u64.
 inline constexpr std::uint32_t progress_bytes = 8;
 /// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS, and
-/// the job id in HELLO; 3: SHARE_PART).
-inline constexpr std::uint32_t protocol_version = 3;
+/// the job id in HELLO; 3: SHARE_PART; 4: REPORT_PART).
+inline constexpr std::uint32_t protocol_version = 4;
 
 /// Who reads a frame; decides the types accepted and each one's length limit.
 enum class FrameReader {
   greeting,  ///< rank 0, from a connection not yet accepted: HELLO only
-  root,      ///< rank 0, from an accepted peer: REPORT, ABORT, PROGRESS
+  root,      ///< rank 0, from an accepted peer: REPORT, REPORT_PART, ABORT, PROGRESS
   joining,   ///< a peer, rank 0's answer to its HELLO: WELCOME, REJECT, ABORT
-  peer,      ///< a peer, after the rendezvous: SHARE, ABORT, verdict, PROGRESS
+  peer,      ///< a peer, after the rendezvous: SHARE, SHARE_PART, ABORT, verdict, PROGRESS
 };
 
 /// A decoded frame header.
