@@ -105,8 +105,12 @@ def load(
             not UTF-8 (bytes, or a str with surrogate escapes as ``os.listdir`` gives it)
             opens too. Another type raises TypeError.
         device: where the tensors live: ``"cpu"`` (the default without ``config``),
-            ``"cuda"`` (torch's current device), ``"cuda:N"``, a ``torch.device``, or
-            ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
+            ``"cuda"`` (one rank: torch's current device; several ranks: the local rank's
+            GPU, ``cuda:0`` when the process sees one device, as docs/gpu.md's rule; where
+            torch's current device is another GPU it raises ``Error`` 78 naming the rank,
+            both devices and the ``torch.cuda.set_device`` call to make), ``"cuda:N"``, a
+            ``torch.device``, or ``"auto"`` (a GPU when this build has CUDA and one is
+            visible, else cpu).
             With ``config`` and no ``device``, the config's ``device`` key decides.
         chunk_size: bytes per chunk, an int or a size string (``"16MiB"``); 1 B to 4 GiB.
         buffer_depth: staging slots (1 to 1024); host memory is chunk_size × buffer_depth.

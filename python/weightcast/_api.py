@@ -68,7 +68,45 @@ def _direct_io_text(value: object) -> str | None:
     raise Error(f"direct_io: {value!r} is not one of 'auto', 'on', 'off', True, False", CONFIG)
 
 
-def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
+def _cuda_ordinal(world: Mapping[str, Any], device_count: int,
+                  torch_current: int | None) -> int:
+    """The GPU ``device="cuda"`` means, from the environment alone: ``world`` as
+    ``detect_world`` gives it (rank, world_size, local_rank), ``device_count`` the CUDA devices
+    this process sees, ``torch_current`` torch's current device, or None where torch has not
+    initialised CUDA (so no one chose one).
+
+    One rank: torch's current device (0 when none). Several: weightcast's rule, as for the CLI
+    (gpu_info.hpp, docs/gpu.md): ordinal 0 when one device is visible, else the local rank
+    (torch's current device is 0 on every rank that never called ``set_device``, which put
+    every rank on GPU 0). Where torch's current device is another GPU, tensors the caller made
+    live there: refused, naming the rank, both devices and what to set."""
+    if world["world_size"] <= 1:
+        return torch_current if torch_current is not None else 0
+    rank, local_rank = world["rank"], world["local_rank"]
+    if device_count <= 0:
+        raise Error(f"device: 'cuda': rank {rank}: no CUDA device is visible", UNAVAILABLE)
+    if device_count == 1:
+        ordinal = 0
+    elif 0 <= local_rank < device_count:
+        ordinal = local_rank
+    else:
+        raise Error(f"device: 'cuda': rank {rank} has local rank {local_rank}, but this process "
+                    f"sees {device_count} CUDA devices (cuda:0 to cuda:{device_count - 1}): give "
+                    "each rank one GPU (CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task=1) or every "
+                    "rank all of the node's GPUs with no more ranks per node than GPUs",
+                    UNAVAILABLE)
+    if torch_current is not None and torch_current != ordinal:
+        raise Error(f"device: 'cuda': rank {rank} (local rank {local_rank}, {device_count} CUDA "
+                    f"devices visible) loads to cuda:{ordinal}, its local rank's GPU, but torch's "
+                    f"current device is cuda:{torch_current}: call "
+                    f"torch.cuda.set_device({ordinal}) (the local rank) before any CUDA work, or "
+                    f"pass device='cuda:{torch_current}' to load to torch's current device",
+                    CONFIG)
+    return ordinal
+
+
+def _resolve_device(device: object, config: bytes | None,
+                    world: Mapping[str, Any]) -> tuple[str, int]:
     """(kind, ordinal) of the arena: ("host", 0) or ("cuda", N)."""
     if device is None:
         if config is None:
@@ -83,7 +121,8 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
     if text == "cuda":
         import torch
 
-        return ("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return ("cuda", _cuda_ordinal(world, _core.cuda_device_count(), current))
     if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
         ordinal = int(text[5:])
         if ordinal >= 2**31:  # the C++ ordinal is an int
@@ -223,7 +262,7 @@ def load(
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
     world = _world(options.config)
-    dev = _resolve_device(device, options.config)
+    dev = _resolve_device(device, options.config, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
         # raises on every rank before any byte moves.
@@ -416,7 +455,7 @@ def load_into(
         dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
             if only is not None and only.type == "cuda" else ("host", 0)
     else:
-        dev = _resolve_device(device, options.config)
+        dev = _resolve_device(device, options.config, world)
     mapper = _key_mapper(key_map)
     ties = _tie_groups({k: v.local for k, v in shards.items()})
     state: dict[str, Any] = {}

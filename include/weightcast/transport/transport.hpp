@@ -175,11 +175,15 @@ std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator);
  *        one the arena must be on. Works with a blocking or a non-blocking communicator; a
  *        non-blocking one is polled as `make_nccl_transport` above says, bounded by @p timeout.
  *
- * On success the communicator is left as it was (never finalised or destroyed). After a
- * failure, and when the transport is destroyed with a broadcast in flight, it is aborted
- * (`ncclCommAbort`: NCCL docs, "Error handling and communicator abort"), the only way to end
- * a collective that waits for a lost peer; the caller must not use it again.
- * @throws Error as `make_nccl_transport` above, and `unavailable` (69) for a null communicator.
+ * The communicator is never finalised, destroyed or aborted here: its owner (torch's
+ * ProcessGroup) frees it at its own shutdown, and an abort here would free it twice. After a
+ * failure, and when the transport is destroyed with a broadcast in flight, the transport lets
+ * go of it, waits at most @p timeout for its comm stream, and the error ends with what the
+ * owner must do: abort it (`ncclCommAbort`: NCCL docs, "Error handling and communicator
+ * abort", the only way to end a collective that waits for a lost peer) before any other use.
+ * @throws Error as `make_nccl_transport` above; `unavailable` (69) for a null communicator;
+ *         `config` (78) when `ncclCommCuDevice` is not `communicator.cuda_device` (the arena
+ *         would be on another GPU than NCCL's kernels).
  */
 std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
                                                std::chrono::milliseconds timeout);
