@@ -291,6 +291,8 @@ struct PyOptions {
   std::optional<std::string> timeout;      // "300s" or seconds
   std::optional<std::string> reader;       // auto|uring|pread
   std::optional<std::string> verify;       // digest|none
+  /// The caller's CUDA stream (torch's current stream), 0 for none: LoadOptions::cuda_stream.
+  std::uintptr_t cuda_stream = 0;
 };
 
 /// @p rendezvous_port goes through the config key `rendezvous.port`, so its rule (1 to
@@ -384,6 +386,7 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
   options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
   check_keyword_options(options);
   options.on_progress = progress_hook(std::move(progress), progress_interval_s);
+  options.cuda_stream = reinterpret_cast<void*>(py_options.cuda_stream);
 
   Catalogue copy = catalogue.catalogue;
   // `options` (and the Python callback it holds) outlives the thread and is released here,
@@ -500,6 +503,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
   check_keyword_options(job.load);
   job.load.on_progress = progress_hook(std::move(progress), progress_interval_s);
+  job.load.cuda_stream = reinterpret_cast<void*>(py_options.cuda_stream);
   if (placement) {
     if (*placement == "replicate") {
       job.placement = PlacementSpec{};
@@ -691,17 +695,20 @@ NB_MODULE(_weightcast, m) {
          std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, std::optional<std::string> verify,
-         nb::object progress, double progress_interval_s) {
+         nb::object progress, double progress_interval_s, std::uintptr_t cuda_stream) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader),
-                    std::move(verify)};
+                    std::move(verify), cuda_stream};
         return py_load(catalogue, device, ordinal, o, std::move(progress), progress_interval_s);
       },
       "catalogue"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "verify"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
-      "Loads a catalogue into a host or CUDA arena on this process (world size 1).");
+      "cuda_stream"_a = 0,
+      "Loads a catalogue into a host or CUDA arena on this process (world size 1); the load "
+      "writes after the work queued on cuda_stream (a cudaStream_t, 0: none) and that stream "
+      "waits for the load's writes.");
 
   m.def(
       "run_job",
@@ -711,11 +718,12 @@ NB_MODULE(_weightcast, m) {
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, std::optional<std::string> verify,
          std::optional<std::string> placement, std::optional<int> rendezvous_port,
-         nb::object plan, nb::object progress, double progress_interval_s) {
+         nb::object plan, nb::object progress, double progress_interval_s,
+         std::uintptr_t cuda_stream) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader),
-                    std::move(verify)};
+                    std::move(verify), cuda_stream};
         return py_run_job(fs_path(checkpoint), device, ordinal, o, std::move(placement),
                           rendezvous_port, std::move(plan), std::move(progress),
                           progress_interval_s);
@@ -724,9 +732,9 @@ NB_MODULE(_weightcast, m) {
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "verify"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(),
       "plan"_a.none(),
-      "progress"_a.none(), "progress_interval_s"_a,
+      "progress"_a.none(), "progress_interval_s"_a, "cuda_stream"_a = 0,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
-      "alone reads the checkpoint.");
+      "alone reads the checkpoint. cuda_stream: as for load.");
   m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
         "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
   m.def("shutdown", [] {

@@ -211,6 +211,21 @@ class _Options:
             _reader_text(reader), _verify_text(verify)))
 
 
+def _caller_stream(device: tuple[str, int]) -> int:
+    """torch's current stream on the load's GPU (a ``cudaStream_t`` as an int), 0 for host.
+    The load's writes come after the work queued on it (``init_weights()`` after
+    ``to_empty()``, FSDP2's copies, an allocator block just reused) and it waits for them
+    before ``load``/``load_into`` return: DLPack's stream contract, the data is ready on the
+    caller's current stream."""
+    if device[0] != "cuda":
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0  # a CPU-only torch: there is no stream of torch's to order with
+    return int(torch.cuda.current_stream(device[1]).cuda_stream)
+
+
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
              placement: str | None, rendezvous_port: int | None,
              plan: Callable[..., Any] | None, progress: object, rank: int) -> Any:
@@ -219,7 +234,8 @@ def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
     ``checkpoint``."""
     return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
                          *options.core, placement, rendezvous_port, plan,
-                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S)
+                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S,
+                         cuda_stream=_caller_stream(device))
 
 
 def _tensors(result: Any) -> dict[str, torch.Tensor]:
@@ -276,7 +292,8 @@ def load(
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
     result = _core.load(catalogue, dev[0], dev[1], *options.core,
-                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S)
+                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
+                        cuda_stream=_caller_stream(dev))
     return _tensors(result)
 
 

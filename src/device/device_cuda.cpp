@@ -232,6 +232,23 @@ class CudaDevice final : public Device {
 
   [[nodiscard]] void* upload_event() const noexcept override { return _last_upload.get(); }
 
+  void order_after(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    set_cuda_device(_ordinal);
+    CudaEvent queued;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(_copy_stream.get(), queued.get(), 0));
+  }
+
+  void order_before(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    set_cuda_device(_ordinal);
+    CudaEvent written;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), _copy_stream.get()));
+    WEIGHTCAST_CUDA_TRY(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+  }
+
   void read_back(const std::byte* data, std::uint64_t bytes,
                  const std::function<void(const std::byte*, std::size_t)>& consume)
       const override {

@@ -125,8 +125,16 @@ std::vector<std::uint64_t> local_digests(const LoadResult& result) {
     const bool cast = want.destination.dtype && *want.destination.dtype != view.info->dtype;
     const std::uint64_t bytes = local_bytes(*view.info, want);
     const bool hashed = w < result.received_hashed.size() && result.received_hashed[w] != 0;
-    if (hashed || cast || (want.destination.data != nullptr && view.memory != MemoryKind::host)) {
+    if (hashed || cast) {
       digests.push_back(result.received_digests.at(w));
+    } else if (want.destination.data != nullptr && view.memory != MemoryKind::host) {
+      // Device memory outside the arena is hashed only as it lands, and only with expected
+      // digests (`verify: digest`).
+      throw Error(Errc::usage,
+                  fmt::format("local_digests: tensor '{}' landed in device memory outside the "
+                              "arena, which is hashed only as it lands, for a load with "
+                              "LoadPlacement::expect_digests (verify: digest)",
+                              want.tensor));
     } else if (want.destination.data != nullptr || bytes == 0) {
       digests.push_back(xxh3_64(view.data, bytes));
     } else {
@@ -406,7 +414,10 @@ class Pipeline {
       // ones (received_digests), so each byte is hashed once on rank 0.
       if (_me == 0 && placement.expect_digests) continue;
       _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
-      if (_cast_to[w] || device_in_place || _hash_landed[w]) {
+      // An in-place device want is hashed (read back through the device as it lands) only
+      // for the verdict: with `verify: none` nothing compares its digest, and the read-back
+      // is a synchronous D2H copy and a hash of every byte on the loader's thread.
+      if (_cast_to[w] || (device_in_place && placement.expect_digests) || _hash_landed[w]) {
         _hash_received[w] = 1;
         any_received = true;
       }
@@ -1408,6 +1419,9 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
         discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
   }
 
+  // The caller's queued GPU work on the destinations comes first (LoadOptions::cuda_stream).
+  device.order_after(options.cuda_stream);
+  transport.order_after(options.cuda_stream);
   const auto start = Clock::now();
   Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
                     transport, options);
@@ -1428,6 +1442,9 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   }
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);
+  // The data is ready on the caller's stream (its later work runs after every write).
+  device.order_before(options.cuda_stream);
+  transport.order_before(options.cuda_stream);
 
   result.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.stats.bytes = plan.total_bytes;

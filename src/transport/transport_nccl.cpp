@@ -295,6 +295,25 @@ class NcclTransport final : public Transport {
   [[nodiscard]] int rank() const noexcept override { return _rank; }
   [[nodiscard]] int world_size() const noexcept override { return _world_size; }
 
+  // A CUDA event may be waited on from another stream once recorded; destroying it after
+  // the wait is queued is allowed (CUDA Runtime API, cudaEventDestroy).
+  void order_after(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    detail::set_cuda_device(_state->ordinal);
+    CudaEvent queued;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(stream(), queued.get(), 0));
+  }
+
+  void order_before(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    detail::set_cuda_device(_state->ordinal);
+    CudaEvent written;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), stream()));
+    WEIGHTCAST_CUDA_TRY(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+  }
+
   // Placement's deliveries: NCCL's documented scatter (NCCL docs, "Point-to-point
   // communication": ncclSend/ncclRecv fused in ncclGroupStart/End, sizes free per rank).
   // Calls within a group to the same peer execute in order, and groups on the one comm
@@ -418,14 +437,49 @@ class NcclTransport final : public Transport {
           ncclBroadcast(byte.data(), byte.data(), 1, ncclUint8, 0, comm(), stream()), comm());
       bytes = 1;
     });
+    wait_connected(std::move(pending), "connecting the ranks");
+  }
+
+ public:
+  // Point-to-point channels are connected at the first ncclSend/ncclRecv between two ranks,
+  // and their buffers allocated then, on the device (as broadcast's, above): a placed load
+  // connects @p root to every other rank with a 1-byte send each, before its arena.
+  void connect_exchange(int root) override {
+    if (_world_size < 2) return;
+    WEIGHTCAST_EXPECT(root >= 0 && root < _world_size, Errc::internal,
+                      fmt::format("nccl: connect_exchange: root {} of {}", root, _world_size));
+    detail::DeviceMemory bytes(static_cast<std::uint64_t>(_world_size));
+    std::uint64_t total = 0;
+    auto pending = enqueue_group("ncclSend/ncclRecv (connecting the root to each rank)", nullptr,
+                                 total, [&] {
+      if (_rank == root) {
+        for (int peer = 0; peer < _world_size; ++peer) {
+          if (peer == root) continue;
+          WEIGHTCAST_NCCL_TRY(
+              ncclSend(bytes.data() + peer, 1, ncclUint8, peer, comm(), stream()), comm());
+          ++total;
+        }
+      } else {
+        WEIGHTCAST_NCCL_TRY(ncclRecv(bytes.data(), 1, ncclUint8, root, comm(), stream()),
+                            comm());
+        total = 1;
+      }
+    });
+    wait_connected(std::move(pending), "connecting the root to each rank point to point");
+  }
+
+ private:
+  // Waits, at most the timeout, for a connecting group; on a timeout aborts and drains before
+  // the buffer it writes is freed.
+  void wait_connected(std::unique_ptr<Pending> pending, std::string_view what) {
     const auto deadline = Clock::now() + _timeout;
     while (!pending->test()) {
       if (Clock::now() >= deadline) {
-        _state->abort_and_drain();  // before `byte` is freed
+        _state->abort_and_drain();  // before the group's buffer is freed
         throw Error(Errc::timeout,
-                    fmt::format("nccl: rank {} of {}: connecting the ranks did not complete "
-                                "after {} ms (timeout): a peer did not take part",
-                                _rank, _world_size, _timeout.count()));
+                    fmt::format("nccl: rank {} of {}: {} did not complete after {} ms "
+                                "(timeout): a peer did not take part",
+                                _rank, _world_size, what, _timeout.count()));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

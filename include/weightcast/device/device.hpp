@@ -124,6 +124,20 @@ class Device {
   [[nodiscard]] virtual void* upload_event() const noexcept { return nullptr; }
 
   /**
+   * @brief Orders this device's later uploads after the work queued so far on the caller's
+   *        @p cuda_stream (a `cudaStream_t` on this device): the copy stream waits on an event
+   *        recorded on it (`cudaStreamWaitEvent`, no host wait). `host`: nothing to order.
+   * @throws Error as `detail::throw_cuda_error` when the event cannot be recorded or waited.
+   */
+  virtual void order_after(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  /**
+   * @brief Makes the caller's @p cuda_stream wait for every upload issued so far (an event
+   *        recorded on the copy stream after them). `host`: nothing to order.
+   * @throws Error as `order_after`.
+   */
+  virtual void order_before(void* cuda_stream) { static_cast<void>(cuda_stream); }
+
+  /**
    * @brief Hands @p bytes of this device's memory at @p data (an arena's, or a caller's
    *        in-place destination on this device) to @p consume, in order, in one or more calls,
    *        as `Arena::read_back` does: for digests of what landed, not the load path.
