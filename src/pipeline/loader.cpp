@@ -189,6 +189,14 @@ struct InFlight {
 };
 
 /// Rank 0's slot between a placed chunk's upload (its own copies) and its sends.
+/// A chunk whose copies are queued on the device, not yet seen complete (upload_stage hands
+/// it to upload_completion_stage).
+struct Uploading {
+  detail::SlotLease lease;  ///< Empty for a placed chunk (its slot is held in `_held`).
+  std::vector<std::unique_ptr<Pending>> copies;
+  std::chrono::steady_clock::time_point begin;
+};
+
 struct HeldSlot {
   detail::SlotLease lease;
   const std::byte* source = nullptr;  ///< The chunk's first byte in the slot.
@@ -213,6 +221,7 @@ class Pipeline {
         _options(options),
         _landed(catalogue.tensors.size(), 0),
         _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
+        _to_complete(executor, 1),
         _to_land(executor, broadcasts_in_flight - 2),
         _last_progress(_running.now()) {
     _placement = options.placement.get();
@@ -284,8 +293,8 @@ class Pipeline {
       spdlog::debug("{} reader, {} reads; registered buffers: {}, registered files: {}",
                     _reader->name(), _files->mode(), fixed_buffers, fixed_files);
       co_await (guarded(read_stage()) && guarded(completion_stage()) &&
-                guarded(upload_stage()) && guarded(broadcast_stage()) &&
-                guarded(landing_stage()) && guarded(watchdog()));
+                guarded(upload_stage()) && guarded(upload_completion_stage()) &&
+                guarded(broadcast_stage()) && guarded(landing_stage()) && guarded(watchdog()));
     } else {
       co_await (guarded(broadcast_stage()) && guarded(landing_stage()) && guarded(watchdog()));
     }
@@ -843,7 +852,11 @@ class Pipeline {
     }
   }
 
-  // Upload stage: wait for the slot's read, copy each piece into the arena, free the slot.
+  // Upload stage: wait for the slot's read, queue each piece's copy into the arena, and hand
+  // the chunk to the completion stage without waiting for its copies: the next chunk's copies
+  // are queued behind them on the copy stream (up to three chunks: one being waited for, one
+  // in `_to_complete`, one being handed over), so the copy engine never idles while a poll
+  // notices a completion.
   awaitable<void> upload_stage() {
     for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
       const std::size_t slot = co_await _to_upload->async_receive(use_awaitable);
@@ -852,6 +865,7 @@ class Pipeline {
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = _slot_source[slot];
+      std::vector<std::unique_ptr<Pending>> copies;
       if (_placement) {
         co_await upload_placed(c, source);
         HeldSlot held{std::move(lease), source};
@@ -870,22 +884,34 @@ class Pipeline {
           }
         }
       } else if (chunk.arena_contiguous) {
-        co_await wait(_device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes),
-                      upload_poll_cap);
+        copies.push_back(
+            _device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
       } else {
-        // Issue every piece's copy, then wait: a cuda device queues them on one stream.
-        std::vector<std::unique_ptr<Pending>> copies;
+        // A cuda device queues every piece's copy on its one copy stream.
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
           copies.push_back(_device.upload(source + piece.chunk_offset,
                                           _arena.data() + piece.arena_offset, piece.bytes));
         }
-        for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
       }
+      _uploading.push_back(Uploading{std::move(lease), std::move(copies), upload_begin});
+      co_await _to_complete.async_send(boost::system::error_code{}, c, use_awaitable);
+    }
+  }
+
+  // Upload completion stage: waits, in plan order, for each chunk's copies, frees its slot and
+  // hands the chunk to the broadcast stage, which posts it with no stream wait.
+  awaitable<void> upload_completion_stage() {
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      const std::size_t issued = co_await _to_complete.async_receive(use_awaitable);
+      if (issued != c) throw Error(Errc::internal, "chunks reached upload completion out of order");
+      // A reference into a deque stays valid while the upload stage pushes behind it.
+      Uploading& uploading = _uploading.front();
+      for (auto& copy : uploading.copies) co_await wait(std::move(copy), upload_poll_cap);
       _last_progress = _running.now();
-      stage_event(Stage::upload, c, upload_begin);
+      stage_event(Stage::upload, c, uploading.begin);
       // The lease ends here: the slot is free again only now that its upload is complete.
-      lease = detail::SlotLease{};
+      _uploading.pop_front();
       co_await _to_broadcast.async_send(boost::system::error_code{}, c, use_awaitable);
     }
   }
@@ -1031,10 +1057,11 @@ class Pipeline {
     }
   }
 
-  // The upload stage waits for each chunk's copy before it takes the next slot: a 16 MiB H2D
-  // copy takes ~0.3 ms on PCIe 5, and a 1 ms cap noticed it up to ~0.6 ms late (the copy
-  // engine idle as long). 100 µs keeps that under a third of a copy for one cudaEventQuery
-  // per 100 µs. (A host device's upload is a memcpy: nothing to poll.)
+  // How late a completed copy may be noticed: a 16 MiB H2D copy takes ~0.3 ms on PCIe 5, and
+  // a 1 ms cap noticed it up to ~0.6 ms late (a slot and the chunk's broadcast held as long;
+  // the copy engine meanwhile runs the chunks queued behind it). 100 µs keeps that under a
+  // third of a copy for one cudaEventQuery per 100 µs. Rank 0's placed uploads still wait
+  // for each copy in turn. (A host device's upload is a memcpy: nothing to poll.)
   static constexpr std::chrono::microseconds upload_poll_cap{100};
 
   // The landing stage's poll: how late a completed broadcast may be noticed, and, while at
@@ -1281,6 +1308,8 @@ class Pipeline {
   std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
   std::optional<IndexChannel> _to_upload;             // slot indices, plan order
   IndexChannel _to_broadcast;                         // chunk indices, plan order
+  IndexChannel _to_complete;                          // uploads queued, plan order
+  std::deque<Uploading> _uploading;                   // ...their copies and slots
   IndexChannel _to_land;                              // posted chunks, plan order
   std::deque<InFlight> _posted;                       // their broadcasts, not yet landing
   std::vector<Transport::Range> _ranges;              // the chunk being broadcast
