@@ -19,6 +19,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
@@ -400,6 +401,7 @@ class Pipeline {
     _hash_received.assign(mine.tensors.size(), 0);
     _hash_landed.assign(mine.tensors.size(), 0);
     bool any_received = false;
+    bool any_read_back = false;
     for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
       const TensorWant& want = mine.tensors[w];
       const std::uint32_t t = _want_tensor[_me][w];
@@ -424,14 +426,18 @@ class Pipeline {
       if (_me == 0 && placement.expect_digests) continue;
       _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
       // An in-place device want is hashed (read back through the device as it lands) only
-      // for the verdict: with `verify: none` nothing compares its digest, and the read-back
-      // is a synchronous D2H copy and a hash of every byte on the loader's thread.
-      if (_cast_to[w] || (device_in_place && placement.expect_digests) || _hash_landed[w]) {
+      // for the verdict: with `verify: none` nothing compares its digest. The read-back is a
+      // synchronous D2H copy and a hash of every byte: it runs on a thread of its own
+      // (`_hashing`), off the loader's.
+      const bool read_back = device_in_place && placement.expect_digests && !_cast_to[w];
+      if (_cast_to[w] || read_back || _hash_landed[w]) {
         _hash_received[w] = 1;
         any_received = true;
       }
+      if (read_back) any_read_back = true;
     }
     if (any_received) _received.emplace(mine.tensors.size());
+    if (any_read_back) _hashing.emplace(1);
     if (_me == 0 && placement.expect_digests) {
       // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
       // one per (rank, want) for the slices.
@@ -738,22 +744,53 @@ class Pipeline {
   // copy of it passed this rank. Rank 0 hashed its own from the source (expect or
   // copy_to_mine); a cast want is hashed from its window, above. Deliveries land in each want's local order, as the
   // streaming digest needs.
+  // The read-back runs on `_hashing`'s one thread, in landing order (a want's digest is
+  // streamed in its local order); its want's `finish` is queued behind it (want_ready).
+  // StreamingDigests' entries are independent, so the loader's thread hashes other wants
+  // meanwhile.
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
     if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
     if (_hash_landed[w]) {
       _received->update(w, _want_data[w] + local_offset, bytes);
       return;
     }
-    _device.read_back(_want_data[w] + local_offset, bytes,
-                      [&](const std::byte* data, std::size_t n) { _received->update(w, data, n); });
+    const std::byte* data = _want_data[w] + local_offset;
+    asio::post(*_hashing, [this, w, data, bytes] {
+      if (_hashing_failure) return;
+      try {
+        _device.read_back(data, bytes, [&](const std::byte* back, std::size_t n) {
+          _received->update(w, back, n);
+        });
+      } catch (...) {
+        _hashing_failure = std::current_exception();
+      }
+    });
   }
+
+ public:
+  /// Waits for the device read-backs still hashing (`hash_landed`); call after `run` and
+  /// before `received_digests`. @throws what a read-back threw (`Arena::read_back`'s errors).
+  void finish_hashing() {
+    if (!_hashing) return;
+    _hashing->join();
+    _hashing.reset();
+    if (_hashing_failure) std::rethrow_exception(_hashing_failure);
+  }
+
+ private:
 
   void land(std::uint32_t w, std::uint64_t bytes) {
     if ((_want_left[w] -= bytes) == 0) want_ready(w);
   }
 
   void want_ready(std::uint32_t w) {
-    if (_received && _hash_received[w]) _received->finish(w);
+    if (_received && _hash_received[w]) {
+      if (_hashing && _me != 0 && !_cast_to[w] && !_hash_landed[w]) {
+        asio::post(*_hashing, [this, w] { _received->finish(w); });
+      } else {
+        _received->finish(w);
+      }
+    }
     if (!_options.on_tensor_ready) return;
     const TensorWant& want = _placement->mine.tensors[w];
     const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
@@ -1327,6 +1364,11 @@ class Pipeline {
   std::vector<std::uint8_t> _hash_received;                  // my wants hashed as they land
   std::vector<std::uint8_t> _hash_landed;                    // ...from their host memory
   std::optional<StreamingDigests> _received;
+  // One thread for device read-backs of landed wants (hash_landed); declared after what its
+  // tasks use, so it is stopped and joined first. `_hashing_failure` is written on that
+  // thread only and read once it is joined.
+  std::optional<asio::thread_pool> _hashing;
+  std::exception_ptr _hashing_failure;
   std::optional<StreamingDigests> _expected;                 // rank 0, expect_digests
   std::vector<std::uint8_t> _tensor_whole_wanted;
   std::vector<std::size_t> _expected_base;
@@ -1458,6 +1500,7 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   std::exception_ptr failure;
   try {
     co_await pipeline.run();
+    pipeline.finish_hashing();
   } catch (...) {
     failure = pipeline.first_failure() ? pipeline.first_failure() : std::current_exception();
   }
