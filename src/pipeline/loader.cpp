@@ -535,23 +535,27 @@ class Pipeline {
     std::memcpy(state.carry, data + elements * in, state.carried);
   }
 
-  // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk.
-  awaitable<void> copy_to_mine(std::uint32_t w, const std::byte* data,
-                               std::uint64_t local_offset, std::uint64_t bytes) {
+  // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk. @return the
+  // copy in flight (null when done: a cast, a host device); @p data must stay until it is.
+  std::unique_ptr<Pending> copy_to_mine(std::uint32_t w, const std::byte* data,
+                                        std::uint64_t local_offset, std::uint64_t bytes) {
     // Only without expected digests (verify: none): a cast or device want's report digest,
     // of the source bytes. With them, rank 0's own digests are its expected ones.
     if (_hash_received[w]) _received->update(w, data, bytes);
     if (_cast_to[w]) {
       cast_into(w, data, local_offset, bytes);
-      co_return;
+      return nullptr;
     }
-    co_await wait(_device.upload(data, _want_data[w] + local_offset, bytes), upload_poll_cap);
+    return _device.upload(data, _want_data[w] + local_offset, bytes);
   }
 
   // Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
   // every rank's expected digests; the slot stays held for the sends.
+  // Copies from the slot are all queued, then waited for together; one from the gather
+  // scratch is waited for at once, as the next gather reuses (and may reallocate) it.
   awaitable<void> upload_placed(std::size_t c, const std::byte* source) {
     const Chunk& chunk = _plan.chunks[c];
+    std::vector<std::unique_ptr<Pending>> copies;
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
       const Piece& piece = _plan.pieces[p];
       if (_expected && _tensor_whole_wanted[piece.tensor]) {
@@ -559,10 +563,13 @@ class Pipeline {
       }
       if (!_plan.chunk_broadcast[c]) continue;
       const std::int32_t w = _want_of_tensor[piece.tensor];
-      co_await copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
-                            piece.tensor_offset, piece.bytes);
+      copies.push_back(copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
+                                    piece.tensor_offset, piece.bytes));
     }
-    if (_plan.chunk_broadcast[c]) co_return;
+    if (_plan.chunk_broadcast[c]) {
+      for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+      co_return;
+    }
     for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
       const Delivery& d = _plan.deliveries[i];
       if (_expected && !_whole[d.rank][d.want]) {
@@ -575,8 +582,14 @@ class Pipeline {
       }
       if (d.rank != 0) continue;
       const std::byte* data = gather(d, source, _scratch);
-      co_await copy_to_mine(d.want, data, d.local_offset, d.bytes);
+      auto copy = copy_to_mine(d.want, data, d.local_offset, d.bytes);
+      if (d.runs == 1) {
+        copies.push_back(std::move(copy));
+      } else {
+        co_await wait(std::move(copy), upload_poll_cap);
+      }
     }
+    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
   }
 
   // The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
@@ -603,13 +616,20 @@ class Pipeline {
       co_return;
     }
     std::uint64_t at = 0;
+    std::vector<std::unique_ptr<Pending>> copies;  // from the slot: waited for together
     for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
       const Delivery& d = _plan.deliveries[i];
       if (d.rank == 0) continue;
       const std::byte* data = gather(d, held.source, _scratch);
-      co_await wait(_device.upload(data, held.device + at, d.bytes), upload_poll_cap);
+      auto copy = _device.upload(data, held.device + at, d.bytes);
+      if (d.runs == 1) {
+        copies.push_back(std::move(copy));
+      } else {
+        co_await wait(std::move(copy), upload_poll_cap);  // the scratch is reused next
+      }
       at += d.bytes;
     }
+    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
   }
 
   // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
