@@ -1002,9 +1002,26 @@ class Pipeline {
       if (chunk.arena_contiguous) {
         _ranges.push_back({_arena.data() + chunk.arena_offset, chunk.bytes});
       } else {
+        // Pieces that follow each other in the arena but for the alignment padding before a
+        // tensor go as one range (one ncclBroadcast, one MPI_Ibcast) instead of one each:
+        // the padding belongs to no tensor, as a tensor with bytes starts at an aligned
+        // offset and the gap ends at the first one.
+        const std::uint64_t align = std::max<std::uint64_t>(_options.tensor_alignment, 1);
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          _ranges.push_back({_arena.data() + piece.arena_offset, piece.bytes});
+          std::byte* at = _arena.data() + piece.arena_offset;
+          if (!_ranges.empty()) {
+            Transport::Range& last = _ranges.back();
+            const std::byte* end = last.data + last.bytes;
+            if (at >= end) {
+              const auto gap = static_cast<std::uint64_t>(at - end);
+              if (gap == 0 || (gap < align && piece.arena_offset % align == 0)) {
+                last.bytes += gap + piece.bytes;
+                continue;
+              }
+            }
+          }
+          _ranges.push_back({at, piece.bytes});
         }
       }
       std::unique_ptr<Pending> pending;
