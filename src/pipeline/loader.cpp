@@ -944,12 +944,14 @@ class Pipeline {
         copies.push_back(
             _device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
       } else {
-        // A cuda device queues every piece's copy on its one copy stream.
+        // A cuda device queues every piece's copy on its one copy stream, with one event.
+        _piece_copies.clear();
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          copies.push_back(_device.upload(source + piece.chunk_offset,
-                                          _arena.data() + piece.arena_offset, piece.bytes));
+          _piece_copies.push_back(
+              {source + piece.chunk_offset, _arena.data() + piece.arena_offset, piece.bytes});
         }
+        copies.push_back(_device.upload_all(_piece_copies));
       }
       _uploading.push_back(Uploading{std::move(lease), std::move(copies), upload_begin});
       co_await _to_complete.async_send(boost::system::error_code{}, c, use_awaitable);
@@ -1384,6 +1386,7 @@ class Pipeline {
   IndexChannel _to_broadcast;                         // chunk indices, plan order
   IndexChannel _to_complete;                          // uploads queued, plan order
   std::deque<Uploading> _uploading;                   // ...their copies and slots
+  std::vector<Device::Copy> _piece_copies;            // the chunk being uploaded, by piece
   IndexChannel _to_land;                              // posted chunks, plan order
   std::deque<InFlight> _posted;                       // their broadcasts, not yet landing
   std::vector<Transport::Range> _ranges;              // the chunk being broadcast

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 
 namespace weightcast {
@@ -84,6 +85,23 @@ class Device {
    */
   virtual std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                           std::uint64_t bytes) = 0;
+
+  /// One copy of `upload_all`.
+  struct Copy {
+    const std::byte* source = nullptr;  ///< Host memory (a staging slot).
+    std::byte* destination = nullptr;   ///< This device's memory.
+    std::uint64_t bytes = 0;            ///< Length, bytes.
+  };
+  /**
+   * @brief Copies each of @p copies as `upload` does, as one operation: `cuda` queues them
+   *        all on the copy stream with one completion event after the last (a chunk of many
+   *        pieces costs one event, not one per piece); by default each is an `upload` and the
+   *        result completes once all have.
+   * @return null when every copy is already complete, else the copies in flight; every
+   *         source must stay valid until they complete.
+   * @throws Error as `upload`.
+   */
+  virtual std::unique_ptr<Pending> upload_all(std::span<const Copy> copies);
 
   /**
    * @return true when a read may land in this device's arena directly, in place of staging
