@@ -77,19 +77,28 @@ elif [ -f python/CMakeLists.txt ]; then
   wrapper=$PWD/$WORK/python3
   printf '#!/bin/sh\nexec chroot %q /usr/bin/python3 "$@"\n' "$PYROOT" >"$wrapper"
   chmod +x "$wrapper"
-  # nanobind from the project's Python venv (scripts/test_python.sh makes it), else python3's.
-  venv_py=$(realpath -m "${WEIGHTCAST_VENV:-build/py-venv}")/bin/python
-  nanobind_dir=${WEIGHTCAST_BUNDLE_NANOBIND_DIR:-$("$venv_py" -m nanobind --cmake_dir 2>/dev/null ||
-    python3 -m nanobind --cmake_dir)}
-  # nanobind builds STABLE_ABI only where FindPython has Development.SABIModule: CMake >= 3.26
-  # (Debian 12 has 3.25); else CMake from PyPI in a small venv of its own.
+  # nanobind (its CMake package ships in the Python package) and CMake >= 3.26 (nanobind's
+  # stable ABI needs FindPython's Development.SABIModule; Debian 12 has 3.25): python3's when
+  # it has them, else from PyPI into a small venv of the bundle's own, out/gpu-bundle-venv,
+  # made here, so this script alone works from a fresh clone (it does not lean on the venv
+  # scripts/test_python.sh makes). WEIGHTCAST_BUNDLE_NANOBIND_DIR overrides nanobind.
+  TOOLS=$PWD/out/gpu-bundle-venv
+  tools_need=()
+  nanobind_dir=${WEIGHTCAST_BUNDLE_NANOBIND_DIR:-$(python3 -m nanobind --cmake_dir 2>/dev/null ||
+    "$TOOLS/bin/python" -m nanobind --cmake_dir 2>/dev/null || true)}
+  [ -n "$nanobind_dir" ] || tools_need+=('nanobind>=2.4')
   CMAKE_PY=cmake
   if ! printf '3.26\n%s\n' "$(cmake --version | awk 'NR == 1 {print $3}')" | sort -V -C; then
-    CMAKE_PY=$PWD/out/cmake-venv/bin/cmake
-    if [ ! -x "$CMAKE_PY" ]; then
-      note "CMake $(cmake --version | awk 'NR == 1 {print $3}') < 3.26: CMake from PyPI into out/cmake-venv"
-      python3 -m venv out/cmake-venv && out/cmake-venv/bin/pip install -q 'cmake>=3.26,<4'
-    fi
+    CMAKE_PY=$TOOLS/bin/cmake
+    [ -x "$CMAKE_PY" ] || tools_need+=('cmake>=3.26,<4')
+  fi
+  if ((${#tools_need[@]})); then
+    note "from PyPI into $TOOLS: ${tools_need[*]}"
+    [ -x "$TOOLS/bin/python" ] || python3 -m venv "$TOOLS" ||
+      { note "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 69; }
+    "$TOOLS/bin/python" -m pip install -q "${tools_need[@]}" ||
+      { note "pip could not install ${tools_need[*]}"; exit 69; }
+    [ -n "$nanobind_dir" ] || nanobind_dir=$("$TOOLS/bin/python" -m nanobind --cmake_dir)
   fi
   note "configuring $PYBUILD: the extension for the limited API of Python 3.12 (headers $pyver)"
   if "$CMAKE_PY" -S . -B "$PYBUILD" -G Ninja -DWEIGHTCAST_CUDA=ON -DCMAKE_BUILD_TYPE=Release \

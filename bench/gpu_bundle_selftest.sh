@@ -143,7 +143,9 @@ for row in "bundle runs here" "[gpu] tests" "synth $PARAMS"; do
   fi
 done
 for row in "pinned H2D (h2d_bench)" "weightcast cuda, page cache" "weightcast cuda, O_DIRECT" \
-  "safetensors load_file(cuda)" "nccl 2 ranks, one GPU" "python weightcast.load(device=cuda)"; do
+  "safetensors load_file(cuda)" "nccl broadcast, 2 ranks one GPU" \
+  "nccl fsdp send/recv, 2 ranks one GPU" "nccl rank 1 killed mid-load" \
+  "python weightcast.load(device=cuda)" "python load_into(FSDP2), 2 ranks one GPU"; do
   line=$(row_of "$row")
   if [ "$(cut -f2 <<<"$line")" != skip ] || [ -z "$(cut -f5 <<<"$line")" ]; then
     say "FAIL: GPU step '$row' did not skip with a reason: ${line:-missing}"

@@ -1,6 +1,6 @@
 // h2d_bench: the GPU-side ceilings and costs bench/gpu_check.sh reports beside a load.
 //
-//   h2d_bench [BYTES] [ITERATIONS]          pinned H2D bandwidth (defaults: 256 MiB, 20):
+//   h2d_bench h2d [BYTES] [ITERATIONS]      pinned H2D bandwidth (defaults: 256 MiB, 20):
 //       cudaMemcpyAsync from cudaHostAlloc memory into cudaMalloc memory on a non-blocking
 //       stream, after a warm-up, timed with CUDA events. Last line `h2d_gbps <value>`.
 //   h2d_bench pieces CHUNK PIECES CHUNKS    weightcast's cuda Device::upload, as the loader's
@@ -15,7 +15,10 @@
 //   h2d_bench readback TENSORS BYTES        Arena::read_back of TENSORS ranges of BYTES from a
 //       cuda arena, one call per range as tensor digests do. Line `readback_us_per_call`.
 //
-// 1 GB = 1e9 B. Exit 69 when CUDA or NCCL is unusable, 64 for bad arguments.
+// Every mode starts with its word; an unknown word, a count that is not a whole number above 0
+// or an argument too many is refused with the usage (a dropped word used to read the next
+// mode's counts as BYTES ITERATIONS and time something else). 1 GB = 1e9 B. Exit 69 when CUDA
+// or NCCL is unusable, 64 for bad arguments.
 #include "weightcast/device/device.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/transport/transport.hpp"
@@ -23,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -222,45 +226,62 @@ int readback(std::uint64_t tensors, std::uint64_t bytes) {
   return 0;
 }
 
+constexpr const char* usage =
+    "usage: h2d_bench h2d [BYTES_PER_COPY [ITERATIONS]] | pieces [CHUNK [PIECES [CHUNKS]]] | "
+    "nccl [GROUPS [BYTES]] | readback [TENSORS [BYTES]]   (counts: whole numbers > 0)\n";
+
+// Argument @p i as a whole number > 0, @p fallback when absent; 0 when it is not one.
 std::uint64_t arg(char** argv, int i, int argc, std::uint64_t fallback) {
-  return i < argc ? std::strtoull(argv[i], nullptr, 10) : fallback;
+  if (i >= argc) return fallback;
+  const char* text = argv[i];
+  if (*text < '0' || *text > '9') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  return errno == 0 && *end == '\0' ? value : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
+  const auto bad = [] {
+    std::fputs(usage, stderr);
+    return 64;
+  };
   try {
+    if (mode == "h2d") {
+      if (argc > 4) return bad();
+      const std::uint64_t bytes = arg(argv, 2, argc, 256ull << 20);
+      const std::uint64_t iterations = arg(argv, 3, argc, 20);
+      if (bytes == 0 || iterations == 0 || iterations > 1000000) return bad();
+      return pinned_h2d(bytes, static_cast<int>(iterations));
+    }
     if (mode == "pieces") {
+      if (argc > 5) return bad();
       const std::uint64_t chunk = arg(argv, 2, argc, 16ull << 20);
       const std::uint64_t n = arg(argv, 3, argc, 64);
       const std::uint64_t chunks = arg(argv, 4, argc, 64);
-      if (chunk == 0 || n == 0 || n > chunk || chunks == 0) return 64;
+      if (chunk == 0 || n == 0 || n > chunk || chunks == 0) return bad();
       return pieces(chunk, n, chunks);
     }
     if (mode == "nccl") {
-      const int groups = static_cast<int>(arg(argv, 2, argc, 200));
+      if (argc > 4) return bad();
+      const std::uint64_t groups = arg(argv, 2, argc, 200);
       const std::uint64_t bytes = arg(argv, 3, argc, 16ull << 20);
-      if (groups <= 0 || bytes == 0) return 64;
-      return nccl(groups, bytes);
+      if (groups == 0 || groups > 1000000 || bytes == 0) return bad();
+      return nccl(static_cast<int>(groups), bytes);
     }
     if (mode == "readback") {
+      if (argc > 4) return bad();
       const std::uint64_t tensors = arg(argv, 2, argc, 1000);
       const std::uint64_t bytes = arg(argv, 3, argc, 65536);
-      if (tensors == 0 || bytes == 0) return 64;
+      if (tensors == 0 || bytes == 0) return bad();
       return readback(tensors, bytes);
     }
   } catch (const weightcast::Error& e) {
     std::fprintf(stderr, "h2d_bench %s: %s\n", argv[1], e.what());
     return 69;
   }
-  const unsigned long long bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256ull << 20;
-  const int iterations = argc > 2 ? std::atoi(argv[2]) : 20;
-  if (bytes == 0 || iterations <= 0) {
-    std::fprintf(stderr,
-                 "usage: h2d_bench [BYTES_PER_COPY>0] [ITERATIONS>0] | pieces CHUNK PIECES "
-                 "CHUNKS | nccl GROUPS BYTES | readback TENSORS BYTES\n");
-    return 64;
-  }
-  return pinned_h2d(bytes, iterations);
+  return bad();
 }

@@ -298,6 +298,8 @@ struct PyOptions {
   std::optional<std::string> timeout;      // "300s" or seconds
   std::optional<std::string> reader;       // auto|uring|pread
   std::optional<std::string> verify;       // digest|none
+  /// The caller's CUDA stream (torch's current stream), 0 for none: LoadOptions::cuda_stream.
+  std::uintptr_t cuda_stream = 0;
 };
 
 /// @p rendezvous_port goes through the config key `rendezvous.port`, so its rule (1 to
@@ -467,6 +469,7 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
   check_keyword_options(options);
   ProgressRelay relay(std::move(progress), progress_interval_s);
   options.on_progress = relay.hook();
+  options.cuda_stream = reinterpret_cast<void*>(py_options.cuda_stream);
 
   Catalogue copy = catalogue.catalogue;
   auto result = with_progress(relay, [&] {
@@ -634,6 +637,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   if (several) one_at_a_time.emplace();
   ProgressRelay relay(std::move(progress), progress_interval_s);
   job.load.on_progress = relay.hook();
+  job.load.cuda_stream = reinterpret_cast<void*>(py_options.cuda_stream);
   if (placement) {
     if (*placement == "replicate") {
       job.placement = PlacementSpec{};
@@ -840,17 +844,20 @@ NB_MODULE(_weightcast, m) {
          std::optional<std::uint32_t> buffer_depth, std::optional<std::uint32_t> io_depth,
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, std::optional<std::string> verify,
-         nb::object progress, double progress_interval_s) {
+         nb::object progress, double progress_interval_s, std::uintptr_t cuda_stream) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader),
-                    std::move(verify)};
+                    std::move(verify), cuda_stream};
         return py_load(catalogue, device, ordinal, o, std::move(progress), progress_interval_s);
       },
       "catalogue"_a, "device"_a, "ordinal"_a, "config"_a.none(), "chunk_size"_a.none(),
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "verify"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
-      "Loads a catalogue into a host or CUDA arena on this process (world size 1).");
+      "cuda_stream"_a = 0,
+      "Loads a catalogue into a host or CUDA arena on this process (world size 1); the load "
+      "writes after the work queued on cuda_stream (a cudaStream_t, 0: none) and that stream "
+      "waits for the load's writes.");
 
   m.def(
       "run_job",
@@ -860,11 +867,12 @@ NB_MODULE(_weightcast, m) {
          std::optional<std::string> direct_io, std::optional<std::string> timeout,
          std::optional<std::string> reader, std::optional<std::string> verify,
          std::optional<std::string> placement, std::optional<int> rendezvous_port,
-         nb::object plan, nb::object progress, double progress_interval_s, bool alone) {
+         nb::object plan, nb::object progress, double progress_interval_s, bool alone,
+         std::uintptr_t cuda_stream) {
         PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
                     std::move(chunk_size), buffer_depth, io_depth,
                     std::move(direct_io), std::move(timeout), std::move(reader),
-                    std::move(verify)};
+                    std::move(verify), cuda_stream};
         return py_run_job(fs_path(checkpoint), device, ordinal, o, std::move(placement),
                           rendezvous_port, std::move(plan), std::move(progress),
                           progress_interval_s, alone);
@@ -873,9 +881,9 @@ NB_MODULE(_weightcast, m) {
       "buffer_depth"_a.none(), "io_depth"_a.none(), "direct_io"_a.none(), "timeout"_a.none(),
       "reader"_a.none(), "verify"_a.none(), "placement"_a.none(), "rendezvous_port"_a.none(),
       "plan"_a.none(),
-      "progress"_a.none(), "progress_interval_s"_a, "alone"_a = false,
+      "progress"_a.none(), "progress_interval_s"_a, "alone"_a = false, "cuda_stream"_a = 0,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
-      "alone reads the checkpoint.");
+      "alone reads the checkpoint. cuda_stream: as for load.");
   m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
         "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
   m.def("shutdown", [] {

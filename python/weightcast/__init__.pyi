@@ -125,9 +125,13 @@ def load(
             ``"a"``; never opened but on rank 0): a rank naming another raises 78 on every
             rank, naming that rank's path and rank 0's, before rank 0 opens anything.
         device: where the tensors live: ``"cpu"`` (the default without ``config``),
-            ``"cuda"`` (torch's current device), ``"cuda:N"``, an int ``N`` (the same as
-            ``"cuda:N"``, as torch and safetensors read an int), a ``torch.device``, or
-            ``"auto"`` (a GPU when this build has CUDA and one is visible, else cpu).
+            ``"cuda"`` (one rank: torch's current device; several ranks: the local rank's
+            GPU, ``cuda:0`` when the process sees one device, as docs/gpu.md's rule; where
+            torch's current device is another GPU it raises ``Error`` 78 naming the rank,
+            both devices and the ``torch.cuda.set_device`` call to make), ``"cuda:N"``, an
+            int ``N`` (the same as ``"cuda:N"``, as torch and safetensors read an int), a
+            ``torch.device``, or ``"auto"`` (a GPU when this build has CUDA and one is
+            visible, else cpu).
             With ``config`` and no ``device``, the config's ``device`` key decides.
         chunk_size: bytes per chunk, an int (anything ``operator.index`` takes, e.g. a
             numpy integer) or a size string (``"16MiB"``); 1 B to 4 GiB.

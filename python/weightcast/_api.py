@@ -100,7 +100,45 @@ def _direct_io_text(value: object) -> str | None:
     raise Error(f"direct_io: {value!r} is not one of 'auto', 'on', 'off', True, False", CONFIG)
 
 
-def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
+def _cuda_ordinal(world: Mapping[str, Any], device_count: int,
+                  torch_current: int | None) -> int:
+    """The GPU ``device="cuda"`` means, from the environment alone: ``world`` as
+    ``detect_world`` gives it (rank, world_size, local_rank), ``device_count`` the CUDA devices
+    this process sees, ``torch_current`` torch's current device, or None where torch has not
+    initialised CUDA (so no one chose one).
+
+    One rank: torch's current device (0 when none). Several: weightcast's rule, as for the CLI
+    (gpu_info.hpp, docs/gpu.md): ordinal 0 when one device is visible, else the local rank
+    (torch's current device is 0 on every rank that never called ``set_device``, which put
+    every rank on GPU 0). Where torch's current device is another GPU, tensors the caller made
+    live there: refused, naming the rank, both devices and what to set."""
+    if world["world_size"] <= 1:
+        return torch_current if torch_current is not None else 0
+    rank, local_rank = world["rank"], world["local_rank"]
+    if device_count <= 0:
+        raise Error(f"device: 'cuda': rank {rank}: no CUDA device is visible", UNAVAILABLE)
+    if device_count == 1:
+        ordinal = 0
+    elif 0 <= local_rank < device_count:
+        ordinal = local_rank
+    else:
+        raise Error(f"device: 'cuda': rank {rank} has local rank {local_rank}, but this process "
+                    f"sees {device_count} CUDA devices (cuda:0 to cuda:{device_count - 1}): give "
+                    "each rank one GPU (CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task=1) or every "
+                    "rank all of the node's GPUs with no more ranks per node than GPUs",
+                    UNAVAILABLE)
+    if torch_current is not None and torch_current != ordinal:
+        raise Error(f"device: 'cuda': rank {rank} (local rank {local_rank}, {device_count} CUDA "
+                    f"devices visible) loads to cuda:{ordinal}, its local rank's GPU, but torch's "
+                    f"current device is cuda:{torch_current}: call "
+                    f"torch.cuda.set_device({ordinal}) (the local rank) before any CUDA work, or "
+                    f"pass device='cuda:{torch_current}' to load to torch's current device",
+                    CONFIG)
+    return ordinal
+
+
+def _resolve_device(device: object, config: bytes | None,
+                    world: Mapping[str, Any]) -> tuple[str, int]:
     """(kind, ordinal) of the arena: ("host", 0) or ("cuda", N)."""
     if device is None:
         if config is None:
@@ -118,7 +156,8 @@ def _resolve_device(device: object, config: bytes | None) -> tuple[str, int]:
     if text == "cuda":
         import torch
 
-        return ("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return ("cuda", _cuda_ordinal(world, _core.cuda_device_count(), current))
     if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
         ordinal = int(text[5:])
         if ordinal >= 2**31:  # the C++ ordinal is an int
@@ -232,6 +271,21 @@ class _Options:
             _reader_text(reader), _verify_text(verify)))
 
 
+def _caller_stream(device: tuple[str, int]) -> int:
+    """torch's current stream on the load's GPU (a ``cudaStream_t`` as an int), 0 for host.
+    The load's writes come after the work queued on it (``init_weights()`` after
+    ``to_empty()``, FSDP2's copies, an allocator block just reused) and it waits for them
+    before ``load``/``load_into`` return: DLPack's stream contract, the data is ready on the
+    caller's current stream."""
+    if device[0] != "cuda":
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0  # a CPU-only torch: there is no stream of torch's to order with
+    return int(torch.cuda.current_stream(device[1]).cuda_stream)
+
+
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
              placement: str | None, rendezvous_port: int | None,
              plan: Callable[..., Any] | None, progress: object, rank: int,
@@ -241,7 +295,8 @@ def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
     ``checkpoint``."""
     return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
                          *options.core, placement, rendezvous_port, plan,
-                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone)
+                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone,
+                         cuda_stream=_caller_stream(device))
 
 
 def _tensors(result: Any) -> dict[str, torch.Tensor]:
@@ -299,7 +354,7 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
     world = _world(options.config, alone)
-    dev = _resolve_device(device, options.config)
+    dev = _resolve_device(device, options.config, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
         # raises on every rank before any byte moves.
@@ -313,7 +368,8 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
     result = _core.load(catalogue, dev[0], dev[1], *options.core,
-                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S)
+                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
+                        cuda_stream=_caller_stream(dev))
     return _tensors(result)
 
 
@@ -511,7 +567,7 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
         dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
             if only is not None and only.type == "cuda" else ("host", 0)
     else:
-        dev = _resolve_device(device, options.config)
+        dev = _resolve_device(device, options.config, world)
     mapper = _key_mapper(key_map)
     ties = _tie_groups({k: v.local for k, v in shards.items()})
     state: dict[str, Any] = {}

@@ -44,8 +44,10 @@ def load(catalogue: Catalogue, device: str, ordinal: int, config: bytes | None,
          chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
          direct_io: str | None, timeout: str | None, reader: str | None,
          verify: str | None, progress: Callable[..., None] | None,
-         progress_interval_s: float) -> LoadResult:
-    """Loads a catalogue into a host or CUDA arena on this process (world size 1)."""
+         progress_interval_s: float, cuda_stream: int = 0) -> LoadResult:
+    """Loads a catalogue into a host or CUDA arena on this process (world size 1). The load
+    writes after the work queued on ``cuda_stream`` (a ``cudaStream_t`` as an int, 0: none)
+    and that stream waits for the load's writes (LoadOptions::cuda_stream)."""
 
 def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
             chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
@@ -53,10 +55,10 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
             verify: str | None, placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float,
-            alone: bool = False) -> LoadResult:
+            alone: bool = False, cuda_stream: int = 0) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
     alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
-    environment says. Every rank's checkpoint, as given, must be rank 0's (78 otherwise);
+    environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given, must be rank 0's (78 otherwise);
     a second call on several ranks while one runs in this process raises 64. ``progress``
     runs on a thread of its own, never holding the load. ``plan(catalogue, rank,
     world_size)``, on every rank once the catalogue is known, may raise (``Error`` ends every

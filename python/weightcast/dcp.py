@@ -60,7 +60,9 @@ class HuggingFaceStorageReader(StorageReader):
         self._port = _api._port(rendezvous_port)
         self._device = device
         if device is not None or self._options.config is not None:
-            _api._resolve_device(device, self._options.config)  # a bad device raises now
+            # A bad device raises now.
+            _api._resolve_device(device, self._options.config,
+                                 _api._world(self._options.config, alone))
         if not (progress is None or isinstance(progress, bool) or callable(progress)):
             raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
         self._progress = progress
@@ -223,7 +225,7 @@ class HuggingFaceStorageReader(StorageReader):
             dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
                 if only is not None and only.type == "cuda" else ("host", 0)
         else:
-            dev = _api._resolve_device(self._device, self._options.config)
+            dev = _api._resolve_device(self._device, self._options.config, world)
         memory = "cuda" if dev[0] == "cuda" else "host"
         torch_device = torch.device("cuda", dev[1]) if memory == "cuda" else torch.device("cpu")
 

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <vector>
 
 namespace weightcast {
 namespace {
@@ -24,6 +25,39 @@ class HostArena final : public Arena {
  private:
   detail::HostMapping _memory;
 };
+
+/// Several uploads in flight as one: complete once each is.
+class AllPending final : public Pending {
+ public:
+  explicit AllPending(std::vector<std::unique_ptr<Pending>> parts) : _parts(std::move(parts)) {}
+  bool test() override {
+    while (_done < _parts.size()) {
+      if (!_parts[_done]->test()) return false;
+      _parts[_done++].reset();
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Pending>> _parts;
+  std::size_t _done = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Pending> Device::upload_all(std::span<const Copy> copies) {
+  std::vector<std::unique_ptr<Pending>> parts;
+  for (const Copy& copy : copies) {
+    if (auto part = upload(copy.source, copy.destination, copy.bytes)) {
+      parts.push_back(std::move(part));
+    }
+  }
+  if (parts.empty()) return nullptr;
+  if (parts.size() == 1) return std::move(parts.front());
+  return std::make_unique<AllPending>(std::move(parts));
+}
+
+namespace {
 
 class HostDevice final : public Device {
  public:

@@ -211,6 +211,35 @@ class CudaDevice final : public Device {
     return std::make_unique<CudaCopy>(std::move(done), bytes);
   }
 
+  // Every copy on the copy stream, one event after the last: stream order completes them
+  // all by then.
+  std::unique_ptr<Pending> upload_all(std::span<const Copy> copies) override {
+    std::uint64_t bytes = 0;
+    for (const Copy& copy : copies) bytes += copy.bytes;
+    if (bytes == 0) return nullptr;
+    set_cuda_device(_ordinal);
+    CudaEvent done;
+    bool queued = false;
+    try {
+      for (const Copy& copy : copies) {
+        if (copy.bytes == 0) continue;
+        WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(copy.destination, copy.source, copy.bytes,
+                                            cudaMemcpyHostToDevice, _copy_stream.get()));
+        queued = true;
+      }
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(done.get(), _copy_stream.get()));
+      WEIGHTCAST_CUDA_TRY(cudaEventRecord(_last_upload.get(), _copy_stream.get()));
+    } catch (...) {
+      // As upload: no Pending will own what is queued, so wait for it before the sources go.
+      if (queued) {
+        detail::log_cuda_release(cudaStreamSynchronize(_copy_stream.get()),
+                                 "cudaStreamSynchronize (after a failed upload)");
+      }
+      throw;
+    }
+    return std::make_unique<CudaCopy>(std::move(done), bytes);
+  }
+
   [[nodiscard]] bool wants_pinned_staging() const noexcept override { return true; }
 
   void pin(std::byte* host, std::uint64_t bytes) override {
@@ -231,6 +260,23 @@ class CudaDevice final : public Device {
   }
 
   [[nodiscard]] void* upload_event() const noexcept override { return _last_upload.get(); }
+
+  void order_after(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    set_cuda_device(_ordinal);
+    CudaEvent queued;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(_copy_stream.get(), queued.get(), 0));
+  }
+
+  void order_before(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    set_cuda_device(_ordinal);
+    CudaEvent written;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), _copy_stream.get()));
+    WEIGHTCAST_CUDA_TRY(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+  }
 
   void read_back(const std::byte* data, std::uint64_t bytes,
                  const std::function<void(const std::byte*, std::size_t)>& consume)

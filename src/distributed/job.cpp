@@ -447,6 +447,9 @@ class Job {
       // After the data plane is up, so that a rank stalled in MPI_Init_thread is still named
       // by its watchdog.
       agree_wants(catalogue, options);
+      // A placed load's point-to-point channels, connected before its arena is allocated
+      // (NCCL allocates their device buffers at the first message).
+      if (several() && _placement) _transport->connect_exchange(0);
       JobResult result = run_load(std::move(catalogue), std::move(options));
       reach_verdict(result);
       close();

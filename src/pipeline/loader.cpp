@@ -19,6 +19,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/core.h>
@@ -122,8 +123,16 @@ std::vector<std::uint64_t> local_digests(const LoadResult& result) {
     const bool cast = want.destination.dtype && *want.destination.dtype != view.info->dtype;
     const std::uint64_t bytes = local_bytes(*view.info, want);
     const bool hashed = w < result.received_hashed.size() && result.received_hashed[w] != 0;
-    if (hashed || cast || (want.destination.data != nullptr && view.memory != MemoryKind::host)) {
+    if (hashed || cast) {
       digests.push_back(result.received_digests.at(w));
+    } else if (want.destination.data != nullptr && view.memory != MemoryKind::host) {
+      // Device memory outside the arena is hashed only as it lands, and only with expected
+      // digests (`verify: digest`).
+      throw Error(Errc::usage,
+                  fmt::format("local_digests: tensor '{}' landed in device memory outside the "
+                              "arena, which is hashed only as it lands, for a load with "
+                              "LoadPlacement::expect_digests (verify: digest)",
+                              want.tensor));
     } else if (want.destination.data != nullptr || bytes == 0) {
       digests.push_back(xxh3_64(view.data, bytes));
     } else {
@@ -178,6 +187,14 @@ struct InFlight {
 };
 
 /// Rank 0's slot between a placed chunk's upload (its own copies) and its sends.
+/// A chunk whose copies are queued on the device, not yet seen complete (upload_stage hands
+/// it to upload_completion_stage).
+struct Uploading {
+  detail::SlotLease lease;  ///< Empty for a placed chunk (its slot is held in `_held`).
+  std::vector<std::unique_ptr<Pending>> copies;
+  std::chrono::steady_clock::time_point begin;
+};
+
 struct HeldSlot {
   detail::SlotLease lease;
   const std::byte* source = nullptr;  ///< The chunk's first byte in the slot.
@@ -202,6 +219,7 @@ class Pipeline {
         _options(options),
         _landed(catalogue.tensors.size(), 0),
         _to_broadcast(executor, std::max<std::uint32_t>(options.buffer_depth, 1)),
+        _to_complete(executor, 1),
         _to_land(executor, broadcasts_in_flight - 2),
         _last_progress(_running.now()) {
     _placement = options.placement.get();
@@ -273,8 +291,8 @@ class Pipeline {
       spdlog::debug("{} reader, {} reads; registered buffers: {}, registered files: {}",
                     _reader->name(), _files->mode(), fixed_buffers, fixed_files);
       co_await (guarded(read_stage()) && guarded(completion_stage()) &&
-                guarded(upload_stage()) && guarded(broadcast_stage()) &&
-                guarded(landing_stage()) && guarded(watchdog()));
+                guarded(upload_stage()) && guarded(upload_completion_stage()) &&
+                guarded(broadcast_stage()) && guarded(landing_stage()) && guarded(watchdog()));
     } else {
       co_await (guarded(broadcast_stage()) && guarded(landing_stage()) && guarded(watchdog()));
     }
@@ -380,6 +398,7 @@ class Pipeline {
     _hash_received.assign(mine.tensors.size(), 0);
     _hash_landed.assign(mine.tensors.size(), 0);
     bool any_received = false;
+    bool any_read_back = false;
     for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
       const TensorWant& want = mine.tensors[w];
       const std::uint32_t t = _want_tensor[_me][w];
@@ -403,12 +422,19 @@ class Pipeline {
       // ones (received_digests), so each byte is hashed once on rank 0.
       if (_me == 0 && placement.expect_digests) continue;
       _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
-      if (_cast_to[w] || device_in_place || _hash_landed[w]) {
+      // An in-place device want is hashed (read back through the device as it lands) only
+      // for the verdict: with `verify: none` nothing compares its digest. The read-back is a
+      // synchronous D2H copy and a hash of every byte: it runs on a thread of its own
+      // (`_hashing`), off the loader's.
+      const bool read_back = device_in_place && placement.expect_digests && !_cast_to[w];
+      if (_cast_to[w] || read_back || _hash_landed[w]) {
         _hash_received[w] = 1;
         any_received = true;
       }
+      if (read_back) any_read_back = true;
     }
     if (any_received) _received.emplace(mine.tensors.size());
+    if (any_read_back) _hashing.emplace(1);
     if (_me == 0 && placement.expect_digests) {
       // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
       // one per (rank, want) for the slices.
@@ -506,23 +532,27 @@ class Pipeline {
     std::memcpy(state.carry, data + elements * in, state.carried);
   }
 
-  // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk.
-  awaitable<void> copy_to_mine(std::uint32_t w, const std::byte* data,
-                               std::uint64_t local_offset, std::uint64_t bytes) {
+  // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk. @return the
+  // copy in flight (null when done: a cast, a host device); @p data must stay until it is.
+  std::unique_ptr<Pending> copy_to_mine(std::uint32_t w, const std::byte* data,
+                                        std::uint64_t local_offset, std::uint64_t bytes) {
     // Only without expected digests (verify: none): a cast or device want's report digest,
     // of the source bytes. With them, rank 0's own digests are its expected ones.
     if (_hash_received[w]) _received->update(w, data, bytes);
     if (_cast_to[w]) {
       cast_into(w, data, local_offset, bytes);
-      co_return;
+      return nullptr;
     }
-    co_await wait(_device.upload(data, _want_data[w] + local_offset, bytes), upload_poll_cap);
+    return _device.upload(data, _want_data[w] + local_offset, bytes);
   }
 
   // Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
   // every rank's expected digests; the slot stays held for the sends.
+  // Copies from the slot are all queued, then waited for together; one from the gather
+  // scratch is waited for at once, as the next gather reuses (and may reallocate) it.
   awaitable<void> upload_placed(std::size_t c, const std::byte* source) {
     const Chunk& chunk = _plan.chunks[c];
+    std::vector<std::unique_ptr<Pending>> copies;
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
       const Piece& piece = _plan.pieces[p];
       if (_expected && _tensor_whole_wanted[piece.tensor]) {
@@ -530,10 +560,13 @@ class Pipeline {
       }
       if (!_plan.chunk_broadcast[c]) continue;
       const std::int32_t w = _want_of_tensor[piece.tensor];
-      co_await copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
-                            piece.tensor_offset, piece.bytes);
+      copies.push_back(copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
+                                    piece.tensor_offset, piece.bytes));
     }
-    if (_plan.chunk_broadcast[c]) co_return;
+    if (_plan.chunk_broadcast[c]) {
+      for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+      co_return;
+    }
     for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
       const Delivery& d = _plan.deliveries[i];
       if (_expected && !_whole[d.rank][d.want]) {
@@ -546,8 +579,14 @@ class Pipeline {
       }
       if (d.rank != 0) continue;
       const std::byte* data = gather(d, source, _scratch);
-      co_await copy_to_mine(d.want, data, d.local_offset, d.bytes);
+      auto copy = copy_to_mine(d.want, data, d.local_offset, d.bytes);
+      if (d.runs == 1) {
+        copies.push_back(std::move(copy));
+      } else {
+        co_await wait(std::move(copy), upload_poll_cap);
+      }
     }
+    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
   }
 
   // The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
@@ -574,13 +613,20 @@ class Pipeline {
       co_return;
     }
     std::uint64_t at = 0;
+    std::vector<std::unique_ptr<Pending>> copies;  // from the slot: waited for together
     for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
       const Delivery& d = _plan.deliveries[i];
       if (d.rank == 0) continue;
       const std::byte* data = gather(d, held.source, _scratch);
-      co_await wait(_device.upload(data, held.device + at, d.bytes), upload_poll_cap);
+      auto copy = _device.upload(data, held.device + at, d.bytes);
+      if (d.runs == 1) {
+        copies.push_back(std::move(copy));
+      } else {
+        co_await wait(std::move(copy), upload_poll_cap);  // the scratch is reused next
+      }
       at += d.bytes;
     }
+    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
   }
 
   // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
@@ -715,22 +761,53 @@ class Pipeline {
   // copy of it passed this rank. Rank 0 hashed its own from the source (expect or
   // copy_to_mine); a cast want is hashed from its window, above. Deliveries land in each want's local order, as the
   // streaming digest needs.
+  // The read-back runs on `_hashing`'s one thread, in landing order (a want's digest is
+  // streamed in its local order); its want's `finish` is queued behind it (want_ready).
+  // StreamingDigests' entries are independent, so the loader's thread hashes other wants
+  // meanwhile.
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
     if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
     if (_hash_landed[w]) {
       _received->update(w, _want_data[w] + local_offset, bytes);
       return;
     }
-    _device.read_back(_want_data[w] + local_offset, bytes,
-                      [&](const std::byte* data, std::size_t n) { _received->update(w, data, n); });
+    const std::byte* data = _want_data[w] + local_offset;
+    asio::post(*_hashing, [this, w, data, bytes] {
+      if (_hashing_failure) return;
+      try {
+        _device.read_back(data, bytes, [&](const std::byte* back, std::size_t n) {
+          _received->update(w, back, n);
+        });
+      } catch (...) {
+        _hashing_failure = std::current_exception();
+      }
+    });
   }
+
+ public:
+  /// Waits for the device read-backs still hashing (`hash_landed`); call after `run` and
+  /// before `received_digests`. @throws what a read-back threw (`Arena::read_back`'s errors).
+  void finish_hashing() {
+    if (!_hashing) return;
+    _hashing->join();
+    _hashing.reset();
+    if (_hashing_failure) std::rethrow_exception(_hashing_failure);
+  }
+
+ private:
 
   void land(std::uint32_t w, std::uint64_t bytes) {
     if ((_want_left[w] -= bytes) == 0) want_ready(w);
   }
 
   void want_ready(std::uint32_t w) {
-    if (_received && _hash_received[w]) _received->finish(w);
+    if (_received && _hash_received[w]) {
+      if (_hashing && _me != 0 && !_cast_to[w] && !_hash_landed[w]) {
+        asio::post(*_hashing, [this, w] { _received->finish(w); });
+      } else {
+        _received->finish(w);
+      }
+    }
     if (!_options.on_tensor_ready) return;
     const TensorWant& want = _placement->mine.tensors[w];
     const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
@@ -829,7 +906,11 @@ class Pipeline {
     }
   }
 
-  // Upload stage: wait for the slot's read, copy each piece into the arena, free the slot.
+  // Upload stage: wait for the slot's read, queue each piece's copy into the arena, and hand
+  // the chunk to the completion stage without waiting for its copies: the next chunk's copies
+  // are queued behind them on the copy stream (up to three chunks: one being waited for, one
+  // in `_to_complete`, one being handed over), so the copy engine never idles while a poll
+  // notices a completion.
   awaitable<void> upload_stage() {
     for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
       const std::size_t slot = co_await _to_upload->async_receive(use_awaitable);
@@ -838,6 +919,7 @@ class Pipeline {
       const auto upload_begin = Clock::now();
       const Chunk& chunk = _plan.chunks[c];
       const std::byte* source = _slot_source[slot];
+      std::vector<std::unique_ptr<Pending>> copies;
       if (_placement) {
         co_await upload_placed(c, source);
         HeldSlot held{std::move(lease), source};
@@ -856,22 +938,36 @@ class Pipeline {
           }
         }
       } else if (chunk.arena_contiguous) {
-        co_await wait(_device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes),
-                      upload_poll_cap);
+        copies.push_back(
+            _device.upload(source, _arena.data() + chunk.arena_offset, chunk.bytes));
       } else {
-        // Issue every piece's copy, then wait: a cuda device queues them on one stream.
-        std::vector<std::unique_ptr<Pending>> copies;
+        // A cuda device queues every piece's copy on its one copy stream, with one event.
+        _piece_copies.clear();
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          copies.push_back(_device.upload(source + piece.chunk_offset,
-                                          _arena.data() + piece.arena_offset, piece.bytes));
+          _piece_copies.push_back(
+              {source + piece.chunk_offset, _arena.data() + piece.arena_offset, piece.bytes});
         }
-        for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+        copies.push_back(_device.upload_all(_piece_copies));
       }
+      _uploading.push_back(Uploading{std::move(lease), std::move(copies), upload_begin});
+      co_await _to_complete.async_send(boost::system::error_code{}, c, use_awaitable);
+    }
+  }
+
+  // Upload completion stage: waits, in plan order, for each chunk's copies, frees its slot and
+  // hands the chunk to the broadcast stage, which posts it with no stream wait.
+  awaitable<void> upload_completion_stage() {
+    for (std::size_t c = 0; c < _plan.chunks.size(); ++c) {
+      const std::size_t issued = co_await _to_complete.async_receive(use_awaitable);
+      if (issued != c) throw Error(Errc::internal, "chunks reached upload completion out of order");
+      // A reference into a deque stays valid while the upload stage pushes behind it.
+      Uploading& uploading = _uploading.front();
+      for (auto& copy : uploading.copies) co_await wait(std::move(copy), upload_poll_cap);
       _last_progress = _running.now();
-      stage_event(Stage::upload, c, upload_begin);
+      stage_event(Stage::upload, c, uploading.begin);
       // The lease ends here: the slot is free again only now that its upload is complete.
-      lease = detail::SlotLease{};
+      _uploading.pop_front();
       co_await _to_broadcast.async_send(boost::system::error_code{}, c, use_awaitable);
     }
   }
@@ -905,9 +1001,26 @@ class Pipeline {
       if (chunk.arena_contiguous) {
         _ranges.push_back({_arena.data() + chunk.arena_offset, chunk.bytes});
       } else {
+        // Pieces that follow each other in the arena but for the alignment padding before a
+        // tensor go as one range (one ncclBroadcast, one MPI_Ibcast) instead of one each:
+        // the padding belongs to no tensor, as a tensor with bytes starts at an aligned
+        // offset and the gap ends at the first one.
+        const std::uint64_t align = std::max<std::uint64_t>(_options.tensor_alignment, 1);
         for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
           const Piece& piece = _plan.pieces[chunk.first_piece + p];
-          _ranges.push_back({_arena.data() + piece.arena_offset, piece.bytes});
+          std::byte* at = _arena.data() + piece.arena_offset;
+          if (!_ranges.empty()) {
+            Transport::Range& last = _ranges.back();
+            const std::byte* end = last.data + last.bytes;
+            if (at >= end) {
+              const auto gap = static_cast<std::uint64_t>(at - end);
+              if (gap == 0 || (gap < align && piece.arena_offset % align == 0)) {
+                last.bytes += gap + piece.bytes;
+                continue;
+              }
+            }
+          }
+          _ranges.push_back({at, piece.bytes});
         }
       }
       std::unique_ptr<Pending> pending;
@@ -1017,10 +1130,11 @@ class Pipeline {
     }
   }
 
-  // The upload stage waits for each chunk's copy before it takes the next slot: a 16 MiB H2D
-  // copy takes ~0.3 ms on PCIe 5, and a 1 ms cap noticed it up to ~0.6 ms late (the copy
-  // engine idle as long). 100 µs keeps that under a third of a copy for one cudaEventQuery
-  // per 100 µs. (A host device's upload is a memcpy: nothing to poll.)
+  // How late a completed copy may be noticed: a 16 MiB H2D copy takes ~0.3 ms on PCIe 5, and
+  // a 1 ms cap noticed it up to ~0.6 ms late (a slot and the chunk's broadcast held as long;
+  // the copy engine meanwhile runs the chunks queued behind it). 100 µs keeps that under a
+  // third of a copy for one cudaEventQuery per 100 µs. Rank 0's placed uploads still wait
+  // for each copy in turn. (A host device's upload is a memcpy: nothing to poll.)
   static constexpr std::chrono::microseconds upload_poll_cap{100};
 
   // The landing stage's poll: how late a completed broadcast may be noticed, and, while at
@@ -1267,6 +1381,9 @@ class Pipeline {
   std::uint64_t _bytes_landed = 0;                    // for LoadProgress::bytes_done
   std::optional<IndexChannel> _to_upload;             // slot indices, plan order
   IndexChannel _to_broadcast;                         // chunk indices, plan order
+  IndexChannel _to_complete;                          // uploads queued, plan order
+  std::deque<Uploading> _uploading;                   // ...their copies and slots
+  std::vector<Device::Copy> _piece_copies;            // the chunk being uploaded, by piece
   IndexChannel _to_land;                              // posted chunks, plan order
   std::deque<InFlight> _posted;                       // their broadcasts, not yet landing
   std::vector<Transport::Range> _ranges;              // the chunk being broadcast
@@ -1284,6 +1401,11 @@ class Pipeline {
   std::vector<std::uint8_t> _hash_received;                  // my wants hashed as they land
   std::vector<std::uint8_t> _hash_landed;                    // ...from their host memory
   std::optional<StreamingDigests> _received;
+  // One thread for device read-backs of landed wants (hash_landed); declared after what its
+  // tasks use, so it is stopped and joined first. `_hashing_failure` is written on that
+  // thread only and read once it is joined.
+  std::optional<asio::thread_pool> _hashing;
+  std::exception_ptr _hashing_failure;
   std::optional<StreamingDigests> _expected;                 // rank 0, expect_digests
   std::vector<std::uint8_t> _tensor_whole_wanted;
   std::vector<std::size_t> _expected_base;
@@ -1414,6 +1536,9 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
         discard ? make_host_arena(0) : device.allocate_arena(result.layout.arena_bytes);
   }
 
+  // The caller's queued GPU work on the destinations comes first (LoadOptions::cuda_stream).
+  device.order_after(options.cuda_stream);
+  transport.order_after(options.cuda_stream);
   const auto start = Clock::now();
   Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
                     transport, options);
@@ -1421,6 +1546,7 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   std::exception_ptr failure;
   try {
     co_await pipeline.run();
+    pipeline.finish_hashing();
   } catch (...) {
     failure = pipeline.first_failure() ? pipeline.first_failure() : std::current_exception();
   }
@@ -1434,6 +1560,9 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   }
   pipeline.shut_down();
   if (failure) std::rethrow_exception(failure);
+  // The data is ready on the caller's stream (its later work runs after every write).
+  device.order_before(options.cuda_stream);
+  transport.order_before(options.cuda_stream);
 
   result.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.stats.bytes = plan.total_bytes;

@@ -50,14 +50,15 @@ using detail::CudaStream;
 using Clock = std::chrono::steady_clock;
 
 /// The communicator: finalised and destroyed when healthy, else aborted (every failure aborts
-/// it at once, so a handle still held here has seen none).
+/// it at once, so a handle still held here has seen none). A borrowed one (the caller's) is
+/// never finalised, destroyed or aborted here: its owner (torch's ProcessGroup) still holds it
+/// and frees it at its own shutdown, so an abort here would free it twice.
 class Communicator {
  public:
   Communicator() = default;
   ~Communicator() {
     if (_comm == nullptr) return;  // never created, or aborted after a failure
-    // The caller's (make_nccl_transport of an NcclCommunicator): left as it was. A failure
-    // aborts it (the only way to end what is in flight), and then it is null here.
+    // The caller's (make_nccl_transport of an NcclCommunicator): left as it was.
     if (!_owned) return;
     // ncclCommFinalize flushes outstanding work; on a non-blocking communicator it may
     // return ncclInProgress: poll, bounded, then destroy (NCCL docs, "Finalizing a
@@ -89,13 +90,13 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   ncclComm_t* out() noexcept { return &_comm; }
-  /// Takes the caller's @p comm, which is never finalised or destroyed (only aborted, on a
-  /// failure).
+  /// Takes the caller's @p comm, which is never finalised, destroyed or aborted.
   void adopt(ncclComm_t comm) noexcept {
     _comm = comm;
     _owned = false;
   }
   [[nodiscard]] ncclComm_t get() const noexcept { return _comm; }
+  [[nodiscard]] bool owned() const noexcept { return _owned; }
 
   /// @return the communicator's state: ncclSuccess, ncclInProgress or an error.
   [[nodiscard]] ncclResult_t state() const noexcept {
@@ -105,9 +106,14 @@ class Communicator {
   }
 
   /// Aborts the communicator: in-flight collectives end, peers see an error instead of
-  /// waiting forever. Idempotent; never throws.
+  /// waiting forever. A borrowed one is only let go of (its owner aborts it). Idempotent;
+  /// never throws.
   void abort() noexcept {
     if (_comm == nullptr) return;
+    if (!_owned) {
+      _comm = nullptr;
+      return;
+    }
     const ncclResult_t status = ncclCommAbort(_comm);
     if (status != ncclSuccess && status != ncclInProgress) {
       spdlog::warn("ncclCommAbort failed: {}", ncclGetErrorString(status));
@@ -124,7 +130,7 @@ class Communicator {
 /// communicator. Shared ownership: a `Pending` that outlives its transport (an embedder that
 /// destroys the transport first) still holds what its destructor aborts and waits on.
 struct CommState {
-  explicit CommState(int ordinal) : ordinal(ordinal) {
+  CommState(int ordinal, std::chrono::milliseconds timeout) : ordinal(ordinal), timeout(timeout) {
     detail::set_cuda_device(ordinal);
     stream.emplace();
   }
@@ -135,16 +141,53 @@ struct CommState {
   /// ncclCommAbort (NCCL docs, "Error handling and communicator abort"): abort it, which
   /// ends its kernels, then wait for the comm stream, so that nothing NCCL launched still
   /// writes the arena once the error reaches the loader (whose unwinding frees the arena).
-  /// Idempotent; never throws.
-  void abort_and_drain() noexcept {
+  /// A borrowed communicator is not aborted (its owner does that; see `owner_note`): the
+  /// comm stream is waited for at most the timeout, as its kernels may wait on a lost peer
+  /// until the owner aborts. Idempotent; never throws.
+  /// @return whether the comm stream drained.
+  bool abort_and_drain() noexcept {
+    const bool owned = comm.owned();
     comm.abort();
-    if (stream) {
-      detail::log_cuda_release(cudaStreamSynchronize(stream->get()),
-                               "cudaStreamSynchronize (comm stream, after ncclCommAbort)");
+    if (!stream) return true;
+    if (owned) {
+      const cudaError_t synced = cudaStreamSynchronize(stream->get());
+      detail::log_cuda_release(synced, "cudaStreamSynchronize (comm stream, after ncclCommAbort)");
+      return synced == cudaSuccess;
+    }
+    const auto deadline = Clock::now() + timeout;
+    cudaError_t status = cudaStreamQuery(stream->get());
+    while (status == cudaErrorNotReady && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      status = cudaStreamQuery(stream->get());
+    }
+    if (status == cudaErrorNotReady) {
+      spdlog::warn("nccl: the comm stream still runs NCCL work on the communicator handed in "
+                   "after {} ms: its owner must abort the communicator (ncclCommAbort)",
+                   timeout.count());
+      return false;
+    }
+    detail::log_cuda_release(status, "cudaStreamQuery (comm stream, after a failure)");
+    return status == cudaSuccess;
+  }
+
+  /// Rethrows the exception in flight; for a borrowed communicator an Error gains what its
+  /// owner must do, since weightcast leaves the abort to it.
+  [[noreturn]] void rethrow() const {
+    if (comm.owned()) throw;
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string(e.what()) + owner_note);
     }
   }
 
+  static constexpr const char* owner_note =
+      " (the NCCL communicator was handed in: weightcast does not abort a communicator it "
+      "does not own; its owner must abort it before using or destroying it: ncclCommAbort, or "
+      "with torch, abort the process group / destroy_process_group())";
+
   int ordinal;
+  std::chrono::milliseconds timeout;
   std::optional<CudaStream> stream;  // the comm stream; created after cudaSetDevice
   Communicator comm;
 };
@@ -161,10 +204,12 @@ class NcclGroup final : public Pending {
     // Abandoned in flight (a stage failed, the watchdog fired): a collective may wait on a
     // peer forever, so abort the communicator (which ends its kernels), then wait for the
     // comm stream before the arena it writes can be freed.
-    spdlog::warn("nccl: {} of {} bytes abandoned in flight: aborting the communicator", _what,
-                 _bytes);
-    _state->abort_and_drain();
-    detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
+    spdlog::warn("nccl: {} of {} bytes abandoned in flight: {}", _what, _bytes,
+                 _state->comm.owned() ? "aborting the communicator"
+                                      : "its owner must abort the communicator handed in");
+    if (_state->abort_and_drain()) {
+      detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
+    }
   }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
@@ -194,7 +239,7 @@ class NcclGroup final : public Pending {
     } catch (...) {
       _done = true;  // failed: nothing waits for it any more, once the stream is drained
       _state->abort_and_drain();
-      throw;
+      _state->rethrow();
     }
   }
 
@@ -214,7 +259,7 @@ class NcclTransport final : public Transport {
         _world_size(world_size),
         _timeout(timeout),
         _state(std::make_shared<CommState>(
-            cuda_ordinal_for_local_rank(local_rank, cuda_device_count()))) {
+            cuda_ordinal_for_local_rank(local_rank, cuda_device_count()), timeout)) {
     ncclUniqueId id;
     static_assert(sizeof(id.internal) == nccl_unique_id_bytes);
     std::memcpy(id.internal, unique_id.data(), unique_id.size());
@@ -242,13 +287,32 @@ class NcclTransport final : public Transport {
       : _rank(rank),
         _world_size(world_size),
         _timeout(timeout),
-        _state(std::make_shared<CommState>(cuda_device)) {
+        _state(std::make_shared<CommState>(cuda_device, timeout)) {
     _state->comm.adopt(comm);
   }
 
   [[nodiscard]] std::string_view name() const noexcept override { return "nccl"; }
   [[nodiscard]] int rank() const noexcept override { return _rank; }
   [[nodiscard]] int world_size() const noexcept override { return _world_size; }
+
+  // A CUDA event may be waited on from another stream once recorded; destroying it after
+  // the wait is queued is allowed (CUDA Runtime API, cudaEventDestroy).
+  void order_after(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    detail::set_cuda_device(_state->ordinal);
+    CudaEvent queued;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(stream(), queued.get(), 0));
+  }
+
+  void order_before(void* cuda_stream) override {
+    if (cuda_stream == nullptr) return;
+    detail::set_cuda_device(_state->ordinal);
+    CudaEvent written;
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), stream()));
+    WEIGHTCAST_CUDA_TRY(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+  }
 
   // Placement's deliveries: NCCL's documented scatter (NCCL docs, "Point-to-point
   // communication": ncclSend/ncclRecv fused in ncclGroupStart/End, sizes free per rank).
@@ -314,7 +378,8 @@ class NcclTransport final : public Transport {
   std::unique_ptr<Pending> enqueue_group(const char* what, void* ready_event,
                                          const std::uint64_t& bytes, Calls&& calls) {
     WEIGHTCAST_EXPECT(comm() != nullptr, Errc::unavailable,
-                      "nccl: the communicator was aborted after an earlier failure");
+                      "nccl: the communicator was aborted (one handed in: let go of) after an "
+                      "earlier failure");
     try {
       detail::set_cuda_device(_state->ordinal);
       // Non-blocking communicator: no NCCL call and no CUDA work on the comm stream while
@@ -353,7 +418,7 @@ class NcclTransport final : public Transport {
       return std::make_unique<NcclGroup>(_state, std::move(done), bytes, what);
     } catch (...) {
       _state->abort_and_drain();
-      throw;
+      _state->rethrow();
     }
   }
 
@@ -372,14 +437,49 @@ class NcclTransport final : public Transport {
           ncclBroadcast(byte.data(), byte.data(), 1, ncclUint8, 0, comm(), stream()), comm());
       bytes = 1;
     });
+    wait_connected(std::move(pending), "connecting the ranks");
+  }
+
+ public:
+  // Point-to-point channels are connected at the first ncclSend/ncclRecv between two ranks,
+  // and their buffers allocated then, on the device (as broadcast's, above): a placed load
+  // connects @p root to every other rank with a 1-byte send each, before its arena.
+  void connect_exchange(int root) override {
+    if (_world_size < 2) return;
+    WEIGHTCAST_EXPECT(root >= 0 && root < _world_size, Errc::internal,
+                      fmt::format("nccl: connect_exchange: root {} of {}", root, _world_size));
+    detail::DeviceMemory bytes(static_cast<std::uint64_t>(_world_size));
+    std::uint64_t total = 0;
+    auto pending = enqueue_group("ncclSend/ncclRecv (connecting the root to each rank)", nullptr,
+                                 total, [&] {
+      if (_rank == root) {
+        for (int peer = 0; peer < _world_size; ++peer) {
+          if (peer == root) continue;
+          WEIGHTCAST_NCCL_TRY(
+              ncclSend(bytes.data() + peer, 1, ncclUint8, peer, comm(), stream()), comm());
+          ++total;
+        }
+      } else {
+        WEIGHTCAST_NCCL_TRY(ncclRecv(bytes.data(), 1, ncclUint8, root, comm(), stream()),
+                            comm());
+        total = 1;
+      }
+    });
+    wait_connected(std::move(pending), "connecting the root to each rank point to point");
+  }
+
+ private:
+  // Waits, at most the timeout, for a connecting group; on a timeout aborts and drains before
+  // the buffer it writes is freed.
+  void wait_connected(std::unique_ptr<Pending> pending, std::string_view what) {
     const auto deadline = Clock::now() + _timeout;
     while (!pending->test()) {
       if (Clock::now() >= deadline) {
-        _state->abort_and_drain();  // before `byte` is freed
+        _state->abort_and_drain();  // before the group's buffer is freed
         throw Error(Errc::timeout,
-                    fmt::format("nccl: rank {} of {}: connecting the ranks did not complete "
-                                "after {} ms (timeout): a peer did not take part",
-                                _rank, _world_size, _timeout.count()));
+                    fmt::format("nccl: rank {} of {}: {} did not complete after {} ms "
+                                "(timeout): a peer did not take part",
+                                _rank, _world_size, what, _timeout.count()));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -443,6 +543,20 @@ std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator) {
 std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
                                                std::chrono::milliseconds timeout) {
   const auto [rank, size] = nccl_rank_and_size(communicator);
+  // The arena goes on cuda_device and NCCL's kernels run on the communicator's own device: a
+  // mismatch would have NCCL read and write another GPU's memory.
+  const auto comm = static_cast<ncclComm_t>(communicator.comm);
+  int device = -1;
+  WEIGHTCAST_NCCL_TRY(ncclCommCuDevice(comm, &device), comm);
+  if (device != communicator.cuda_device) {
+    throw Error(Errc::config,
+                fmt::format("transport nccl: rank {} of {}: the communicator handed in is on "
+                            "CUDA device {} (ncclCommCuDevice), but NcclCommunicator::cuda_device "
+                            "says {}: give the device the communicator was created on (torch: "
+                            "the process group's device, torch.cuda.current_device() at its "
+                            "creation)",
+                            rank, size, device, communicator.cuda_device));
+  }
   return std::make_unique<NcclTransport>(static_cast<ncclComm_t>(communicator.comm), rank, size,
                                          communicator.cuda_device, timeout);
 }

@@ -5,8 +5,9 @@
 // Tagged [gpu]: where no CUDA device is usable (or the build has no CUDA) each test WARNs the
 // reason and returns; WEIGHTCAST_REQUIRE_GPU=1 (bench/gpu_check.sh on a GPU host) makes that
 // a failure. NCCL refuses two ranks on one GPU, so the multi-rank test needs two devices and
-// says so where there are fewer; on one GPU the exchange is tested rank 0 to itself, which
-// NCCL allows inside a group.
+// says so where there are fewer, unless WEIGHTCAST_TEST_TWO_RANKS_PER_GPU=1 says NCCL takes
+// two ranks on one (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1: bench/gpu_check.sh sets
+// both); on one GPU the exchange is tested rank 0 to itself, which NCCL allows inside a group.
 #include "weightcast/device/device.hpp"
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
@@ -184,8 +185,11 @@ TEST_CASE("placement gpu: a cast into a device's arena is refused with 78 naming
 TEST_CASE("placement gpu: fsdp over nccl on 2 GPUs gives each rank its Shard(0) rows bit-exact",
           "[gpu][nccl][placement]") {
   WEIGHTCAST_REQUIRE_GPU();
-  if (cuda_device_count() < 2) {
-    WARN("skipped: needs 2 CUDA devices (NCCL refuses two ranks on one GPU); this machine has "
+  const char* two_per_gpu = std::getenv("WEIGHTCAST_TEST_TWO_RANKS_PER_GPU");
+  const bool two_ranks_one_gpu = two_per_gpu != nullptr && std::string_view(two_per_gpu) == "1";
+  if (cuda_device_count() < 2 && !two_ranks_one_gpu) {
+    WARN("skipped: needs 2 CUDA devices (NCCL refuses two ranks on one GPU; "
+         "WEIGHTCAST_TEST_TWO_RANKS_PER_GPU=1 where NCCL takes two); this machine has "
          << cuda_device_count());
     return;
   }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 
 namespace weightcast {
@@ -85,6 +86,23 @@ class Device {
   virtual std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                           std::uint64_t bytes) = 0;
 
+  /// One copy of `upload_all`.
+  struct Copy {
+    const std::byte* source = nullptr;  ///< Host memory (a staging slot).
+    std::byte* destination = nullptr;   ///< This device's memory.
+    std::uint64_t bytes = 0;            ///< Length, bytes.
+  };
+  /**
+   * @brief Copies each of @p copies as `upload` does, as one operation: `cuda` queues them
+   *        all on the copy stream with one completion event after the last (a chunk of many
+   *        pieces costs one event, not one per piece); by default each is an `upload` and the
+   *        result completes once all have.
+   * @return null when every copy is already complete, else the copies in flight; every
+   *         source must stay valid until they complete.
+   * @throws Error as `upload`.
+   */
+  virtual std::unique_ptr<Pending> upload_all(std::span<const Copy> copies);
+
   /**
    * @return true when a read may land in this device's arena directly, in place of staging
    *         it in a slot and calling `upload()`: the arena is ordinary host memory (`host`).
@@ -122,6 +140,20 @@ class Device {
    *       wait for the next chunk's copies.
    */
   [[nodiscard]] virtual void* upload_event() const noexcept { return nullptr; }
+
+  /**
+   * @brief Orders this device's later uploads after the work queued so far on the caller's
+   *        @p cuda_stream (a `cudaStream_t` on this device): the copy stream waits on an event
+   *        recorded on it (`cudaStreamWaitEvent`, no host wait). `host`: nothing to order.
+   * @throws Error as `detail::throw_cuda_error` when the event cannot be recorded or waited.
+   */
+  virtual void order_after(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  /**
+   * @brief Makes the caller's @p cuda_stream wait for every upload issued so far (an event
+   *        recorded on the copy stream after them). `host`: nothing to order.
+   * @throws Error as `order_after`.
+   */
+  virtual void order_before(void* cuda_stream) { static_cast<void>(cuda_stream); }
 
   /**
    * @brief Hands @p bytes of this device's memory at @p data (an arena's, or a caller's

@@ -154,6 +154,15 @@ struct LoadOptions {
   /// slices of the (at most three) chunks in flight; other ranks hold their own wants
   /// only, plus a receive window of a chunk's bytes for a cast.
   std::shared_ptr<const LoadPlacement> placement;
+  /// The caller's CUDA stream (a `cudaStream_t` on the load's device; null: none), for a
+  /// load into memory the caller's GPU work also uses (torch's current stream: kernels still
+  /// queued on the destinations, such as `init_weights()` after `to_empty()`, or an
+  /// allocator block just freed by such work). The device's copy stream and the nccl
+  /// transport's comm stream wait on an event recorded on it before the load's first write,
+  /// and, once the load succeeded, it waits on an event recorded on each of them after their
+  /// last write (DLPack's stream contract: the data is ready on the caller's stream). Ignored
+  /// by the host device and the local and mpi transports.
+  void* cuda_stream = nullptr;
 
   /// @return the options a `Config` asks for.
   static LoadOptions from_config(const Config& config);
@@ -195,9 +204,10 @@ struct LoadResult {
   /// Per want: its local bytes (the arena, or the caller's in-place memory).
   std::vector<std::byte*> want_data;
   /// Per want: XXH3-64 of the bytes received, checkpoint dtype, taken as they landed — for
-  /// wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a cast,
-  /// or device memory outside the arena), and, with `LoadPlacement::expect_digests`, for
-  /// host memory, hashed right after each chunk landed; 0 for the others (`local_digests`).
+  /// wants whose destination cannot be hashed afterwards in the checkpoint's dtype (a cast;
+  /// with `LoadPlacement::expect_digests`, device memory outside the arena), and, with
+  /// `expect_digests`, for host memory, hashed right after each chunk landed; 0 for the
+  /// others (`local_digests`).
   /// Rank 0 with `expect_digests` hashes its own wants once, in its staging ring, before it
   /// copies them within its own process: its entries are its `expected_digests[0]`.
   std::vector<std::uint64_t> received_digests;
@@ -220,7 +230,8 @@ struct LoadResult {
  * @brief Per want of a placed load (`LoadResult::wants` order), XXH3-64 of the local bytes
  *        received, in the checkpoint's dtype, row-major contiguous — what rank 0's
  *        `expected_digests` says this rank should have.
- * @throws Error as `Arena::read_back`.
+ * @throws Error as `Arena::read_back`; `usage` (64) for a want in device memory outside the
+ *         arena of a load without `LoadPlacement::expect_digests`, which was not hashed.
  */
 std::vector<std::uint64_t> local_digests(const LoadResult& result);
 

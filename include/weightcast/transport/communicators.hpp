@@ -20,9 +20,11 @@ struct MpiCommunicator {
 };
 
 /// An `ncclComm_t` of the caller's and the CUDA device its rank was created on. weightcast
-/// broadcasts on it as it is (no new communicator is created) and never destroys it on
-/// success; after a failure it is aborted (`ncclCommAbort`, the only way to end a collective
-/// in flight: NCCL docs, "Error handling and communicator abort") and must not be used again.
+/// broadcasts on it as it is (no new communicator is created) and never finalises, destroys
+/// or aborts it: its owner does (torch's ProcessGroup frees it at its shutdown). After a
+/// failure the owner must abort it (`ncclCommAbort`, the only way to end a collective in
+/// flight: NCCL docs, "Error handling and communicator abort") before any other use; the
+/// error says so.
 struct NcclCommunicator {
   void* comm = nullptr;  ///< The `ncclComm_t`.
   int cuda_device = 0;   ///< Its CUDA device ordinal; the arena is allocated there.

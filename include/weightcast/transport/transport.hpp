@@ -41,6 +41,21 @@ class Transport {
   ///         read-only file mapping included (docs/DESIGN.md § Placement); elsewhere the
   ///         network stack may have to register it for writing, and `false` says not to.
   [[nodiscard]] virtual bool receivers_read_sender_memory() const noexcept { return false; }
+  /// Orders this transport's later device writes after the work queued so far on the
+  /// caller's @p cuda_stream (a `cudaStream_t`), as `Device::order_after` does for uploads:
+  /// `nccl`'s comm stream waits on an event recorded on it. Others: nothing to order.
+  /// @throws Error as `detail::throw_cuda_error` (`nccl`).
+  virtual void order_after(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  /// Makes the caller's @p cuda_stream wait for every collective issued so far (`nccl`: an
+  /// event recorded on the comm stream). Others: nothing to order.
+  /// @throws Error as `order_after`.
+  virtual void order_before(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  /// Connects @p root to every other rank for `exchange` now, where the transport would do
+  /// it lazily at the first message and allocate device memory then (`nccl`: a 1-byte
+  /// ncclSend from the root to each rank, so NCCL's point-to-point buffers are taken before
+  /// a placed load's arena). Every rank calls it. Others: nothing to do.
+  /// @throws Error as `exchange` does; `timeout` (75) when a peer does not take part.
+  virtual void connect_exchange(int root) { static_cast<void>(root); }
   /**
    * @brief Starts broadcasting @p bytes at @p data from @p root to every rank.
    * @param data arena memory: the source on the root, the destination elsewhere.
@@ -177,11 +192,15 @@ std::pair<int, int> nccl_rank_and_size(const NcclCommunicator& communicator);
  *        one the arena must be on. Works with a blocking or a non-blocking communicator; a
  *        non-blocking one is polled as `make_nccl_transport` above says, bounded by @p timeout.
  *
- * On success the communicator is left as it was (never finalised or destroyed). After a
- * failure, and when the transport is destroyed with a broadcast in flight, it is aborted
- * (`ncclCommAbort`: NCCL docs, "Error handling and communicator abort"), the only way to end
- * a collective that waits for a lost peer; the caller must not use it again.
- * @throws Error as `make_nccl_transport` above, and `unavailable` (69) for a null communicator.
+ * The communicator is never finalised, destroyed or aborted here: its owner (torch's
+ * ProcessGroup) frees it at its own shutdown, and an abort here would free it twice. After a
+ * failure, and when the transport is destroyed with a broadcast in flight, the transport lets
+ * go of it, waits at most @p timeout for its comm stream, and the error ends with what the
+ * owner must do: abort it (`ncclCommAbort`: NCCL docs, "Error handling and communicator
+ * abort", the only way to end a collective that waits for a lost peer) before any other use.
+ * @throws Error as `make_nccl_transport` above; `unavailable` (69) for a null communicator;
+ *         `config` (78) when `ncclCommCuDevice` is not `communicator.cuda_device` (the arena
+ *         would be on another GPU than NCCL's kernels).
  */
 std::unique_ptr<Transport> make_nccl_transport(const NcclCommunicator& communicator,
                                                std::chrono::milliseconds timeout);
