@@ -232,9 +232,9 @@ def load_into(
     floating dtypes: BF16/F16 into FP32 and FP32 into BF16/F16 (round-to-nearest-even) by the
     receiver, the bytes travelling in the checkpoint's dtype, bit-exact with ``Tensor.to``
     but for NaN payloads (NaN stays NaN of its sign); other pairs (F8 into FP32, F16 into
-    BF16) land in the checkpoint's dtype and ``copy_`` casts them. Tensors sharing memory (tied weights, ``lm_head.weight`` and
-    ``embed_tokens.weight``) are one destination: the group is loaded when any of its keys is
-    in the checkpoint. Every check runs before any byte is read.
+    BF16) land in the checkpoint's dtype and ``copy_`` casts them. Tensors sharing memory
+    (tied weights, ``lm_head.weight`` and ``embed_tokens.weight``) are one destination: the
+    group is loaded when any of its keys is in the checkpoint. Every check runs before any byte is read.
 
     Args:
         model_or_state_dict: a ``torch.nn.Module`` or a mapping of key to ``torch.Tensor``;

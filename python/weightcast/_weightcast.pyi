@@ -58,8 +58,9 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
             alone: bool = False, cuda_stream: int = 0) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
     alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
-    environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given, must be rank 0's (78 otherwise);
-    a second call on several ranks while one runs in this process raises 64. ``progress``
+    environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given,
+    must be rank 0's (78 otherwise); a second call on several ranks while one runs in this
+    process raises 64. ``progress``
     runs on a thread of its own, never holding the load. ``plan(catalogue, rank,
     world_size)``, on every rank once the catalogue is known, may raise (``Error`` ends every
     rank with its status) and returns None (``placement`` decides) or this rank's wants:
