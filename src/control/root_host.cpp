@@ -83,6 +83,14 @@ RootHost pmix_root_host() {
 }  // namespace
 
 std::string launcher_spans_hosts(WorldSource source) {
+  // Open MPI's variables are set by mpirun for each process it starts: where they are, they
+  // say where the ranks are whichever family the world came from (a script under mpirun that
+  // sets RANK/WORLD_SIZE for torch's env://, mpirun inside a Slurm allocation).
+  if (source != WorldSource::config && source != WorldSource::communicator &&
+      source != WorldSource::single && env("OMPI_COMM_WORLD_LOCAL_SIZE") != nullptr &&
+      env("OMPI_COMM_WORLD_SIZE") != nullptr && env("TORCHELASTIC_RUN_ID") == nullptr) {
+    source = WorldSource::openmpi;
+  }
   switch (source) {
     case WorldSource::openmpi:
       return fewer_here("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE");
@@ -126,6 +134,12 @@ std::string first_slurm_host(std::string_view nodelist) {
 }
 
 RootHost find_root_host(WorldSource source) {
+  // RANK/WORLD_SIZE set by a script under mpirun (not torchrun) agree with Open MPI's
+  // (detect_world refuses them otherwise): PMIx's rank 0 is the world's.
+  if (source == WorldSource::torchrun && env("OMPI_COMM_WORLD_SIZE") != nullptr &&
+      env("TORCHELASTIC_RUN_ID") == nullptr) {
+    source = WorldSource::openmpi;
+  }
   if (source != WorldSource::openmpi && source != WorldSource::slurm) {
     return {{}, {}, fmt::format("{} does not say where rank 0 runs", to_string(source))};
   }

@@ -335,13 +335,26 @@ TEST_CASE("world: whether the launcher put the ranks on more than one host", "[w
     ScopedEnv two({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
     CHECK(launcher_spans_hosts(WorldSource::openmpi) ==
           "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
-    // Another family's variables say nothing of Open MPI's placement.
-    CHECK(launcher_spans_hosts(WorldSource::slurm).empty());
+    // mpirun started this process: its variables say where the ranks are, whichever family
+    // the world came from (a script that sets RANK/WORLD_SIZE for torch under mpirun) ...
+    CHECK(launcher_spans_hosts(WorldSource::torchrun) ==
+          "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
+    CHECK(launcher_spans_hosts(WorldSource::slurm) ==
+          "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
+    // ... but not a world from the config, nor torchrun's own under mpirun.
     CHECK(launcher_spans_hosts(WorldSource::config).empty());
+    ScopedEnv torchrun({ScopedEnv::Entry{"TORCHELASTIC_RUN_ID", "x"}});
+    CHECK(launcher_spans_hosts(WorldSource::torchrun).empty());
   }
   {
     ScopedEnv garbage({{"OMPI_COMM_WORLD_LOCAL_SIZE", "two"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
     CHECK(launcher_spans_hosts(WorldSource::openmpi).empty());
+  }
+  {
+    // mpirun on one node of a Slurm allocation of three: one host.
+    ScopedEnv allocation({{"SLURM_NNODES", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                          {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK(launcher_spans_hosts(WorldSource::slurm).empty());
   }
   {
     ScopedEnv allocation({ScopedEnv::Entry{"SLURM_NNODES", "3"}});

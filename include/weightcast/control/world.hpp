@@ -93,7 +93,10 @@ World detect_world(const Config& config);
  * @brief What says the launcher of @p source put the job's ranks on more than one host:
  *        Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE` below `OMPI_COMM_WORLD_SIZE`; Slurm's
  *        `SLURM_STEP_NUM_NODES` (else `SLURM_NNODES`) above 1; torchrun's `LOCAL_WORLD_SIZE`
- *        below `WORLD_SIZE`, or `GROUP_WORLD_SIZE` (its nodes) above 1.
+ *        below `WORLD_SIZE`, or `GROUP_WORLD_SIZE` (its nodes) above 1. Where mpirun started
+ *        the process (Open MPI's two variables set) and torchrun did not
+ *        (`TORCHELASTIC_RUN_ID` unset), Open MPI's say, whatever @p source (a script that sets
+ *        `RANK`/`WORLD_SIZE` for torch's env:// under mpirun; mpirun inside an allocation).
  * @return e.g. "SLURM_STEP_NUM_NODES=2"; empty when the variables say one host, are not set
  *         or are not whole numbers (nothing to go on), and for any other @p source.
  */
