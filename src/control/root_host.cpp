@@ -2,8 +2,11 @@
 // rendezvous nobody gave an address for (docs/multirank.md § Across nodes).
 #include "weightcast/control/world.hpp"
 
+#include "weightcast/transport/transport_mpi.hpp"
+
 #include <fmt/core.h>
 
+#include <atomic>
 #include <charconv>
 #include <cstdlib>
 #include <mutex>
@@ -47,6 +50,9 @@ std::string above_one(const char* name) {
 }
 
 #ifdef WEIGHTCAST_HAVE_PMIX
+// Whether this process holds an initialisation of PMIx's client of its own.
+std::atomic<bool> pmix_held{false};
+
 // PMIx's job-level data (PMIx standard v4 § 6.1, "PMIX_HOSTNAME"): the launcher registers
 // each process's host with its server before the processes start, so a PMIx_Get of rank 0's
 // needs no exchange between the ranks and no collective.
@@ -57,10 +63,13 @@ RootHost pmix_root_host() {
   if (rc != PMIX_SUCCESS) {
     return {{}, {}, fmt::format("PMIx_Init: {}", PMIx_Error_string(rc))};
   }
-  // Finalised at exit, never now: Open MPI's MPI_Init joins this initialisation (PMIx counts
-  // them), and cannot initialise PMIx again once it was finalised ("getting local rank
-  // failed"); an initialisation left unfinalised makes mpirun call the process's exit improper.
-  std::call_once(finalize_once, [] { std::atexit([] { PMIx_Finalize(nullptr, 0); }); });
+  // Held until MPI holds its own (release_root_host_query), or at exit: Open MPI's MPI_Init
+  // joins this initialisation (PMIx counts them) and cannot initialise PMIx again once it was
+  // finalised ("getting local rank failed"); one finalised only after MPI_Finalize, at exit,
+  // made mpirun call the exit improper under Python.
+  const bool already = pmix_held.exchange(true);
+  if (already) PMIx_Finalize(nullptr, 0);  // one held is enough
+  std::call_once(finalize_once, [] { std::atexit(release_root_host_query); });
   pmix_proc_t root;
   PMIX_LOAD_PROCID(&root, me.nspace, 0);
   pmix_value_t* value = nullptr;
@@ -76,11 +85,18 @@ RootHost pmix_root_host() {
     found.why_not = "PMIx_Get(PMIX_HOSTNAME of rank 0): not a string";
   }
   PMIX_VALUE_RELEASE(value);
+  if (mpi_initialized()) release_root_host_query();
   return found;
 }
 #endif
 
 }  // namespace
+
+void release_root_host_query() noexcept {
+#ifdef WEIGHTCAST_HAVE_PMIX
+  if (pmix_held.exchange(false)) PMIx_Finalize(nullptr, 0);
+#endif
+}
 
 std::string launcher_spans_hosts(WorldSource source) {
   // Open MPI's variables are set by mpirun for each process it starts: where they are, they

@@ -1,5 +1,6 @@
 #include "weightcast/transport/transport_mpi.hpp"
 
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
@@ -255,6 +256,7 @@ void MpiSession::open(const MpiCommunicator* base) {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", mpi_error(rc)));
     _owns_mpi = true;
+    release_root_host_query();  // MPI holds the launcher's client now
     // Ours to set: errors on MPI_COMM_WORLD (MPI_Comm_dup's) come back as return codes
     // instead of MPI's default of aborting the whole job with its own message.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -117,10 +117,15 @@ struct RootHost {
  *        Slurm's block and cyclic distributions put task 0.
  * @return the host (a name the caller resolves) and where it came from, or why there is none.
  *         Never throws.
- * @note PMIx's client stays initialised until the process exits (an `atexit` finalises it):
- *       Open MPI's `MPI_Init` cannot initialise it again once finalised.
+ * @note PMIx's client stays initialised until MPI holds its own (`release_root_host_query`)
+ *       or the process exits: Open MPI's `MPI_Init` cannot initialise it again once finalised.
  */
 [[nodiscard]] RootHost find_root_host(WorldSource source);
+
+/// Lets go of the PMIx client `find_root_host` initialised, if it did: call once MPI is
+/// initialised (Open MPI's MPI_Init holds one of its own, and its MPI_Finalize is then the last,
+/// as mpirun expects). A no-op otherwise; never throws.
+void release_root_host_query() noexcept;
 
 /**
  * @brief The first host of a Slurm node list ("gpu[003-005,9],login" is "gpu003").
