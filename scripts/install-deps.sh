@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libboost1.81-dev liburing-dev libfmt-dev catch2 libyaml-cpp-dev
   libxxhash-dev libcli11-dev nlohmann-json3-dev libspdlog-dev
-  libopenmpi-dev openmpi-bin libseccomp-dev libutf8proc-dev
+  libopenmpi-dev openmpi-bin libpmix-dev libseccomp-dev libutf8proc-dev
   fio time
   patchelf debootstrap
   clang libclang-rt-14-dev

@@ -44,9 +44,15 @@ RendezvousOptions rendezvous_options(const Config& config, const World& world) {
   RendezvousOptions options;
   if (!config.rendezvous_address.empty()) {
     options.address = config.rendezvous_address;
+    options.address_source = "rendezvous.address";
   } else if (!world.master_addr.empty()) {
     options.address = world.master_addr;
+    options.address_source = "MASTER_ADDR";
+  } else if (!world.root_host.empty()) {
+    options.address = world.root_host;
+    options.address_source = world.root_host_source;
   }
+  options.spans_hosts = world.spans_hosts;
   // "[::1]", as an IPv6 address is written beside a port (RFC 3986), is the address ::1.
   if (options.address.size() > 2 && options.address.front() == '[' &&
       options.address.back() == ']') {
@@ -216,18 +222,42 @@ std::optional<std::pair<Frame, std::string>> recv_reply(int fd, Clock::time_poin
   return std::make_pair(type, std::move(payload));
 }
 
+// A loopback rendezvous in a world on several hosts: rank 0 would listen where no other host
+// can reach it and every rank off its host would retry until `timeout` and then blame rank 0.
+void refuse_loopback(const RendezvousOptions& options, const tcp::endpoint& endpoint) {
+  if (options.spans_hosts.empty() || !endpoint.address().is_loopback()) return;
+  const std::string resolved = endpoint.address().to_string() == options.address
+                                   ? std::string()
+                                   : fmt::format(" (resolved to {})", endpoint.address().to_string());
+  throw Error(Errc::config,
+              fmt::format("rendezvous: address {}{} from {} is loopback, but the ranks run on "
+                          "more than one host ({}): the ranks on other hosts cannot reach rank "
+                          "0 there; set rendezvous.address (or MASTER_ADDR) to an address of "
+                          "rank 0's host that every host can reach",
+                          options.address, resolved, options.address_source,
+                          options.spans_hosts));
+}
+
 tcp::endpoint resolve(const RendezvousOptions& options) {
   boost::system::error_code ec;
   auto address = asio::ip::make_address(options.address, ec);
-  if (!ec) return tcp::endpoint(address, options.port);
+  if (!ec) {
+    const tcp::endpoint endpoint(address, options.port);
+    refuse_loopback(options, endpoint);
+    return endpoint;
+  }
   asio::io_context io;
   tcp::resolver resolver(io);
   auto results = resolver.resolve(options.address, std::to_string(options.port), ec);
   if (ec || results.empty()) {
     throw Error(Errc::unavailable,
-                fmt::format("rendezvous: cannot resolve rendezvous.address '{}': {}",
+                fmt::format("rendezvous: cannot resolve {} '{}': {}",
+                            options.address_source == "rendezvous.address"
+                                ? std::string("rendezvous.address")
+                                : fmt::format("rank 0's address (from {})", options.address_source),
                             options.address, ec.message()));
   }
+  refuse_loopback(options, results.begin()->endpoint());
   return results.begin()->endpoint();
 }
 
@@ -369,8 +399,9 @@ struct ControlPlane::Impl {
                               host_port(options.address, options.port), ec.message(),
                               listen_hint(ec)));
     }
-    spdlog::debug("rendezvous: listening on {} for {} peer(s)",
-                  host_port(options.address, options.port), world.world_size - 1);
+    spdlog::debug("rendezvous: listening on {} (from {}) for {} peer(s)",
+                  host_port(options.address, options.port), options.address_source,
+                  world.world_size - 1);
     connections.resize(world.world_size);
     auto deadline = Clock::now() + options.timeout;  // moved on by overrun
     const auto greeting_wait = std::min(options.timeout, greeting_timeout);
@@ -703,9 +734,9 @@ struct ControlPlane::Impl {
       }
     }
     throw Error(Errc::unavailable,
-                fmt::format("rendezvous: cannot reach rank 0 at {} within {}: {} (is rank 0 "
-                            "running? check rendezvous.address and rendezvous.port)",
-                            host_port(options.address, options.port),
+                fmt::format("rendezvous: cannot reach rank 0 at {} (from {}) within {}: {} (is "
+                            "rank 0 running? check rendezvous.address and rendezvous.port)",
+                            host_port(options.address, options.port), options.address_source,
                             milliseconds(options.timeout), last_error));
   }
 
@@ -1040,8 +1071,10 @@ std::string ControlPlane::stall_report() const {
   if (!silent.empty()) {
     std::sort(silent.begin(), silent.end());
     std::sort(silent_progress.begin(), silent_progress.end());
-    out = fmt::format("rank(s) {} sent nothing over the control plane for {:.1f} s (stopped, or "
-                      "the process hung",
+    // A heartbeat thread answers whatever the load is blocked in, so silence is a stopped or
+    // hung process, or a network that no longer carries its frames (a link down).
+    out = fmt::format("rank(s) {} sent nothing over the control plane for {:.1f} s (stopped, "
+                      "the process hung, or the network to it failed",
                       rank_list(silent), std::chrono::duration<double>(quiet).count());
     // How far the silent got, as last heard (the others' counts follow); nothing before the
     // load, when every count is 0.
@@ -1069,6 +1102,16 @@ std::string ControlPlane::stall_report() const {
     out += "; chunks landed:";
     for (std::size_t i = 0; i < alive.size(); ++i) {
       out += fmt::format("{} rank {} {}", i == 0 ? "" : ",", alive[i].first, alive[i].second);
+    }
+    // Rank 0 sees every count: with none silent, the ranks behind are the ones to look at
+    // (a link that still carries heartbeats but crawls, say).
+    if (silent.empty() && impl.world.rank == 0 && fewest->second != most->second) {
+      std::vector<int> behind;
+      for (const auto& [rank, chunks] : alive) {
+        if (chunks == fewest->second) behind.push_back(rank);
+      }
+      out += fmt::format("; furthest behind: rank(s) {} (a slow rank, or a slow link to it)",
+                         rank_list(behind));
     }
   } else if (fewest->second == most->second) {
     out += fmt::format("; chunks landed: {} on each of {} ranks", fewest->second, alive.size());

@@ -157,6 +157,14 @@ void find_job_id(World& world) {
 World detect_world(const Config& config) {
   World world = detect_place(config);
   find_job_id(world);
+  world.spans_hosts = launcher_spans_hosts(world.source);
+  // Only where nobody said where rank 0 listens: asking PMIx initialises its client.
+  if (!world.spans_hosts.empty() && config.rendezvous_address.empty() &&
+      world.master_addr.empty()) {
+    RootHost root = find_root_host(world.source);
+    world.root_host = std::move(root.host);
+    world.root_host_source = std::move(root.source);
+  }
   return world;
 }
 

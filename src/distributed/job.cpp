@@ -206,11 +206,15 @@ class Watchdog {
         }
         lock.unlock();
         // The calling thread is stuck: end with the job's failure, once every rank knows.
+        // Reported before that wait, as end_with does: a launcher tearing the job down
+        // (mpirun's SIGTERM, then SIGKILL) may not let this rank wait and print after.
         const auto failure = _control.remote_failure();
+        const Error error =
+            failure ? Error(*failure) : Error(Errc::internal, "the job ended without a cause");
+        _failure.report(error);
         _control.await_told();
         _control.stop_reader(reader_stop_most);
-        _failure.end_process(failure ? Error(*failure)
-                                     : Error(Errc::internal, "the job ended without a cause"));
+        _failure.end_process(error);
       }
       if (_blocking && !_unwinding) {
         const std::uint64_t generation = _blocking_generation;
@@ -244,6 +248,7 @@ class Watchdog {
     // Rank 0 meets the same stall and knows every rank's state: let it speak first.
     _control.defer_to_root(root_grace(timeout));
     if (const auto failure = _control.remote_failure()) {
+      _failure.report(*failure);  // before the wait, as above
       _control.await_told();
       _control.stop_reader(reader_stop_most);
       _failure.end_process(*failure);

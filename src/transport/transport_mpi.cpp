@@ -1,8 +1,10 @@
 #include "weightcast/transport/transport_mpi.hpp"
 
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #ifdef WEIGHTCAST_HAVE_MPI
 #include <mpi.h>
@@ -338,6 +340,7 @@ void MpiSession::open(const MpiCommunicator* base) {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", mpi_error(rc)));
     _owns_mpi = true;
+    release_root_host_query();  // MPI holds the launcher's client now
     // Ours to set: errors on MPI_COMM_WORLD (MPI_Comm_dup's) come back as return codes
     // instead of MPI's default of aborting the whole job with its own message.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -358,6 +361,21 @@ void MpiSession::open(const MpiCommunicator* base) {
   }
   const MPI_Comm from = base != nullptr ? to_comm(base->handle) : MPI_COMM_WORLD;
   _one_node = launched_on_one_node();
+  {
+    // Which path this rank takes, for whoever checks that the one-node shortcuts are taken
+    // exactly where every rank shares rank 0's node.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char* all = std::getenv("OMPI_COMM_WORLD_SIZE");
+    const char* pml = std::getenv("OMPI_MCA_pml");
+    spdlog::debug("transport mpi: {} (OMPI_COMM_WORLD_LOCAL_SIZE={} OMPI_COMM_WORLD_SIZE={}): "
+                  "{}, PML {}",
+                  _one_node ? "every rank on this node" : "ranks on other nodes, or unknown",
+                  local != nullptr ? local : "unset", all != nullptr ? all : "unset",
+                  _one_node ? "one-node path (shared memory; a placed load sends from mapped "
+                              "page-cache shards)"
+                            : "network path (nothing mapped for sends)",
+                  pml != nullptr && *pml != '\0' ? pml : "Open MPI's choice");
+  }
   MPI_Comm ours = MPI_COMM_NULL;
   const int rc = MPI_Comm_dup(from, &ours);
   if (rc != MPI_SUCCESS) {

@@ -408,7 +408,7 @@ TEST_CASE("control plane: the heartbeat carries each rank's progress to rank 0 a
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(report == "every rank answers on the control plane; chunks landed: rank 0 7, rank 1 5, "
-                  "rank 2 7");
+                  "rank 2 7; furthest behind: rank(s) 1 (a slow rank, or a slow link to it)");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's beats reach them
   root.finish({});  // the peers' hang-ups are expected from now on
   reported.set_value();
@@ -928,6 +928,32 @@ TEST_CASE("control plane: without the token a connection learns nothing of the j
   }
   // Refusals take no rank's place.
   finish_with_real_peer(root, port);
+}
+
+TEST_CASE("control plane: a loopback rendezvous in a world on several hosts is refused at once",
+          "[control_plane]") {
+  // Every rank, rank 0 included, refuses before it listens or dials: the ranks on other hosts
+  // would otherwise retry for the whole timeout and then blame rank 0.
+  for (const char* address : {"127.0.0.1", "::1", "localhost"}) {
+    for (int rank : {0, 1}) {
+      RendezvousOptions options = loopback(test::free_port(), "t0ken", std::chrono::seconds(30));
+      options.address = address;
+      options.spans_hosts = "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4";
+      const auto begin = Clock::now();
+      try {
+        ControlPlane plane(world_of(rank, 4), options);
+        FAIL("a loopback rendezvous on several hosts was accepted");
+      } catch (const Error& e) {
+        CHECK(e.code() == Errc::config);
+        CHECK_THAT(e.what(), Contains(fmt::format("rendezvous: address {}", address)));
+        CHECK_THAT(e.what(), Contains("from the default is loopback, but the ranks run on more "
+                                      "than one host (OMPI_COMM_WORLD_LOCAL_SIZE=2 of "
+                                      "OMPI_COMM_WORLD_SIZE=4)"));
+        CHECK_THAT(e.what(), Contains("set rendezvous.address (or MASTER_ADDR)"));
+      }
+      CHECK(Clock::now() - begin < std::chrono::seconds(5));
+    }
+  }
 }
 
 TEST_CASE("control plane: rank 0 binds only rendezvous.address", "[control_plane]") {

@@ -1,6 +1,7 @@
 // World detection: config, then torchrun, Slurm, Open MPI environments, else one rank.
 #include "weightcast/config/config.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/control/control_plane.hpp"
 #include "weightcast/control/world.hpp"
 
 #include "support/env.hpp"
@@ -319,5 +320,105 @@ TEST_CASE("world: negative and too large numbers say so, not 'not a whole number
     auto [code, what] = error_of({"world.local_rank=" + bad});
     CHECK(code == Errc::config);
     CHECK_THAT(what, Contains("'" + bad + "' is out of range (must be 0 to"));
+  }
+}
+
+TEST_CASE("world: whether the launcher put the ranks on more than one host", "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  CHECK(launcher_spans_hosts(WorldSource::openmpi).empty());
+  {
+    // mpirun on one host: as many ranks here as in the world.
+    ScopedEnv one({{"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK(launcher_spans_hosts(WorldSource::openmpi).empty());
+  }
+  {
+    ScopedEnv two({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK(launcher_spans_hosts(WorldSource::openmpi) ==
+          "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
+    // mpirun started this process: its variables say where the ranks are, whichever family
+    // the world came from (a script that sets RANK/WORLD_SIZE for torch under mpirun) ...
+    CHECK(launcher_spans_hosts(WorldSource::torchrun) ==
+          "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
+    CHECK(launcher_spans_hosts(WorldSource::slurm) ==
+          "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4");
+    // ... but not a world from the config, nor torchrun's own under mpirun.
+    CHECK(launcher_spans_hosts(WorldSource::config).empty());
+    ScopedEnv torchrun({ScopedEnv::Entry{"TORCHELASTIC_RUN_ID", "x"}});
+    CHECK(launcher_spans_hosts(WorldSource::torchrun).empty());
+  }
+  {
+    ScopedEnv garbage({{"OMPI_COMM_WORLD_LOCAL_SIZE", "two"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK(launcher_spans_hosts(WorldSource::openmpi).empty());
+  }
+  {
+    // mpirun on one node of a Slurm allocation of three: one host.
+    ScopedEnv allocation({{"SLURM_NNODES", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                          {"OMPI_COMM_WORLD_SIZE", "4"}});
+    CHECK(launcher_spans_hosts(WorldSource::slurm).empty());
+  }
+  {
+    ScopedEnv allocation({ScopedEnv::Entry{"SLURM_NNODES", "3"}});
+    CHECK(launcher_spans_hosts(WorldSource::slurm) == "SLURM_NNODES=3");
+    // A step on one node of a larger allocation is on one host.
+    ScopedEnv step({ScopedEnv::Entry{"SLURM_STEP_NUM_NODES", "1"}});
+    CHECK(launcher_spans_hosts(WorldSource::slurm).empty());
+  }
+  {
+    ScopedEnv torchrun({{"LOCAL_WORLD_SIZE", "8"}, {"WORLD_SIZE", "16"}});
+    CHECK(launcher_spans_hosts(WorldSource::torchrun) == "LOCAL_WORLD_SIZE=8 of WORLD_SIZE=16");
+  }
+  {
+    ScopedEnv torchrun({{"LOCAL_WORLD_SIZE", "8"}, {"WORLD_SIZE", "8"}, {"GROUP_WORLD_SIZE", "1"}});
+    CHECK(launcher_spans_hosts(WorldSource::torchrun).empty());
+  }
+  {
+    ScopedEnv groups({ScopedEnv::Entry{"GROUP_WORLD_SIZE", "2"}});
+    CHECK(launcher_spans_hosts(WorldSource::torchrun) == "GROUP_WORLD_SIZE=2");
+  }
+}
+
+TEST_CASE("world: the first host of a Slurm node list", "[world]") {
+  CHECK(first_slurm_host("node7") == "node7");
+  CHECK(first_slurm_host("gpu1,gpu2") == "gpu1");
+  CHECK(first_slurm_host("gpu[003-005,9],login") == "gpu003");
+  CHECK(first_slurm_host("rack[2,4]-node[01-08]") == "rack2-node01");
+  CHECK(first_slurm_host("a[").empty());
+  CHECK(first_slurm_host("a[]").empty());
+  CHECK(first_slurm_host("").empty());
+}
+
+TEST_CASE("world: rank 0's host from the launcher, only where no address was given",
+          "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  ScopedEnv slurm({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"},
+                   {"SLURM_STEP_NODELIST", "cn[017-018]"}});
+  World w = detect_world(Config{});
+  CHECK(w.spans_hosts == "SLURM_NNODES=2");
+  CHECK(w.root_host == "cn017");
+  CHECK(w.root_host_source == "the first host of SLURM_STEP_NODELIST");
+  RendezvousOptions options = rendezvous_options(Config{}, w);
+  CHECK(options.address == "cn017");
+  CHECK(options.address_source == "the first host of SLURM_STEP_NODELIST");
+  CHECK(options.spans_hosts == "SLURM_NNODES=2");
+  {
+    ScopedEnv master({ScopedEnv::Entry{"MASTER_ADDR", "10.0.0.1"}});
+    w = detect_world(Config{});
+    CHECK(w.root_host.empty());
+    options = rendezvous_options(Config{}, w);
+    CHECK(options.address == "10.0.0.1");
+    CHECK(options.address_source == "MASTER_ADDR");
+  }
+  const Config given = with({"rendezvous.address=10.0.0.2"});
+  w = detect_world(given);
+  CHECK(w.root_host.empty());
+  options = rendezvous_options(given, w);
+  CHECK(options.address == "10.0.0.2");
+  CHECK(options.address_source == "rendezvous.address");
+  {
+    // One node: the default loopback address stays.
+    ScopedEnv one({ScopedEnv::Entry{"SLURM_NNODES", "1"}});
+    w = detect_world(Config{});
+    CHECK(w.spans_hosts.empty());
+    CHECK(rendezvous_options(Config{}, w).address == "127.0.0.1");
   }
 }

@@ -32,7 +32,9 @@ std::vector<ScopedEnv::Entry> no_launcher_env() {
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
         "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
         "OMPI_COMM_WORLD_LOCAL_RANK", "WEIGHTCAST_TOKEN", "TORCHELASTIC_RUN_ID",
-        "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+        "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
+        "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"}) {
     entries.emplace_back(name, std::nullopt);
   }
   return entries;

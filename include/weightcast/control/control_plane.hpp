@@ -72,6 +72,12 @@ struct RendezvousOptions {
   /// job id differs from its own when both have one (a rank of another job on the port).
   std::string job_id;
   std::string job_id_source;          ///< Where `job_id` came from, for messages.
+  /// Where `address` came from, for messages: "rendezvous.address", "MASTER_ADDR", the
+  /// launcher (`World::root_host_source`) or "the default".
+  std::string address_source = "the default";
+  /// `World::spans_hosts`: what says the ranks are on more than one host ("" = one host, or
+  /// unknown). With it, a loopback `address` is refused before anything listens or dials.
+  std::string spans_hosts;
   std::chrono::milliseconds timeout{300'000};  ///< Bound on every wait.
   /// Ends the rendezvous early: a stop requested while rank 0 waits for its peers, or a peer
   /// for rank 0, is seen within 100 ms and thrown as `interrupted` (130) (rank 0 first tells
@@ -80,7 +86,9 @@ struct RendezvousOptions {
 };
 
 /// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
-///         (`world.master_addr`), else 127.0.0.1 (an IPv6 address in brackets, "[::1]", as
+///         (`world.master_addr`), else rank 0's host as the launcher knows it
+///         (`world.root_host`, found only for a world that spans hosts), else 127.0.0.1
+///         (an IPv6 address in brackets, "[::1]", as
 ///         RFC 3986 writes it beside a port, loses them); port `rendezvous.port`; token
 ///         `rendezvous.token`, else `$WEIGHTCAST_TOKEN`, else none; timeout `timeout`; the
 ///         job id of @p world. Never throws a weightcast `Error` (nothing is checked here).
@@ -114,6 +122,10 @@ class ControlPlane {
    *
    * Blocks at most `options.timeout`. Starts the background reader on success. At world
    * size 1 does nothing (no socket, no thread).
+   * @throws Error `config` (78) on every rank at once when `options.address` is a loopback
+   *         address (127.0.0.0/8, ::1; a host name that resolves to one, as Debian's
+   *         /etc/hosts maps a host's own name to 127.0.1.1) and `options.spans_hosts` says
+   *         the ranks are on more than one host: the message names the evidence and the fix.
    * @throws Error `unavailable` (69) when `options.address` does not resolve, rank 0 cannot
    *         listen (names address and port), a peer cannot reach rank 0 in time, or rank 0
    *         answers a peer's hello with a malformed or unknown message (another service on

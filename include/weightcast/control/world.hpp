@@ -58,6 +58,16 @@ struct World {
   std::string job_id;
   /// The variable(s) `job_id` came from, for messages (e.g. "PMIX_NAMESPACE"); empty with it.
   std::string job_id_source;
+  /// What says the launcher put the ranks on more than one host, for messages (e.g.
+  /// "OMPI_COMM_WORLD_LOCAL_SIZE=2 of OMPI_COMM_WORLD_SIZE=4"); empty when every rank is on
+  /// this host or the launcher does not say (`launcher_spans_hosts`).
+  std::string spans_hosts;
+  /// Rank 0's host as the launcher knows it (a host name or address), found only when the
+  /// world spans hosts and neither `rendezvous.address` nor `$MASTER_ADDR` is set
+  /// (`find_root_host`); empty otherwise or when the launcher does not say.
+  std::string root_host;
+  /// Where `root_host` came from, for messages (e.g. "PMIx's PMIX_HOSTNAME of rank 0").
+  std::string root_host_source;
 
   /// Longest `job_id` kept, bytes (it travels in the rendezvous hello).
   static constexpr std::size_t max_job_id_bytes = 256;
@@ -78,6 +88,50 @@ struct World {
  *         without `TORCHELASTIC_RUN_ID`.
  */
 World detect_world(const Config& config);
+
+/**
+ * @brief What says the launcher of @p source put the job's ranks on more than one host:
+ *        Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE` below `OMPI_COMM_WORLD_SIZE`; Slurm's
+ *        `SLURM_STEP_NUM_NODES` (else `SLURM_NNODES`) above 1; torchrun's `LOCAL_WORLD_SIZE`
+ *        below `WORLD_SIZE`, or `GROUP_WORLD_SIZE` (its nodes) above 1. Where mpirun started
+ *        the process (Open MPI's two variables set) and torchrun did not
+ *        (`TORCHELASTIC_RUN_ID` unset), Open MPI's say, whatever @p source (a script that sets
+ *        `RANK`/`WORLD_SIZE` for torch's env:// under mpirun; mpirun inside an allocation).
+ * @return e.g. "SLURM_STEP_NUM_NODES=2"; empty when the variables say one host, are not set
+ *         or are not whole numbers (nothing to go on), and for any other @p source.
+ */
+[[nodiscard]] std::string launcher_spans_hosts(WorldSource source);
+
+/// Rank 0's host as a launcher knows it (find_root_host).
+struct RootHost {
+  std::string host;     ///< Rank 0's host, or empty.
+  std::string source;   ///< Where `host` came from, e.g. "PMIx's PMIX_HOSTNAME of rank 0".
+  std::string why_not;  ///< With no host: why (e.g. "PMIx_Get: NOT-FOUND"), for messages.
+};
+/**
+ * @brief Rank 0's host as the launcher of @p source knows it, for a world that spans hosts
+ *        with no rendezvous address given. Under a PMIx launcher (Open MPI's mpirun,
+ *        `srun --mpi=pmix`: `PMIX_NAMESPACE` set, and a build with PMIx) the job-level
+ *        `PMIX_HOSTNAME` of rank 0, which needs no exchange between the ranks; else under
+ *        Slurm the first host of `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`), where
+ *        Slurm's block and cyclic distributions put task 0.
+ * @return the host (a name the caller resolves) and where it came from, or why there is none.
+ *         Never throws.
+ * @note PMIx's client stays initialised until MPI holds its own (`release_root_host_query`)
+ *       or the process exits: Open MPI's `MPI_Init` cannot initialise it again once finalised.
+ */
+[[nodiscard]] RootHost find_root_host(WorldSource source);
+
+/// Lets go of the PMIx client `find_root_host` initialised, if it did: call once MPI is
+/// initialised (Open MPI's MPI_Init holds one of its own, and its MPI_Finalize is then the last,
+/// as mpirun expects). A no-op otherwise; never throws.
+void release_root_host_query() noexcept;
+
+/**
+ * @brief The first host of a Slurm node list ("gpu[003-005,9],login" is "gpu003").
+ * @return empty for an empty or malformed list.
+ */
+[[nodiscard]] std::string first_slurm_host(std::string_view nodelist);
 
 /**
  * @brief Whether this process was started by an MPI launcher (Open MPI's mpirun or mpiexec:
