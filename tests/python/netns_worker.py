@@ -5,8 +5,8 @@ namespaces (scripts/netns_cluster.sh), 2 nodes × 2 ranks (not collected by pyte
 
 FSDP2 on a gloo mesh whose store is at TORCH_INIT_METHOD (tcp://node 0's address:port): torch
 needs it; weightcast is given no address and finds rank 0's host from mpirun. Rank 0 alone
-sees CHECKPOINT_DIR (the other nodes have an empty directory there) and is the only one
-given its path. After load_into every parameter is gathered whole and rank 0 compares it
+reads CHECKPOINT_DIR (node 1 has an empty directory there); every rank names it, as the
+load's identity must be rank 0's on every rank. After load_into every parameter is gathered whole and rank 0 compares it
 with the file, bytes for bytes; rank 0 prints `netns: N tensors bit-exact` and every rank
 exits 0, or it raises.
 """
@@ -42,7 +42,6 @@ def main() -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     model.to_empty(device="cpu")
-    mine = checkpoint if rank == 0 else Path("/nonexistent/weightcast-rank-has-no-files")
     import socket
 
     if socket.gethostname() != "node0":
@@ -50,7 +49,7 @@ def main() -> None:
         on_other_node = True
     else:
         on_other_node = False
-    weightcast.load_into(model, mine, timeout=60, progress=False)
+    weightcast.load_into(model, checkpoint, timeout=60, progress=False)
     whole = {k: (v.full_tensor() if isinstance(v, DTensor) else v)
              for k, v in model.state_dict().items()}
     if rank == 0:

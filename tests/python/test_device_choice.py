@@ -24,7 +24,7 @@ def world_from_env(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int,
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
-    world = _api._world(None)
+    world = _api._world(None, False)
     assert (world["rank"], world["world_size"], world["local_rank"]) == (rank, world_size,
                                                                         local_rank)
     return world
