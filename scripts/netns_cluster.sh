@@ -7,7 +7,9 @@
 # Each node is a network namespace (its own 10.99.0.x/24 on a bridge that lives in a namespace
 # of its own: nothing is added to this host's network, and no node has a route out), a UTS
 # namespace (host name nodeI, which every node resolves through its own /etc/hosts) and a mount
-# namespace (a private /tmp and /dev/shm; DIR is an empty tmpfs on the other nodes).
+# namespace (a private /tmp and /dev/shm; DIR is an empty tmpfs on the other nodes). Every node
+# still sees this project's tree where it is (bound back over the private /tmp when the tree
+# lies under /tmp, as a CI clone may), as a real node sees its installed binaries.
 # COMMAND runs on node 0 with:
 #   NETNS_CLUSTER_AGENT     an rsh agent for Open MPI: `mpirun --mca plm_rsh_agent "$AGENT"
 #                           --hostfile "$NETNS_CLUSTER_HOSTFILE"` starts ranks on the nodes; also
@@ -29,6 +31,8 @@ set -u
 
 readonly tag=wcns  # every namespace of a run is wcns<pid hex>-<node>; see reap
 readonly subnet=10.99.0
+tree=$(cd "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/.." && pwd)
+readonly tree
 
 die() { echo "netns_cluster: $*" >&2; exit 69; }
 
@@ -147,9 +151,12 @@ run() {
         hide="mkdir -p '$dir' && mount -t tmpfs -o size=1m tmpfs '$dir' &&"
       fi
     fi
+    # The project's tree (the CLI, the tests, a venv under build/) comes back the same way.
+    local keep="mkdir -p '$tree' && mount --no-canonicalize --bind /proc/self/fd/4 '$tree' &&"
     ip netns exec "$ns" unshare --uts --mount --propagation private sh -c \
-      "exec 3<'${dir:-/}' && hostname node$i && mount -t tmpfs -o size=256m tmpfs /tmp &&
-       mount -t tmpfs -o size=256m tmpfs /dev/shm && $hide exec 3<&- && exec sleep 1000000" \
+      "exec 3<'${dir:-/}' 4<'$tree' && hostname node$i && mount -t tmpfs -o size=256m tmpfs /tmp &&
+       mount -t tmpfs -o size=256m tmpfs /dev/shm && $keep $hide exec 3<&- 4<&- &&
+       exec sleep 1000000" \
       >/dev/null 2>&1 &
     holders+=("$!")
     disown "$!"  # killed at teardown, which bash would otherwise report
