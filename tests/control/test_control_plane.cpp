@@ -73,6 +73,10 @@ RendezvousOptions loopback(std::uint16_t port, std::string token = "t0ken",
   return o;
 }
 
+// The control plane's timeout for the tests that move over 64 MiB through it: a bound on a
+// hang, not on speed, with room for ThreadSanitizer's slowdown (scripts/sanitize.sh).
+constexpr std::chrono::milliseconds slow_wire = std::chrono::seconds(120);
+
 // Rank 0 of a small job: rendezvous, share, gather, verdict.
 // @return when the rendezvous completed.
 Clock::time_point serve_job(int world_size, RendezvousOptions options) {
@@ -302,7 +306,7 @@ TEST_CASE("control plane: bytes longer than one frame reach every rank whole and
   std::string big(wire::max_share_bytes + 12'345, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) >> 7);
   auto peer = [port](int rank) {
-    ControlPlane control(world_of(rank, 3), loopback(port));
+    ControlPlane control(world_of(rank, 3), loopback(port, "t0ken", slow_wire));
     std::string first = control.share({});
     std::string second = control.share({});
     control.gather(RankReport{rank, 0, 0.0, {}});
@@ -311,13 +315,13 @@ TEST_CASE("control plane: bytes longer than one frame reach every rank whole and
   };
   auto one = std::async(std::launch::async, peer, 1);
   auto two = std::async(std::launch::async, peer, 2);
-  ControlPlane root(world_of(0, 3), loopback(port));
+  ControlPlane root(world_of(0, 3), loopback(port, "t0ken", slow_wire));
   CHECK(root.share(big).size() == big.size());
   root.share("nccl id");
   root.gather(RankReport{0, 0, 0.0, {}});
   root.finish(Verdict{0, "ok"});
   for (auto* f : {&one, &two}) {
-    REQUIRE(f->wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    REQUIRE(f->wait_for(2 * slow_wire) == std::future_status::ready);
     const auto [first, second] = f->get();
     CHECK(first.size() == big.size());
     CHECK(first == big);
@@ -338,7 +342,7 @@ TEST_CASE("control plane: a report longer than one frame reaches rank 0 whole, f
     return digests;
   };
   auto peer = [port, &digests_of](int rank) {
-    ControlPlane control(world_of(rank, 3), loopback(port));
+    ControlPlane control(world_of(rank, 3), loopback(port, "t0ken", slow_wire));
     control.gather(RankReport{rank, 7, 0.25, digests_of(rank)});
     control.share({});
     control.gather(RankReport{rank, 8, 0.5, {static_cast<std::uint64_t>(rank)}});
@@ -346,7 +350,7 @@ TEST_CASE("control plane: a report longer than one frame reaches rank 0 whole, f
   };
   auto one = std::async(std::launch::async, peer, 1);
   auto two = std::async(std::launch::async, peer, 2);
-  ControlPlane root(world_of(0, 3), loopback(port));
+  ControlPlane root(world_of(0, 3), loopback(port, "t0ken", slow_wire));
   const auto big = root.gather(RankReport{0, 0, 0.0, {}});
   REQUIRE(big.size() == 3);
   for (int r : {1, 2}) {
@@ -362,7 +366,7 @@ TEST_CASE("control plane: a report longer than one frame reaches rank 0 whole, f
   CHECK(small[2].digests == std::vector<std::uint64_t>{2});
   root.finish(Verdict{0, "ok"});
   for (auto* f : {&one, &two}) {
-    REQUIRE(f->wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    REQUIRE(f->wait_for(2 * slow_wire) == std::future_status::ready);
     CHECK(f->get().message == "ok");
   }
 }
