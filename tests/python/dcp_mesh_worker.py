@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 
-from multirank_worker import raw
+from multirank_worker import raw, run_beside_checkpoint, run_worker
 
 
 def main() -> None:
@@ -29,13 +28,7 @@ def main() -> None:
     ports = [int(p) for p in sys.argv[4:]]
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    if rank == 0:
-        os.chdir(checkpoint.parent)
-    else:
-        (out_dir / f"cwd{rank}").mkdir()
-        os.chdir(out_dir / f"cwd{rank}")
-    mine = checkpoint.name
-    assert Path(mine).exists() == (rank == 0)
+    mine = str(run_beside_checkpoint(checkpoint, out_dir, rank))
 
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -85,10 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        raise
+    run_worker(main)

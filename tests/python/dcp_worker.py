@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 
-from multirank_worker import local_shards, raw, sharded
+from multirank_worker import local_shards, raw, run_beside_checkpoint, run_worker, sharded
 
 
 def main() -> None:
@@ -27,13 +26,7 @@ def main() -> None:
     ports = [int(p) for p in sys.argv[4:]]
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    if rank == 0:
-        os.chdir(checkpoint.parent)
-    else:
-        (out_dir / f"cwd{rank}").mkdir()
-        os.chdir(out_dir / f"cwd{rank}")
-    mine = checkpoint.name
-    assert Path(mine).exists() == (rank == 0)
+    mine = str(run_beside_checkpoint(checkpoint, out_dir, rank))
 
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -110,10 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        raise
+    run_worker(main)

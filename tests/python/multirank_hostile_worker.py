@@ -17,12 +17,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 import weightcast
+from multirank_worker import run_worker
 
 
 def outcome(call) -> dict:
@@ -116,10 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        raise
+    run_worker(main)

@@ -57,11 +57,11 @@ def local_shards(model) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
-def main() -> None:
-    checkpoint, out_dir, torch_port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    ports = [int(p) for p in sys.argv[4:]]
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+def run_beside_checkpoint(checkpoint: Path, out_dir: Path, rank: int) -> Path:
+    """Rank 0 runs in the checkpoint's directory, every other rank in an empty one of its own
+    under ``out_dir``, so that the relative name every rank passes (the load's identity must
+    be rank 0's) exists for rank 0 alone: a rank other than 0 that opened it would fail.
+    Returns that name."""
     if rank == 0:
         os.chdir(checkpoint.parent)
     else:
@@ -69,6 +69,27 @@ def main() -> None:
         os.chdir(out_dir / f"cwd{rank}")
     mine = Path(checkpoint.name)
     assert mine.exists() == (rank == 0)
+    return mine
+
+
+def run_worker(main) -> None:
+    """A worker's entry point: a failing rank's traceback reaches mpirun's output before the
+    rank exits (mpirun may end the others first)."""
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise
+
+
+def main() -> None:
+    checkpoint, out_dir, torch_port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    ports = [int(p) for p in sys.argv[4:]]
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    mine = run_beside_checkpoint(checkpoint, out_dir, rank)
     files = sorted(checkpoint.glob("*.safetensors"))
     from safetensors.torch import load_file
 
@@ -156,10 +177,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        raise
+    run_worker(main)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import weightcast
-from test_multirank import free_ports, run_ranks
+from test_multirank import free_ports, run_ranks, save_tiny_llama
 
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 CheckpointException = pytest.importorskip("torch.distributed.checkpoint.api").CheckpointException
@@ -110,15 +110,8 @@ def test_bad_keywords_are_refused_when_the_reader_is_made(tmp_path):
 
 @pytest.fixture(scope="module")
 def dcp_ranks(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     checkpoint = tmp_path_factory.mktemp("dcp_llama") / "llama"
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, tie_word_embeddings=False)
-    torch.manual_seed(3)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(checkpoint,
-                                                                 safe_serialization=True)
+    save_tiny_llama(checkpoint)
     out = tmp_path_factory.mktemp("dcp_ranks")
     ports = free_ports(6)
     r = run_ranks(HERE / "dcp_worker.py", [str(checkpoint), str(out)] + [str(p) for p in ports],

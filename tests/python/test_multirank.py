@@ -59,17 +59,23 @@ def run_ranks(script: Path, args: list[str], ranks: int = RANKS, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def save_tiny_llama(directory: Path) -> None:
+    """A seeded 2-layer Llama in BF16, as transformers' ``save_pretrained`` writes it (one
+    ``model.safetensors``): the checkpoint the multi-rank tests load."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    checkpoint = tmp_path_factory.mktemp("llama_bf16")
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, tie_word_embeddings=False)
     torch.manual_seed(3)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(checkpoint,
-                                                                 safe_serialization=True)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory,
+                                                                safe_serialization=True)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    checkpoint = tmp_path_factory.mktemp("llama_bf16")
+    save_tiny_llama(checkpoint)
     out = tmp_path_factory.mktemp("ranks")
     ports = free_ports(10)
     r = run_ranks(HERE / "multirank_worker.py", [str(checkpoint), str(out)] +
