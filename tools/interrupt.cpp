@@ -115,11 +115,22 @@ void InterruptHandler::watch() {
   std::unique_lock lock(_mutex);
   if (_closing) return;  // the destructor's wake-up (or a signal just as `run` returns)
   if (_failing_status >= 0) {
-    // This rank's own failure is printed and its exit near: the signal (mpirun tearing the
-    // failed job down) says nothing new, and a second line would read as the cause.
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(_failing_status);
+    // This rank's own failure is printed: the signal (mpirun tearing the failed job down)
+    // says nothing new, and a second line would read as the cause; nor is it this rank's
+    // status (`_signal` stays unset). The failure is printed as soon as it is known, which
+    // may be before the job's ending has written its trace: that ending is waited for, as
+    // below, then the process ends with the failure's status.
+    const auto end_failing = [this] {
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(_failing_status);
+    };
+    if (_control != nullptr && _control->ending()) {
+      ::pthread_sigmask(SIG_UNBLOCK, &_signals, nullptr);  // a second signal ends it at once
+      if (!_changed.wait_for(lock, ending_grace, [this] { return _closing; })) end_failing();
+      return;
+    }
+    end_failing();
   }
   _signal = sig;
   // From now on this thread takes SIGINT and SIGTERM with their default action (no other
