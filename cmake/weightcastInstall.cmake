@@ -32,7 +32,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/weightcast
         FILES_MATCHING PATTERN "*.hpp" ${_weightcast_header_excludes})
 install(TARGETS weightcast EXPORT weightcastTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS weightcast_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The CLI without test hooks (CMakeLists.txt: weightcast_cli_installed when the suite is on).
+install(TARGETS ${WEIGHTCAST_INSTALLED_CLI} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/configs/default.yaml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/weightcast)
 

@@ -3,6 +3,7 @@
 
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/config.hpp"
+#include "weightcast/config/launch_options.hpp"
 #include "weightcast/control/detail/control_wire.hpp"
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/pipeline/digest.hpp"
@@ -352,7 +353,7 @@ void write_report(const std::string& path, const LoadResult& result,
   report["tensors"] = nlohmann::ordered_json::object();
   // No digests at all: `verify: none` (no "xxh3" fields); otherwise one per tensor.
   const bool digested = !digests.empty();
-  // A placed load (issue 18) lists this rank's local shards: what it received.
+  // A placed load lists this rank's local shards: what it received, not the checkpoint.
   const std::size_t entries =
       result.placed ? result.wants.tensors.size() : result.catalogue.tensors.size();
   WEIGHTCAST_EXPECT(!digested || digests.size() == entries, Errc::internal,

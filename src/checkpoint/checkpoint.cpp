@@ -1,6 +1,7 @@
 #include "weightcast/checkpoint/checkpoint.hpp"
 
 #include "weightcast/core/detail/file_open.hpp"
+#include "weightcast/core/detail/regular_file.hpp"
 #include "weightcast/format/detail/header_json.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
 #include "weightcast/core/error.hpp"
@@ -12,9 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <unordered_map>
 
 namespace weightcast {
@@ -43,33 +42,22 @@ constexpr std::uint64_t max_index_bytes = 1ull << 30;
 
 std::string read_whole_file(const fs::path& path, const std::string& name) {
   detail::expect_path_without_nul(path, "the index");
-  int fd = detail::open_input_nonblocking(path);
-  if (fd < 0) detail::throw_open_failure(errno, name, "");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw system_error(Errc::io, errno, fmt::format("{}: cannot stat", name));
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(Errc::missing_input, fmt::format("{}: is {}, expected a {} index file", name,
-                                                 detail::file_type_name(st.st_mode), index_suffix));
+  const std::string expected = fmt::format("expected a {} index file", index_suffix);
+  const detail::RegularFileNames names{name, "", expected, Errc::missing_input};
+  const detail::OpenRegularFile file = detail::open_regular_file(path, names);
+  // Refused by its size before a byte is read: a file this large is not an index.
+  if (static_cast<std::uint64_t>(file.st.st_size) > max_index_bytes) {
+    fail(name, fmt::format("index is {} bytes, too large to be a safetensors index",
+                           file.st.st_size));
   }
-  if (static_cast<std::uint64_t>(st.st_size) > max_index_bytes) {
-    fail(name, fmt::format("index is {} bytes, too large to be a safetensors index", st.st_size));
+  // A file that shrank since fstat(2) is parsed as it is: the JSON parse says if it was cut.
+  std::string text = detail::read_to_end(file.fd, static_cast<std::uint64_t>(file.st.st_size),
+                                         max_index_bytes, path, names);
+  if (text.size() > max_index_bytes) {
+    fail(name, fmt::format("index grew past {} bytes while read, too large to be a safetensors "
+                           "index",
+                           max_index_bytes));
   }
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t got = ::pread(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw system_error(Errc::io, errno, fmt::format("{}: read at offset {} failed", name, done));
-    }
-    if (got == 0) break;  // Shrunk since fstat: parse what is there; JSON will say if cut.
-    done += static_cast<std::size_t>(got);
-  }
-  text.resize(done);
   return text;
 }
 

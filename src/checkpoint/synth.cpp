@@ -6,6 +6,7 @@
 // and `pwrite` at their final offsets; and the file is sized up front so the filesystem can
 // allocate it in large extents.
 #include "weightcast/core/detail/file_open.hpp"
+#include "weightcast/core/detail/unique_fd.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
 #include "weightcast/checkpoint/synth.hpp"
 
@@ -169,35 +170,7 @@ void fill_stream(std::byte* dst, std::uint64_t key, std::uint64_t begin, std::ui
 
 // ---- Files -------------------------------------------------------------------------------
 
-/// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : _fd(fd) {}
-  Fd(Fd&& other) noexcept : _fd(std::exchange(other._fd, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      _fd = std::exchange(other._fd, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  [[nodiscard]] int get() const noexcept { return _fd; }
-  void reset() noexcept {
-    if (_fd >= 0) ::close(_fd);
-    _fd = -1;
-  }
-  /// Closes and reports the error a close can carry (deferred write errors on NFS).
-  int close() noexcept {
-    int rc = _fd >= 0 ? ::close(_fd) : 0;
-    _fd = -1;
-    return rc;
-  }
-
- private:
-  int _fd = -1;
-};
+using detail::UniqueFd;
 
 void pwrite_all(int fd, const std::byte* data, std::uint64_t length, std::uint64_t offset,
                 const std::filesystem::path& path) {
@@ -266,7 +239,7 @@ std::uint64_t write_shard(const std::filesystem::path& path, const std::string& 
   std::uint64_t data_start = 8 + header.size();
   std::uint64_t file_bytes = data_start + data_bytes;
 
-  Fd fd(create_temp(path));
+  UniqueFd fd(create_temp(path));
   // Reserve the whole file so a full disk fails here, before gigabytes are generated; where
   // the filesystem cannot preallocate, a plain size is enough.
   if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(file_bytes)); rc != 0) {
@@ -586,7 +559,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
   // One synth at a time per directory: two at once each removed the other's finished files
   // at the end, and both exited 0 with a checkpoint whose index named missing shards. The
   // lock is the directory's own (flock(2)), released when this process ends however it ends.
-  Fd dir_lock(::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd dir_lock(::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_lock.get() < 0) {
     throw system_error(Errc::io, errno, fmt::format("{}: cannot open directory", out_dir.string()));
   }
@@ -656,7 +629,7 @@ SynthSummary write_synthetic_checkpoint(const std::filesystem::path& out_dir,
     const std::string& text = index_text;
     auto temp = out_dir / (index_name + temp_suffix);
     temps.add(temp);
-    Fd fd(create_temp(temp));
+    UniqueFd fd(create_temp(temp));
     pwrite_all(fd.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), 0, temp);
     if (fd.close() != 0) throw system_error(Errc::io, errno, fmt::format("{}: close", temp.string()));
     summary.file_bytes += text.size();

@@ -1,8 +1,7 @@
 #include "weightcast/control/world.hpp"
 
-#include "weightcast/config/config.hpp"
-
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
@@ -56,9 +55,9 @@ int env_int(const char* name, const char* text) {
   if (!digits || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
     throw Error(Errc::config, fmt::format("environment {}='{}': not a whole number", name, text));
   }
-  // The config's own bound on world.size and the ranks (config.cpp): a world of more would
-  // allocate per-rank state for nothing (one WORLD_SIZE=2147483647 took gigabytes).
-  constexpr int max_world = 1 << 20;
+  // The config's own bound on world.size and the ranks (the settings registry): a world of
+  // more would allocate per-rank state for nothing (one WORLD_SIZE=2147483647 took gigabytes).
+  constexpr auto max_world = setting::max_world_size;
   if (ec == std::errc::result_out_of_range || value > max_world) {
     throw Error(Errc::config, fmt::format("environment {}='{}': out of range (at most {})", name,
                                           text, max_world));
@@ -69,26 +68,24 @@ int env_int(const char* name, const char* text) {
   return value;
 }
 
-/// "x.yaml:3: " or "--set " (config.hpp's `Config::where_set`): where @p key was set, as a
-/// message's prefix; "" for a key not set from a file or --set.
-std::string set_prefix(const Config& config, std::string_view key) {
-  const std::string_view where = config.where_set(key);
+/// "x.yaml:3: " or "--set ": where a key was set (@p where: `WorldRequest::rank_set_at`'s
+/// form), as a message's prefix; "" for a key not set from a file or --set.
+std::string set_prefix(std::string_view where) {
   if (where.empty()) return {};
   return where == "--set" ? std::string("--set ") : fmt::format("{}: ", where);
 }
 
-/// " from x.yaml:3", " from --set" or "": where @p key was set, after its name.
-std::string set_suffix(const Config& config, std::string_view key) {
-  const std::string_view where = config.where_set(key);
+/// " from x.yaml:3", " from --set" or "": where a key was set, after its name.
+std::string set_suffix(std::string_view where) {
   return where.empty() ? std::string() : fmt::format(" from {}", where);
 }
 
-/// Checks a world; @p config, when given, says where its world.* keys were set.
+/// Checks a world; @p request, when given, says where its world.* keys were set.
 void check(const World& world, std::string_view rank_name, std::string_view size_name,
-           const Config* config = nullptr) {
-  const std::string size_at = config != nullptr ? set_prefix(*config, size_name) : "";
-  const std::string rank_at = config != nullptr ? set_prefix(*config, rank_name) : "";
-  const std::string size_from = config != nullptr ? set_suffix(*config, size_name) : "";
+           const WorldRequest* request = nullptr) {
+  const std::string size_at = request != nullptr ? set_prefix(request->size_set_at) : "";
+  const std::string rank_at = request != nullptr ? set_prefix(request->rank_set_at) : "";
+  const std::string size_from = request != nullptr ? set_suffix(request->size_set_at) : "";
   if (world.world_size < 1) {
     throw Error(Errc::config, fmt::format("{}{}={}: the world size must be at least 1", size_at,
                                           size_name, world.world_size));
@@ -119,7 +116,7 @@ std::string World::describe() const {
 
 namespace {
 
-World detect_place(const Config& config);
+World detect_place(const WorldRequest& request);
 
 // The job id of @p source's family (see World::job_id).
 void find_job_id(World& world) {
@@ -154,12 +151,12 @@ void find_job_id(World& world) {
 
 }  // namespace
 
-World detect_world(const Config& config) {
-  World world = detect_place(config);
+World detect_world(const WorldRequest& request) {
+  World world = detect_place(request);
   find_job_id(world);
   world.spans_hosts = launcher_spans_hosts(world.source);
   // Only where nobody said where rank 0 listens: asking PMIx initialises its client.
-  if (!world.spans_hosts.empty() && config.rendezvous_address.empty() &&
+  if (!world.spans_hosts.empty() && !request.rendezvous_address_given &&
       world.master_addr.empty()) {
     RootHost root = find_root_host(world.source);
     world.root_host = std::move(root.host);
@@ -170,7 +167,7 @@ World detect_world(const Config& config) {
 
 namespace {
 
-World detect_place(const Config& config) {
+World detect_place(const WorldRequest& request) {
   World world;
   if (const char* addr = env("MASTER_ADDR")) world.master_addr = addr;
   // @p source's world, when its rank and size variables are both set.
@@ -183,26 +180,26 @@ World detect_place(const Config& config) {
     candidate.world_size = env_int(source.size, size);
     const char* local = env(source.local_rank);
     candidate.local_rank = local != nullptr ? env_int(source.local_rank, local) : candidate.rank;
-    if (config.world_local_rank >= 0) candidate.local_rank = config.world_local_rank;
+    if (request.local_rank >= 0) candidate.local_rank = request.local_rank;
     candidate.source = source.source;
     return candidate;
   };
-  if (config.world_rank >= 0 || config.world_size > 0) {
-    if (config.world_rank < 0 || config.world_size <= 0) {
-      const bool rank_given = config.world_rank >= 0;
+  if (request.rank >= 0 || request.world_size > 0) {
+    if (request.rank < 0 || request.world_size <= 0) {
+      const bool rank_given = request.rank >= 0;
       const std::string_view given = rank_given ? "world.rank" : "world.size";
       const std::string_view other = rank_given ? "world.size" : "world.rank";
       throw Error(Errc::config,
                   fmt::format("{}{}={} but {} is auto{}: set both or neither (auto)",
-                              set_prefix(config, given), given,
-                              rank_given ? config.world_rank : config.world_size, other,
-                              set_suffix(config, other)));
+                              set_prefix(rank_given ? request.rank_set_at : request.size_set_at),
+                              given, rank_given ? request.rank : request.world_size, other,
+                              set_suffix(rank_given ? request.size_set_at : request.rank_set_at)));
     }
-    world.rank = config.world_rank;
-    world.world_size = config.world_size;
-    world.local_rank = config.world_local_rank >= 0 ? config.world_local_rank : world.rank;
+    world.rank = request.rank;
+    world.world_size = request.world_size;
+    world.local_rank = request.local_rank >= 0 ? request.local_rank : world.rank;
     world.source = WorldSource::config;
-    check(world, "world.rank", "world.size", &config);
+    check(world, "world.rank", "world.size", &request);
     // The config wins (docs/DESIGN.md § World); under a launcher that placed this process elsewhere
     // every rank started from one config takes the same place: rank 0 twice ended in
     // "Address already in use" with nothing to say why. Say it.
@@ -288,7 +285,7 @@ World detect_place(const Config& config) {
       break;
     }
   }
-  if (config.world_local_rank >= 0) world.local_rank = config.world_local_rank;
+  if (request.local_rank >= 0) world.local_rank = request.local_rank;
   return world;
 }
 

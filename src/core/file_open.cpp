@@ -1,6 +1,7 @@
 // Opening inputs and outputs with O_NONBLOCK, so a FIFO never blocks open(2).
 #include "weightcast/core/detail/file_open.hpp"
 
+#include "weightcast/core/detail/unique_fd.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
@@ -301,12 +302,9 @@ void OutputFile::commit() {
 }
 
 void OutputFile::copy_temp_in_place() {
-  const int from = ::open(_temp.c_str(), O_RDONLY | O_CLOEXEC);
+  const UniqueFd from_fd(::open(_temp.c_str(), O_RDONLY | O_CLOEXEC));
+  const int from = from_fd.get();
   if (from < 0) fail(errno, fmt::format("cannot read back {} for", _temp.filename().string()));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{from};
   _fd = open_output_file(_path, _what, true);
   char buffer[1 << 16];
   for (;;) {

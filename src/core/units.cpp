@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 namespace weightcast {
 
@@ -27,6 +28,23 @@ std::string format_bytes(std::uint64_t bytes) {
     ++unit;
   }
   return fmt::format("{:.2f} {}", value, units[unit]);
+}
+
+std::string print_size(std::uint64_t bytes) {
+  static constexpr std::array<std::pair<std::string_view, int>, 4> units{
+      {{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}}};
+  for (const auto& [name, shift] : units) {
+    const std::uint64_t unit = 1ull << shift;
+    if (bytes != 0 && bytes % unit == 0) return fmt::format("{}{}", bytes / unit, name);
+  }
+  return fmt::format("{}", bytes);
+}
+
+std::string print_duration(std::chrono::milliseconds duration) {
+  const auto ms = duration.count();
+  if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}h", ms / 3'600'000);
+  if (ms % 1000 == 0) return fmt::format("{}s", ms / 1000);
+  return fmt::format("{}ms", ms);
 }
 
 }  // namespace weightcast

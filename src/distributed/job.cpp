@@ -1,15 +1,20 @@
-// A load on any number of ranks: meet, share the catalogue and agree the settings, plan,
-// join the transport, load, reach the verdict; every failure ends every rank with one message
-// (weightcast/distributed/job.hpp, "The failure model").
+// A load on any number of ranks, step by step: meet, share the catalogue and agree the
+// settings, plan, join the transport, load, reach the verdict; every failure ends every rank
+// with one message (weightcast/distributed/job.hpp, "The failure model": job_failure.cpp).
 #include "weightcast/distributed/job.hpp"
 
 #include "weightcast/checkpoint/catalogue_wire.hpp"
 #include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/config/launch_options.hpp"
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/detail/running_time.hpp"
 #include "weightcast/core/detail/plural.hpp"
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/log.hpp"
+#include "weightcast/distributed/detail/job_failure.hpp"
+#include "weightcast/distributed/detail/job_setup.hpp"
+#include "weightcast/distributed/detail/job_verdict.hpp"
 #include "weightcast/distributed/placement_agreement.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
 
@@ -37,403 +42,16 @@ namespace weightcast {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// How long the calling thread has to come back once another rank's failure has stopped its
-// load (it normally takes milliseconds) before a thread of the job's own ends the process:
-// a thread stuck in a call with no timeout (MPI_Init_thread) or in a caller's hook would
-// otherwise hold this rank forever. Under a launcher's SIGTERM the CLI waits 3 s
-// (InterruptHandler::ending_grace) for the ending to finish: this stays below.
-constexpr std::chrono::milliseconds unwind_grace{2'000};
-
-// How long a call with no timeout (Watchdog::Blocking) has to return once another rank's
-// failure has arrived, before the watchdog ends the process: enough for a collective that
-// every rank had entered to complete, within `unwind_grace` and the launcher's grace.
-constexpr std::chrono::milliseconds blocking_return_most{1'000};
-
-// How long a thread that ends the process waits for the control plane's reader, once
-// stopped, to return (ControlPlane::stop_reader): a handler in progress takes microseconds;
-// the bound keeps a reader stuck in one (a caller's hook) from holding the exit.
-constexpr std::chrono::milliseconds reader_stop_most{500};
-
-/// How long a rank other than 0 that sent its ABORT waits for rank 0 to take it
-/// (`ControlPlane::linger`) before it ends.
-std::chrono::milliseconds linger_most(std::chrono::milliseconds timeout) {
-  return std::min(timeout, std::chrono::milliseconds(2'000));
-}
-
-/// How long a rank other than 0 that times out waits for rank 0's diagnosis of the same
-/// stall (`ControlPlane::defer_to_root`) before it sends its own.
-std::chrono::milliseconds root_grace(std::chrono::milliseconds timeout) {
-  return std::min(timeout, std::chrono::milliseconds(5'000));
-}
-
-// ---- the failure policy's end of the process: the one place under src/ that ends it -----
-
-/// Reports a failure once (`on_failure`), and ends the process where the policy says so.
-/// Shared by the calling thread and the job's watchdog thread.
-class FailureReport {
- public:
-  explicit FailureReport(const JobOptions& options) : _options(options) {}
-
-  /// Calls `on_failure` with @p error, the first time only.
-  void report(const Error& error) noexcept {
-    std::lock_guard lock(_mutex);
-    if (_reported) return;
-    _reported = true;
-    try {
-      if (_options.on_failure) _options.on_failure(error);
-    } catch (...) {  // documented as must-not-throw; a throwing one changes nothing here
-    }
-  }
-
-  /// The documented default policy: `on_failure` (if not yet), `before_exit`, then
-  /// `_exit(exit_status(code))`. Neither destructors nor atexit handlers run: another thread
-  /// may be inside MPI, or the calling thread stuck in it.
-  [[noreturn]] void end_process(const Error& error) noexcept {
-    report(error);
-    // Nobody catches this failure: without a hook of the caller's, the log says why the
-    // process ended.
-    if (!_options.on_failure) spdlog::error("{}", error.what());
-    {
-      std::lock_guard lock(_mutex);  // one thread ends it; another that comes waits here
-      try {
-        if (_options.before_exit) _options.before_exit(error);
-      } catch (...) {
-      }
-      std::fflush(nullptr);
-      ::_exit(exit_status(error.code()));
-    }
-  }
-
- private:
-  const JobOptions& _options;
-  std::mutex _mutex;
-  bool _reported = false;
-};
-
-// ---- the job's watchdog ----------------------------------------------------------------
-
-/// A thread of the job's own that ends the process when the calling thread cannot come back:
-/// a blocking call with no timeout (MPI_Init_thread, MPI_Comm_dup, MPI_Finalize) that has
-/// not returned within the timeout, or a thread that has not unwound `unwind_grace` after
-/// another rank's failure stopped its load.
-class Watchdog {
- public:
-  Watchdog(ControlPlane& control, FailureReport& failure, int rank)
-      : _control(control), _failure(failure), _rank(rank), _thread([this] { watch(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(_mutex);
-      _closing = true;
-    }
-    _changed.notify_all();
-    _thread.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
-  /// While it lives, the calling thread is in @p what, which takes no timeout: past
-  /// @p timeout of the time this process ran, the job ends (every rank, with this rank's
-  /// timeout, or rank 0's diagnosis of the same stall).
-  class Blocking {
-   public:
-    Blocking(Watchdog& watchdog, std::chrono::milliseconds timeout, std::string what)
-        : _watchdog(watchdog) {
-      std::lock_guard lock(_watchdog._mutex);
-      _watchdog._blocking = true;
-      _watchdog._blocking_timeout = timeout;
-      _watchdog._blocking_what = std::move(what);
-      _watchdog._blocking_generation++;
-      _watchdog._changed.notify_all();
-    }
-    ~Blocking() {
-      {
-        std::lock_guard lock(_watchdog._mutex);
-        _watchdog._blocking = false;
-      }
-      _watchdog._changed.notify_all();
-    }
-    Blocking(const Blocking&) = delete;
-    Blocking& operator=(const Blocking&) = delete;
-
-   private:
-    Watchdog& _watchdog;
-  };
-
-  /// The control plane's ending hook (reader thread): another rank's failure; the calling
-  /// thread has `unwind_grace` to come back (`unwinding`).
-  void remote_failure() noexcept {
-    {
-      std::lock_guard lock(_mutex);
-      if (_remote_since) return;
-      _remote_since = Clock::now();
-    }
-    _changed.notify_all();
-  }
-
-  /// The calling thread has come back with the job's failure: nothing is left to watch.
-  void unwinding() noexcept {
-    {
-      std::lock_guard lock(_mutex);
-      _unwinding = true;
-    }
-    _changed.notify_all();
-  }
-
- private:
-  void watch() {
-    std::unique_lock lock(_mutex);
-    for (;;) {
-      _changed.wait(lock, [this] {
-        return _closing || (_remote_since && !_unwinding) || (_blocking && !_unwinding);
-      });
-      if (_closing) return;
-      if (_remote_since && !_unwinding) {
-        // A call with no timeout (Blocking) may still return after another rank's failure:
-        // a collective every rank had entered (MPI_Comm_dup, which the failing rank left
-        // first) returns within milliseconds, and the thread then unwinds and raises, as the
-        // failure policy says. One that does not return by `blocking_return_most` never
-        // will: end then rather than after the whole grace, which a launcher's teardown may
-        // not wait.
-        if (_blocking) {
-          _changed.wait_for(lock, blocking_return_most,
-                            [this] { return _closing || _unwinding || !_blocking; });
-          if (_closing || _unwinding) continue;
-        }
-        if (!_blocking && _changed.wait_until(lock, *_remote_since + unwind_grace,
-                                              [this] { return _closing || _unwinding; })) {
-          continue;
-        }
-        lock.unlock();
-        // The calling thread is stuck: end with the job's failure, once every rank knows.
-        // Reported before that wait, as end_with does: a launcher tearing the job down
-        // (mpirun's SIGTERM, then SIGKILL) may not let this rank wait and print after.
-        const auto failure = _control.remote_failure();
-        const Error error =
-            failure ? Error(*failure) : Error(Errc::internal, "the job ended without a cause");
-        _failure.report(error);
-        _control.await_told();
-        _control.stop_reader(reader_stop_most);
-        _failure.end_process(error);
-      }
-      if (_blocking && !_unwinding) {
-        const std::uint64_t generation = _blocking_generation;
-        if (wait_running(lock, _blocking_timeout, [&] {
-              return _closing || _unwinding || !_blocking ||
-                     _blocking_generation != generation || _remote_since.has_value();
-            })) {
-          continue;
-        }
-        const std::string what = _blocking_what;
-        const auto timeout = _blocking_timeout;
-        lock.unlock();
-        blocked_past_timeout(what, timeout);
-      }
-    }
-  }
-
-  // Waits on `_changed` until @p done() holds, at most @p most of the time this process ran
-  // (detail::wait_running): a rank stopped for `timeout`, then resumed, must not blame the
-  // others (meanwhile rank 0 has named it, and its ABORT waits to be read).
-  template <class Done>
-  bool wait_running(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds most,
-                    Done done) {
-    return detail::wait_running(
-        most, std::chrono::seconds(1), std::chrono::milliseconds(500),
-        [&](Clock::duration step) { _changed.wait_for(lock, step); }, done);
-  }
-
-  [[noreturn]] void blocked_past_timeout(const std::string& what,
-                                         std::chrono::milliseconds timeout) {
-    // Rank 0 meets the same stall and knows every rank's state: let it speak first.
-    _control.defer_to_root(root_grace(timeout));
-    if (const auto failure = _control.remote_failure()) {
-      _failure.report(*failure);  // before the wait, as above
-      _control.await_told();
-      _control.stop_reader(reader_stop_most);
-      _failure.end_process(*failure);
-    }
-    const Error error(Errc::timeout,
-                      fmt::format("rank {}: {} did not return within {} ms (timeout): {}", _rank,
-                                  what, timeout.count(), _control.stall_report()));
-    _control.abort(error);
-    _failure.report(error);
-    _control.linger(linger_most(timeout));
-    _control.stop_reader(reader_stop_most);
-    _failure.end_process(error);
-  }
-
-  ControlPlane& _control;
-  FailureReport& _failure;
-  int _rank;
-  std::mutex _mutex;
-  std::condition_variable _changed;
-  bool _closing = false;
-  bool _unwinding = false;
-  std::optional<Clock::time_point> _remote_since;
-  bool _blocking = false;
-  std::chrono::milliseconds _blocking_timeout{0};
-  std::string _blocking_what;
-  std::uint64_t _blocking_generation = 0;
-  std::thread _thread;  // last: starts after the members it uses exist
-};
-
-// ---- the settings every rank must share ------------------------------------------------
-
-// One `key: value` per line: the plan (chunk_size), the data plane (device kind, transport)
-// and the verdict (verify). Ranks can be started with different configs (MPMD, a config per
-// node); a plan that differs between ranks makes the broadcasts disagree on their sizes,
-// which MPI does not detect (wrong bytes, or a hang).
-std::string shared_settings(std::uint64_t chunk_bytes, bool host_device, TransportKind transport,
-                            Verify verify) {
-  return fmt::format("chunk_size: {}\ndevice: {}\ntransport: {}\nverify: {}\n",
-                     format_bytes(chunk_bytes) + fmt::format(" ({} B)", chunk_bytes),
-                     host_device ? "host" : "cuda", to_string(transport), to_string(verify));
-}
-
-// Ranks other than 0: this rank's shared settings against rank 0's.
-// @throws Error `config` (78) naming the first setting that differs and both values.
-void check_shared_settings(const std::string& mine, const std::string& root) {
-  auto lines = [](std::string_view text) {
-    std::vector<std::string_view> out;
-    while (!text.empty()) {
-      const auto end = text.find('\n');
-      out.push_back(text.substr(0, end));
-      text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
-    }
-    return out;
-  };
-  const auto a = lines(mine);
-  const auto b = lines(root);
-  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string_view m = i < a.size() ? a[i] : "";
-    const std::string_view r = i < b.size() ? b[i] : "";
-    if (m == r) continue;
-    const auto colon = m.find(':');
-    const std::string_view key = m.substr(0, colon);
-    throw Error(Errc::config,
-                fmt::format("{} differs between ranks: this rank has{}, rank 0 has{}; every rank "
-                            "must use the same (set it alike in every rank's config)",
-                            key, m.substr(colon + 1),
-                            r.substr(std::min(r.size(), r.find(':') + 1))));
-  }
-}
-
-// ---- the verdict ------------------------------------------------------------------------
-
-// Rank 0: every rank's digests against rank 0's own (`verify` and `seconds`, the time the
-// digests took: rank 0's).
-Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue, Verify verify,
-              double seconds) {
-  // Every rank has the same `verify` (check_shared_settings).
-  if (verify == Verify::none) {
-    return Verdict{0, fmt::format("{} × {} loaded, not compared (verify: none)",
-                                  detail::counted(reports.size(), "rank"),
-                                  detail::counted(catalogue.tensors.size(), "tensor"))};
-  }
-  const auto& mine = reports.at(0).digests;
-  std::vector<std::string> mismatches;
-  std::size_t count = 0;
-  for (const RankReport& report : reports) {
-    if (report.digests.size() != mine.size()) {
-      ++count;
-      mismatches.push_back(fmt::format("rank {} reported {} digests, rank 0 has {}", report.rank,
-                                       report.digests.size(), mine.size()));
-      continue;
-    }
-    for (std::size_t t = 0; t < mine.size(); ++t) {
-      if (report.digests[t] == mine[t]) continue;
-      if (++count <= 10) {
-        mismatches.push_back(fmt::format("rank {}: tensor '{}' xxh3 {}, rank 0 has {}",
-                                         report.rank, catalogue.tensors[t].name,
-                                         digest_hex(report.digests[t]), digest_hex(mine[t])));
-      }
-    }
-  }
-  if (count == 0) {
-    return Verdict{0, fmt::format("{} × {} bit-exact (XXH3-64 of every tensor "
-                                  "matches rank 0's; hashing took {:.3f} s on rank 0)",
-                                  detail::counted(reports.size(), "rank"),
-                                  detail::counted(mine.size(), "tensor"), seconds)};
-  }
-  std::string message = fmt::format("{} against rank 0's bytes: ",
-                                    detail::counted(count, "tensor mismatch", "tensor mismatches"));
-  for (std::size_t i = 0; i < mismatches.size(); ++i) {
-    message += (i ? "; " : "") + mismatches[i];
-  }
-  return Verdict{exit_status(Errc::internal), message};
-}
-
-// Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
-// of each rank's bytes as they passed through its staging ring.
-Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
-                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
-  std::size_t wants = 0;
-  for (const RankWants& r : placement.all) wants += r.tensors.size();
-  if (verify == Verify::none) {
-    return Verdict{0, fmt::format("{}, {} loaded, not compared (verify: none)",
-                                  detail::counted(reports.size(), "rank"),
-                                  detail::counted(wants, "local shard"))};
-  }
-  std::vector<std::string> mismatches;
-  std::size_t count = 0;
-  for (const RankReport& report : reports) {
-    const auto& mine = expected.at(report.rank);
-    if (report.digests.size() != mine.size()) {
-      ++count;
-      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
-                                       report.rank, report.digests.size(), mine.size()));
-      continue;
-    }
-    for (std::size_t w = 0; w < mine.size(); ++w) {
-      if (report.digests[w] == mine[w]) continue;
-      if (++count <= 10) {
-        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
-                                         "sent bytes of xxh3 {}",
-                                         report.rank, placement.all[report.rank].tensors[w].tensor,
-                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
-      }
-    }
-  }
-  if (count == 0) {
-    return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
-                                  "local shards matches the bytes rank 0 sent it)",
-                                  detail::counted(reports.size(), "rank"),
-                                  detail::counted(wants, "local shard"))};
-  }
-  std::string message = fmt::format("{} against the bytes rank 0 sent: ",
-                                    detail::counted(count, "local shard mismatch",
-                                                    "local shard mismatches"));
-  for (std::size_t i = 0; i < mismatches.size(); ++i) {
-    message += (i ? "; " : "") + mismatches[i];
-  }
-  return Verdict{exit_status(Errc::internal), message};
-}
-
-// ---- the world ----------------------------------------------------------------------------
-
-World resolve_world(const JobOptions& options) {
-  World world = options.world ? *options.world : detect_world(Config{});
-  if (!options.mpi_communicator && !options.nccl_communicator) return world;
-  // The communicator is the data plane: its rank and size are the job's (a communicator
-  // split from the launcher's world has its own).
-  const bool mpi = options.mpi_communicator.has_value();
-  const auto [rank, size] = mpi ? mpi_rank_and_size(*options.mpi_communicator)
-                                : nccl_rank_and_size(*options.nccl_communicator);
-  if (world.rank == rank && world.world_size == size) return world;
-  if (options.world) {
-    throw Error(Errc::config,
-                fmt::format("transport {0}: the communicator handed in (JobOptions::"
-                            "{0}_communicator) has this process as rank {1} of {2}, but "
-                            "JobOptions::world says rank {3} of {4}; leave world unset to take "
-                            "the communicator's",
-                            mpi ? "mpi" : "nccl", rank, size, world.rank, world.world_size));
-  }
-  world.rank = rank;
-  world.world_size = size;
-  world.source = WorldSource::communicator;
-  return world;
-}
+using detail::check_shared_settings;
+using detail::FailureReport;
+using detail::judge;
+using detail::judge_placed;
+using detail::linger_most;
+using detail::reader_stop_most;
+using detail::resolve_world;
+using detail::root_grace;
+using detail::shared_settings;
+using detail::Watchdog;
 
 // ---- one rank's job ------------------------------------------------------------------------
 
@@ -542,6 +160,13 @@ class Job {
       // `unwind_grace` to come back with it.
       _control->on_ending([this] {
         _stop.request_stop();
+        // Reported now, not once the calling thread has unwound: a launcher that sees ranks
+        // die (mpirun losing a node's daemon) ends the rest within a second (SIGTERM, then
+        // SIGKILL), which may come while that thread is still inside an MPI call. A rank that
+        // sent its own ABORT ends with its own failure, reported as it sent it.
+        if (auto failure = _control->remote_failure(); failure && !_control->aborted()) {
+          _failure.report(*failure);
+        }
         _watchdog->remote_failure();
       });
     }
@@ -667,6 +292,8 @@ class Job {
           } else {
             _mpi = std::make_unique<MpiSession>();
           }
+          // MPI holds the launcher's PMIx client now: let go of the world's (find_root_host).
+          if (_mpi->initialised_mpi()) release_root_host_query();
           if (_options.test_hooks.inside_mpi_open) _options.test_hooks.inside_mpi_open();
         }
         if (_mpi->rank() != rank() || _mpi->world_size() != _world.world_size) {
@@ -927,44 +554,6 @@ class Job {
 };
 
 }  // namespace
-
-TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size) {
-  if (world_size <= 1) {
-    switch (asked) {
-      case TransportKind::mpi:
-      case TransportKind::nccl:
-        throw Error(Errc::config,
-                    fmt::format("transport: {}: this is a world of one rank, so there is no "
-                                "other rank to broadcast to; use transport: local or auto, or "
-                                "start several ranks (weightcast launch -n N, mpirun, torchrun)",
-                                to_string(asked)));
-      case TransportKind::automatic:
-      case TransportKind::local:
-        return TransportKind::local;
-    }
-    return TransportKind::local;
-  }
-  switch (asked) {
-    case TransportKind::local:
-      throw Error(Errc::config,
-                  fmt::format("transport: local moves no bytes between processes; a world of {} "
-                              "ranks needs transport mpi (device host) or nccl (device cuda)",
-                              world_size));
-    case TransportKind::mpi:
-      WEIGHTCAST_EXPECT(host_device, Errc::config,
-                        "transport: mpi broadcasts host memory, but the device is cuda (set "
-                        "device: host, or transport: nccl)");
-      return TransportKind::mpi;
-    case TransportKind::nccl:
-      WEIGHTCAST_EXPECT(!host_device, Errc::config,
-                        "transport: nccl broadcasts GPU memory, but the device is host (set "
-                        "device: cuda or auto on a GPU machine, or transport: mpi)");
-      return TransportKind::nccl;
-    case TransportKind::automatic:
-      return host_device ? TransportKind::mpi : TransportKind::nccl;
-  }
-  return TransportKind::mpi;
-}
 
 JobOptions JobOptions::from_config(const Config& config, const World& world) {
   JobOptions options;

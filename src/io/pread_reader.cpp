@@ -1,6 +1,7 @@
 // The pread reader: a small thread pool for where io_uring is unavailable (Docker's default
 // seccomp profile, `kernel.io_uring_disabled`, old kernels). Same contract as the io_uring
 // reader: completions are signalled through an eventfd and collected by `reap()`.
+#include "weightcast/core/detail/unique_fd.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/io/reader.hpp"
 
@@ -24,9 +25,9 @@ constexpr std::uint64_t max_read_bytes = 1ull << 30;
 class PreadReader final : public Reader {
  public:
   explicit PreadReader(unsigned threads) {
-    _event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (_event_fd < 0) throw system_error(Errc::internal, errno, "eventfd");
-    const unsigned count = std::max(threads, 1u);
+    _event_fd.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (_event_fd.get() < 0) throw system_error(Errc::internal, errno, "eventfd");
+    const unsigned count = std::max(threads, static_cast<unsigned>(setting::io_depth.min));
     try {
       for (unsigned i = 0; i < count; ++i) _threads.emplace_back([this] { work(); });
     } catch (const std::system_error& e) {
@@ -44,7 +45,7 @@ class PreadReader final : public Reader {
   PreadReader& operator=(const PreadReader&) = delete;
 
   [[nodiscard]] std::string_view name() const noexcept override { return "pread"; }
-  [[nodiscard]] int completion_fd() const noexcept override { return _event_fd; }
+  [[nodiscard]] int completion_fd() const noexcept override { return _event_fd.get(); }
   [[nodiscard]] std::size_t pending() const noexcept override {
     std::lock_guard lock(_mutex);
     return _pending;
@@ -64,7 +65,7 @@ class PreadReader final : public Reader {
 
   std::size_t reap(std::vector<ReadRequest*>& finished) override {
     std::uint64_t counter = 0;
-    [[maybe_unused]] auto ignored = read(_event_fd, &counter, sizeof counter);
+    [[maybe_unused]] auto ignored = read(_event_fd.get(), &counter, sizeof counter);
     std::lock_guard lock(_mutex);
     const std::size_t appended = _done.size();
     finished.insert(finished.end(), _done.begin(), _done.end());
@@ -99,7 +100,7 @@ class PreadReader final : public Reader {
         _done.push_back(request);
       }
       const std::uint64_t one = 1;
-      [[maybe_unused]] auto ignored = ::write(_event_fd, &one, sizeof one);
+      [[maybe_unused]] auto ignored = ::write(_event_fd.get(), &one, sizeof one);
     }
   }
 
@@ -113,11 +114,10 @@ class PreadReader final : public Reader {
       if (thread.joinable()) thread.join();
     }
     _threads.clear();
-    if (_event_fd >= 0) ::close(_event_fd);
-    _event_fd = -1;
+    _event_fd.reset();
   }
 
-  int _event_fd = -1;
+  detail::UniqueFd _event_fd;
   mutable std::mutex _mutex;
   std::condition_variable _wake;
   std::deque<ReadRequest*> _queue;  // submitted, not yet taken by a thread

@@ -1,6 +1,7 @@
 // The io_uring reader, the shared short-read rule, and the back-end choice (`reader:`).
 #include "weightcast/io/reader.hpp"
 
+#include "weightcast/core/detail/unique_fd.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
@@ -56,7 +57,7 @@ constexpr std::uint64_t max_fixed_buffer_bytes = 1ull << 30;
 
 class UringReader final : public Reader {
  public:
-  explicit UringReader(unsigned queue_depth) : _depth(queue_depth == 0 ? 1 : queue_depth) {
+  explicit UringReader(unsigned queue_depth) : _depth(std::max(queue_depth, static_cast<unsigned>(setting::io_depth.min))) {
     int rc = io_uring_queue_init(_depth, &_ring, 0);
     if (rc < 0) throw system_error(Errc::unavailable, -rc, "io_uring unavailable: io_uring_setup");
     // Probe before relying on an opcode: IORING_OP_READ came in 5.6, READ_FIXED in 5.1.
@@ -70,15 +71,15 @@ class UringReader final : public Reader {
                     "io_uring unavailable: the kernel lacks IORING_OP_READ (Linux < 5.6)");
       }
     }
-    _event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (_event_fd < 0) {
+    _event_fd.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (_event_fd.get() < 0) {
       int err = errno;
       io_uring_queue_exit(&_ring);
       throw system_error(Errc::internal, err, "eventfd");
     }
-    rc = io_uring_register_eventfd(&_ring, _event_fd);
+    rc = io_uring_register_eventfd(&_ring, _event_fd.get());
     if (rc < 0) {
-      close(_event_fd);
+      _event_fd.reset();
       io_uring_queue_exit(&_ring);
       throw system_error(Errc::unavailable, -rc, "io_uring unavailable: register eventfd");
     }
@@ -101,14 +102,14 @@ class UringReader final : public Reader {
       --_in_flight;
     }
     io_uring_queue_exit(&_ring);  // also drops registered buffers and files
-    close(_event_fd);
+    _event_fd.reset();            // after the ring, which signalled it
   }
 
   UringReader(const UringReader&) = delete;
   UringReader& operator=(const UringReader&) = delete;
 
   [[nodiscard]] std::string_view name() const noexcept override { return "io_uring"; }
-  [[nodiscard]] int completion_fd() const noexcept override { return _event_fd; }
+  [[nodiscard]] int completion_fd() const noexcept override { return _event_fd.get(); }
   [[nodiscard]] std::size_t pending() const noexcept override { return _pending; }
 
   [[nodiscard]] bool completed(const ReadRequest& request) noexcept override {
@@ -170,7 +171,7 @@ class UringReader final : public Reader {
   std::size_t reap(std::vector<ReadRequest*>& finished) override {
     std::uint64_t counter = 0;
     // Clears the eventfd; EAGAIN just means nothing was signalled since the last reap.
-    [[maybe_unused]] auto ignored = read(_event_fd, &counter, sizeof counter);
+    [[maybe_unused]] auto ignored = read(_event_fd.get(), &counter, sizeof counter);
     std::size_t appended = 0;
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&_ring, &cqe) == 0) {
@@ -275,11 +276,11 @@ class UringReader final : public Reader {
       }
       queue->clear();
     }
-    [[maybe_unused]] const int ignored = eventfd_write(_event_fd, 1);
+    [[maybe_unused]] const int ignored = eventfd_write(_event_fd.get(), 1);
   }
 
   io_uring _ring{};
-  int _event_fd = -1;
+  detail::UniqueFd _event_fd;
   unsigned _depth;
   bool _read_fixed_ok = false;
   unsigned _in_flight = 0;   // SQEs the kernel took (io_uring_submit's count), not reaped

@@ -2,6 +2,7 @@
 
 #include "weightcast/device/device.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -9,6 +10,7 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <string>
@@ -34,7 +36,8 @@ std::byte* SlotLease::data() const noexcept { return _ring->slot_data(_index); }
 
 StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
                          std::uint64_t slot_bytes, weightcast::Device* device)
-    : _slots(slots == 0 ? 1 : slots), _slot_freed(executor) {
+    : _slots(std::max<std::size_t>(slots, static_cast<std::size_t>(setting::buffer_depth.min))),
+      _slot_freed(executor) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   // Near 2^64 the page rounding and the product wrap (to a ring mapping nothing, or less than
   // its slots): no address space holds such a ring, so say so as mmap(2) would.

@@ -2,6 +2,7 @@
 
 #include "weightcast/core/detail/wire.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,13 @@
 #include <unordered_set>
 
 namespace weightcast {
+
+// core/settings.hpp spells `placement:` by number, since core cannot include this layer: the
+// numbers must stay this enum's.
+static_assert(setting::placement_spellings[0].name == "replicate" &&
+              setting::placement_spellings[0].value == static_cast<int>(PlacementMode::replicate));
+static_assert(setting::placement_spellings[1].name == "fsdp" &&
+              setting::placement_spellings[1].value == static_cast<int>(PlacementMode::fsdp));
 
 namespace {
 
@@ -83,7 +91,7 @@ std::uint32_t dtype_bytes(Dtype dtype) { return dtype_bits(dtype) / 8; }
 }  // namespace
 
 std::string_view to_string(PlacementMode mode) noexcept {
-  return mode == PlacementMode::fsdp ? "fsdp" : "replicate";
+  return choice_name(setting::placement, static_cast<int>(mode));
 }
 
 RowRange chunk_rows(std::uint64_t n, std::uint32_t parts, std::uint32_t part) noexcept {

@@ -2,6 +2,7 @@
 
 #include "weightcast/core/units.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 
 #include <fmt/core.h>
 
@@ -46,6 +47,18 @@ void for_each_run_tensor(const Catalogue& catalogue, Visit&& visit) {
   }
 }
 
+// A chunk size outside the setting's bounds, in the config's words for the same value.
+// `plan_size` is also asked about larger sizes (`min_chunk_bytes` searches up to 2^64 - 1),
+// so it checks the least only (@p whole_range false).
+void refuse_bad_chunk_size(std::uint64_t chunk_bytes, bool whole_range) {
+  const auto least = static_cast<std::uint64_t>(setting::chunk_size.min);
+  const bool fits = whole_range ? setting::chunk_size.admits(chunk_bytes) : chunk_bytes >= least;
+  WEIGHTCAST_EXPECT(fits, Errc::config,
+                    fmt::format("chunk_size: {}",
+                                out_of_range(setting::chunk_size,
+                                             fmt::format("'{}'", print_size(chunk_bytes)))));
+}
+
 [[noreturn]] void refuse_chunk_count(const Catalogue& catalogue, std::uint64_t chunk_bytes,
                                      std::uint64_t chunks) {
   const std::uint64_t total = catalogue.total_bytes();
@@ -85,7 +98,7 @@ ArenaLayout layout_arena(const Catalogue& catalogue, std::uint64_t alignment) {
 }
 
 PlanSize plan_size(const Catalogue& catalogue, std::uint64_t chunk_bytes) {
-  WEIGHTCAST_EXPECT(chunk_bytes > 0, Errc::config, "chunk_size must be greater than 0");
+  refuse_bad_chunk_size(chunk_bytes, false);
   PlanSize size;
   std::uint64_t run_bytes = 0;  // bytes of the current run before this tensor
   for_each_run_tensor(catalogue, [&](bool new_run, std::uint64_t bytes) {
@@ -133,7 +146,7 @@ std::uint64_t min_chunk_bytes(const Catalogue& catalogue, std::uint64_t max_chun
 
 Plan make_plan(const Catalogue& catalogue, const ArenaLayout& layout,
                std::uint64_t chunk_bytes) {
-  WEIGHTCAST_EXPECT(chunk_bytes > 0, Errc::config, "chunk_size must be greater than 0");
+  refuse_bad_chunk_size(chunk_bytes, true);
   WEIGHTCAST_EXPECT(layout.tensor_offsets.size() == catalogue.tensors.size(), Errc::internal,
                     "arena layout does not match the catalogue");
   WEIGHTCAST_EXPECT(catalogue.tensors.size() <= max_plan_tensors, Errc::invalid_checkpoint,

@@ -1,6 +1,5 @@
 #include "weightcast/transport/transport_mpi.hpp"
 
-#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
@@ -300,8 +299,8 @@ bool launched_on_one_node() {
 // (point-to-point over the BTLs: shared memory, vader's single-copy CMA, which the mapped
 // sends of a placed load are built on) unless the user chose a PML (OMPI_MCA_pml, which
 // `mpirun --mca pml X` sets too). Left to choose, Open MPI also opens the cm PML and its MTLs
-// (PSM, PSM2, OFI), which probe for network hardware a one-node job does not use
-// (MPI_Init_thread four times as long, bench/RESULTS.md).
+// (PSM, PSM2, OFI), which probe for network hardware a one-node job does not use and make
+// MPI_Init_thread several times slower (bench/RESULTS.md).
 void choose_one_node_pml() {
   if (launched_on_one_node()) ::setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);
 }
@@ -340,7 +339,6 @@ void MpiSession::open(const MpiCommunicator* base) {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", mpi_error(rc)));
     _owns_mpi = true;
-    release_root_host_query();  // MPI holds the launcher's client now
     // Ours to set: errors on MPI_COMM_WORLD (MPI_Comm_dup's) come back as return codes
     // instead of MPI's default of aborting the whole job with its own message.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

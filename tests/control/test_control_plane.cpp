@@ -4,6 +4,7 @@
 #include "weightcast/checkpoint/catalogue_wire.hpp"
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/config.hpp"
+#include "weightcast/config/launch_options.hpp"
 #include "weightcast/control/control_plane.hpp"
 #include "weightcast/control/detail/control_wire.hpp"
 #include "weightcast/core/error.hpp"

@@ -1,5 +1,6 @@
 // World detection: config, then torchrun, Slurm, Open MPI environments, else one rank.
 #include "weightcast/config/config.hpp"
+#include "weightcast/config/launch_options.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/control/control_plane.hpp"
 #include "weightcast/control/world.hpp"

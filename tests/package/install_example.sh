@@ -27,6 +27,14 @@ for f in include/weightcast/pipeline/loader.hpp include/weightcast/distributed/a
          lib/cmake/weightcast/weightcastTargets.cmake bin/weightcast; do
   [ -e "$prefix/$f" ] || { cat "$work/install.log"; fail "not installed: $f"; }
 done
+# The CLI's test hooks (WEIGHTCAST_TEST_*, tools/test_hooks.cpp) are the build tree's only: the
+# installed launcher must not read them, though this build has the test suite and its CLI does.
+if grep -qa 'WEIGHTCAST_TEST_' "$prefix/bin/weightcast"; then
+  fail "the installed bin/weightcast reads the test hooks (WEIGHTCAST_TEST_*)"
+fi
+if [ -x "$build_dir/weightcast" ] && ! grep -qa 'WEIGHTCAST_TEST_' "$build_dir/weightcast"; then
+  fail "the build tree's weightcast has no test hooks: the check above proves nothing"
+fi
 # Internals stay in the source tree: tests/package/install_consumer compiles every installed header,
 # so one that included a detail/ header would fail there.
 internal=$(cd "$prefix" && find include -path '*/detail*')

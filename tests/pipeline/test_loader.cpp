@@ -1,5 +1,5 @@
 // The pipeline on real files: every corpus tensor lands bit-exact, whatever the chunking.
-#include "weightcast/distributed/asio.hpp"
+#include "weightcast/pipeline/async_load.hpp"
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/pipeline/loader.hpp"
@@ -159,14 +159,16 @@ TEST_CASE("LoadOptions out of the config's bounds are config errors naming the f
     std::string says;
   };
   const std::vector<Case> cases = {
-      {[](LoadOptions& o) { o.io_depth = 100000; }, "LoadOptions::io_depth is 100000"},
-      {[](LoadOptions& o) { o.io_depth = 0; }, "LoadOptions::io_depth is 0"},
-      {[](LoadOptions& o) { o.buffer_depth = 0; }, "LoadOptions::buffer_depth is 0"},
-      {[](LoadOptions& o) { o.chunk_bytes = 0; }, "LoadOptions::chunk_bytes is 0"},
+      {[](LoadOptions& o) { o.io_depth = 100000; },
+       "LoadOptions::io_depth: io_depth: '100000' is out of range (must be 1 to 4096"},
+      {[](LoadOptions& o) { o.io_depth = 0; }, "LoadOptions::io_depth: io_depth: '0' is out"},
+      {[](LoadOptions& o) { o.buffer_depth = 0; },
+       "LoadOptions::buffer_depth: buffer_depth: '0' is out"},
+      {[](LoadOptions& o) { o.chunk_bytes = 0; }, "LoadOptions::chunk_bytes: chunk_size: '0' is out"},
       {[](LoadOptions& o) { o.tensor_alignment = 3; }, "must be a power of two"},
       {[](LoadOptions& o) { o.tensor_alignment = 0; }, "LoadOptions::tensor_alignment is 0"},
       {[](LoadOptions& o) { o.timeout = std::chrono::milliseconds(-1); },
-       "LoadOptions::timeout is -1 ms"},
+       "LoadOptions::timeout: timeout: '-1ms' is out of range (must be at least 1ms"},
   };
   for (const Case& c : cases) {
     INFO(c.says);

@@ -28,6 +28,7 @@
 #pragma once
 
 #include "weightcast/checkpoint/checkpoint.hpp"
+#include "weightcast/format/limits.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -37,9 +38,6 @@
 #include <vector>
 
 namespace weightcast {
-
-/// Largest header the format allows, bytes (the safetensors crate's `MAX_HEADER_SIZE`).
-inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
 /// A parsed, validated shard header.
 struct SafetensorsHeader {

@@ -22,50 +22,57 @@
 
 namespace weightcast {
 
-/// Effective configuration of one rank. Defaults are the built-in defaults.
+/// Effective configuration of one rank. Each default is its setting's in the registry
+/// (core/settings.hpp), as are the bounds the loader checks.
 struct Config {
   std::string checkpoint;                           ///< File, directory or index path.
-  DeviceKind device = DeviceKind::automatic;        ///< `auto|host|cuda`.
-  TransportKind transport = TransportKind::automatic;  ///< `auto|local|mpi|nccl`.
-  std::uint64_t chunk_bytes = 16ull << 20;          ///< `chunk_size`: bytes per chunk (> 0).
-  std::uint32_t buffer_depth = 4;                   ///< Staging ring slots (≥ 1).
-  std::uint32_t io_depth = 4;                       ///< io_uring reads in flight (≥ 1).
-  DirectIo direct_io = DirectIo::automatic;         ///< O_DIRECT policy.
-  ReaderKind reader = ReaderKind::automatic;        ///< `reader`: `auto|uring|pread`.
+  DeviceKind device = default_choice<DeviceKind>(setting::device);  ///< `auto|host|cuda`.
+  /// `auto|local|mpi|nccl`.
+  TransportKind transport = default_choice<TransportKind>(setting::transport);
+  /// `chunk_size`: bytes per chunk.
+  std::uint64_t chunk_bytes = static_cast<std::uint64_t>(setting::chunk_size.default_value);
+  /// Staging ring slots.
+  std::uint32_t buffer_depth = static_cast<std::uint32_t>(setting::buffer_depth.default_value);
+  /// io_uring reads in flight.
+  std::uint32_t io_depth = static_cast<std::uint32_t>(setting::io_depth.default_value);
+  DirectIo direct_io = default_choice<DirectIo>(setting::direct_io);  ///< O_DIRECT policy.
+  ReaderKind reader = default_choice<ReaderKind>(setting::reader);  ///< `auto|uring|pread`.
   /// `destination`: `arena` (load), or `discard` (read and digest every tensor, keep nothing;
   /// with `verify: none` read only, digest nothing: the read stage alone).
-  Destination destination = Destination::arena;
-  std::chrono::milliseconds timeout{300'000};       ///< Longest any wait may last (> 0).
+  Destination destination = default_choice<Destination>(setting::destination);
+  /// Longest any wait may last.
+  std::chrono::milliseconds timeout{setting::timeout.default_value};
   /// `verify`: `digest` hashes every tensor on every rank after the load (XXH3-64; a cuda
   /// arena is read back to host for it) and rank 0 compares them; `none` skips that work
   /// (no verdict beyond the load itself, no `xxh3` in `--report`; with `destination: discard`
   /// no hashing at all).
-  Verify verify = Verify::digest;
+  Verify verify = default_choice<Verify>(setting::verify);
   /// `placement` (`replicate|fsdp`, the default for tensors no rule names) and
   /// `placement_rules` (a list, first match wins; docs/placement.md): which part of each
   /// tensor each rank receives. `replicate` with no rules is the whole checkpoint everywhere.
   PlacementSpec placement;
   std::string trace;  ///< Chrome trace-event JSON to write ("" for none); `weightcast/pipeline/trace.hpp`.
-  LogLevel log_level = LogLevel::info;
+  LogLevel log_level = default_choice<LogLevel>(setting::log_level);
   /// `world.rank`: this process's rank; -1 (`auto`) takes it from the launcher's environment
   /// (see world.hpp for the order). Set with `world.size`.
-  int world_rank = -1;
+  int world_rank = static_cast<int>(setting::world_rank.default_value);
   /// `world.size`: number of ranks; 0 (`auto`) takes it from the environment.
-  int world_size = 0;
+  int world_size = static_cast<int>(setting::world_size.default_value);
   /// `world.local_rank`: rank among this node's processes; -1 (`auto`): environment, else rank.
-  int world_local_rank = -1;
+  int world_local_rank = static_cast<int>(setting::world_local_rank.default_value);
   /// `rendezvous.address`: where rank 0 listens and the others connect. Empty (`auto`):
   /// `$MASTER_ADDR` when set, else 127.0.0.1. Rank 0 binds only this address, never the
   /// wildcard: the loopback default keeps a listener nobody configured (one node, `launch`)
   /// unreachable from other hosts; a multi-node job names rank 0's routable address.
   std::string rendezvous_address;
-  /// `rendezvous.port`: rank 0's control-plane TCP port (1 to 65535). Default 29555, apart from
-  /// torchrun's `MASTER_PORT` (29500), which its own store may be using.
-  std::uint16_t rendezvous_port = 29555;
+  /// `rendezvous.port`: rank 0's control-plane TCP port (`setting::rendezvous_port`: its
+  /// default is apart from torchrun's `MASTER_PORT`, which its own store may be using).
+  std::uint16_t rendezvous_port =
+      static_cast<std::uint16_t>(setting::rendezvous_port.default_value);
   /// `rendezvous.token`: the job token every rank must present. Empty: `$WEIGHTCAST_TOKEN`,
   /// else no token (any peer of the right world size is accepted). Printed masked, as
   /// `(set)`; that mask given as the token is refused (the printed config loaded back). At
-  /// most `detail::max_token_bytes` (3816) bytes, what a rank's hello carries.
+  /// most `detail::max_token_bytes` bytes, what a rank's hello carries.
   std::string rendezvous_token;
 
   /// Where `load_config` last set each key: "x.yaml:7" (file and line) or "--set"; a key left
@@ -88,6 +95,10 @@ struct Config {
  *
  * @param yaml_path YAML mapping of config keys; empty for defaults only.
  * @param overrides `key=value` strings (from `--set`); a value is read as a YAML scalar.
+ * @param origin what gave @p overrides, for messages and `Config::set_at`: "--set" (the CLI),
+ *        "keyword" (the Python package's keyword arguments). A bad value's message is
+ *        "ORIGIN key=value: " then the same reason a config file's line gets ("--set
+ *        chunk_size=0: '0' is out of range (must be more than 0 and at most 4GiB)").
  * Values are read as text: the YAML core schema's scalar tags (`!!str`, `!!int`, `!!bool`,
  * `!!float`, `!!null`, as PyYAML writes with `default_style='"'` or `canonical=True`) are
  * taken on any key, whose parser reads the text as written; any other tag (`!!binary`,
@@ -109,7 +120,8 @@ struct Config {
  *         (it does not exist, "a/b" where a is a file, a symlink loop); `io` (74) if it cannot
  *         be opened otherwise ("Permission denied") or read.
  */
-Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
+Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides,
+                   std::string_view origin = "--set");
 
 /// @return bytes for "16MiB", "1 GiB", "4096", "16MB", "512B" (binary KiB/MiB/GiB/TiB,
 ///         decimal KB/MB/GB/TB, B; units are case-sensitive, and a bare K/M/G/T is refused

@@ -43,11 +43,12 @@
  * meanwhile (the catalogue, a verdict, an ABORT, the heartbeats) before it gives up or calls
  * another rank silent; the other ranks, meanwhile, meet its stall and name it.
  *
- * Boost.Asio stays inside control_plane.cpp (pimpl), so this header is cheap to include.
+ * Boost.Asio stays inside control/'s sources (pimpl), so this header is cheap to include.
  */
 #pragma once
 
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 #include "weightcast/control/world.hpp"
 
 #include <chrono>
@@ -63,10 +64,12 @@
 
 namespace weightcast {
 
-/// Where and how ranks meet. `rendezvous_options()` fills it from a config and the world.
+/// Where and how ranks meet. `rendezvous_options()` (weightcast/config/launch_options.hpp)
+/// fills it from a config and the world.
 struct RendezvousOptions {
   std::string address = "127.0.0.1";  ///< IP address (or host name) rank 0 binds and peers dial.
-  std::uint16_t port = 29555;         ///< TCP port of rank 0's listener.
+  /// TCP port of rank 0's listener.
+  std::uint16_t port = static_cast<std::uint16_t>(setting::rendezvous_port.default_value);
   std::string token;                  ///< Job token every peer must present ("" = none).
   /// This rank's launcher's job id (`World::job_id`, "" = none); rank 0 refuses a peer whose
   /// job id differs from its own when both have one (a rank of another job on the port).
@@ -78,21 +81,12 @@ struct RendezvousOptions {
   /// `World::spans_hosts`: what says the ranks are on more than one host ("" = one host, or
   /// unknown). With it, a loopback `address` is refused before anything listens or dials.
   std::string spans_hosts;
-  std::chrono::milliseconds timeout{300'000};  ///< Bound on every wait.
+  std::chrono::milliseconds timeout{setting::timeout.default_value};  ///< Bound on every wait.
   /// Ends the rendezvous early: a stop requested while rank 0 waits for its peers, or a peer
   /// for rank 0, is seen within 100 ms and thrown as `interrupted` (130) (rank 0 first tells
   /// the ranks that joined). `run_job` passes `LoadOptions::stop` here.
   std::stop_token stop;
 };
-
-/// @return the options of `config`: address `rendezvous.address`, else `$MASTER_ADDR`
-///         (`world.master_addr`), else rank 0's host as the launcher knows it
-///         (`world.root_host`, found only for a world that spans hosts), else 127.0.0.1
-///         (an IPv6 address in brackets, "[::1]", as
-///         RFC 3986 writes it beside a port, loses them); port `rendezvous.port`; token
-///         `rendezvous.token`, else `$WEIGHTCAST_TOKEN`, else none; timeout `timeout`; the
-///         job id of @p world. Never throws a weightcast `Error` (nothing is checked here).
-RendezvousOptions rendezvous_options(const Config& config, const World& world);
 
 /// One rank's final report: what landed there.
 struct RankReport {
@@ -286,7 +280,7 @@ class ControlPlane {
   /// heartbeats. Must not run concurrently with the destructor.
   void stop_reader(std::chrono::milliseconds most) noexcept;
 
-  /// Implementation (Boost.Asio), in control_plane.cpp.
+  /// Implementation (Boost.Asio): control/detail/control_session.hpp.
   struct Impl;
 
  private:

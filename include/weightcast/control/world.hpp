@@ -3,7 +3,7 @@
  * @brief Who this process is in the job: rank, world size, local rank, and where that came from.
  *
  * docs/DESIGN.md § World. The first source that names a rank wins:
- *  1. the config (`world.rank`, `world.size`, `world.local_rank`);
+ *  1. the config (`world.rank`, `world.size`, `world.local_rank`: `WorldRequest`);
  *  2. torchrun's environment: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (and `MASTER_ADDR`, used as
  *     the default rendezvous address);
  *  3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`;
@@ -22,12 +22,12 @@
  */
 #pragma once
 
+#include "weightcast/core/settings.hpp"
+
 #include <string>
 #include <string_view>
 
 namespace weightcast {
-
-struct Config;  // config.hpp: detect_world reads its world.* keys and where each was set
 
 /// Where the world came from.
 enum class WorldSource {
@@ -76,9 +76,27 @@ struct World {
   [[nodiscard]] std::string describe() const;
 };
 
+/// What the launcher's configuration asks of this process's place: its `world.*` keys
+/// (weightcast/config/launch_options.hpp fills it from a `Config`).
+struct WorldRequest {
+  /// `world.rank`; -1 (the setting's default, auto): the environment says.
+  int rank = static_cast<int>(setting::world_rank.default_value);
+  /// `world.size`; 0: auto.
+  int world_size = static_cast<int>(setting::world_size.default_value);
+  /// `world.local_rank`; -1: auto.
+  int local_rank = static_cast<int>(setting::world_local_rank.default_value);
+  /// Where `world.rank` and `world.size` were set, for messages: a file and line
+  /// ("x.yaml:3"), "--set", or "" (not set, or set by a caller).
+  std::string rank_set_at;
+  std::string size_set_at;  ///< As `rank_set_at`, of `world.size`.
+  /// Whether `rendezvous.address` says where rank 0 listens: then rank 0's host is not asked
+  /// of the launcher (`find_root_host`).
+  bool rendezvous_address_given = false;
+};
+
 /**
- * @brief Finds the world from @p config, else from the environment (the order above), and
- *        the job id of the family it came from.
+ * @brief Finds the world from @p request (the config's `world.*`), else from the environment
+ *        (the order above), and the job id of the family it came from.
  * @throws Error `config` (78) naming the key or variable when a value is not a whole number
  *         (or negative, or past 2^20, the config's own bound; a local-rank variable set alone
  *         included), the size is below 1, the rank
@@ -87,7 +105,7 @@ struct World {
  *         say: the message names both), or torchrun's variables disagree with Open MPI's
  *         without `TORCHELASTIC_RUN_ID`.
  */
-World detect_world(const Config& config);
+World detect_world(const WorldRequest& request);
 
 /**
  * @brief What says the launcher of @p source put the job's ranks on more than one host:
@@ -123,7 +141,8 @@ struct RootHost {
 [[nodiscard]] RootHost find_root_host(WorldSource source);
 
 /// Lets go of the PMIx client `find_root_host` initialised, if it did: call once MPI is
-/// initialised (Open MPI's MPI_Init holds one of its own, and its MPI_Finalize is then the last,
+/// initialised (whoever creates the `MpiSession` that initialised it: the job, the Python
+/// package) (Open MPI's MPI_Init holds one of its own, and its MPI_Finalize is then the last,
 /// as mpirun expects). A no-op otherwise; never throws.
 void release_root_host_query() noexcept;
 

@@ -1,16 +1,23 @@
 /**
  * @file settings.hpp
- * @brief The kinds a load is set up with (device, transport, reader, O_DIRECT policy,
- *        destination, verify, log level) and the rendezvous token's bound, without the
- *        YAML loader.
+ * @brief Every setting of a load in one registry: its config key, type, default, bounds,
+ *        spellings and one line of documentation; and the kinds a load is set up with
+ *        (device, transport, reader, O_DIRECT policy, destination, verify, log level).
  *
- * The reader, device, world and log layers take these values; only the launcher reads them
- * from YAML (config.hpp, which includes this header). Each enum's spelling is the config's
- * (configs/default.yaml documents each key).
+ * The one home of each setting's default and bounds: `Config` and `LoadOptions` take their
+ * defaults from here, the YAML loader, `--set` and the Python keywords check values against
+ * these bounds, and `check_load_options` checks an embedder's `LoadOptions` against the same
+ * ones, with the same message (`out_of_range`). Each enum's spellings are the config's
+ * (configs/default.yaml documents each key; a test checks that file against this registry).
+ * Only the launcher reads YAML (config.hpp, which includes this header).
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace weightcast {
@@ -33,6 +40,200 @@ enum class Verify { none, digest };
 /// `log_level:` the least severe log line printed to stderr.
 enum class LogLevel { error, warn, info, debug };
 
+/// What a setting's value is, which says how it is read, bounded and printed.
+enum class SettingType {
+  size,        ///< bytes: "16MiB", "1GiB", "4096"; `min`/`max` in bytes.
+  count,       ///< a whole number; `min`/`max` inclusive.
+  auto_count,  ///< a whole number or `auto` (stored as `default_value`); `min`/`max` bound
+               ///< the number.
+  duration,    ///< "300s", "5m", "250ms", a plain number of seconds; `min`/`max` in ms.
+  choice,      ///< one of `spellings` (case-insensitive); stored as the enum's value.
+  text,        ///< a path or a secret: taken as written, "" (or a YAML null) for none.
+  address,     ///< a host name or address, or `auto` (stored as ""); never empty.
+  rules,       ///< a YAML list (`placement_rules`); docs/placement.md.
+};
+
+/// One accepted spelling of a choice: the enum's value as an int. The first spelling of each
+/// value is the one printed (`to_string`, the effective config); the others are aliases
+/// (`true` for `on`, `io_uring` for `uring`).
+struct Spelling {
+  std::string_view name;
+  int value;
+};
+
+/// One setting: the single definition of its default and bounds.
+struct Setting {
+  std::string_view name;  ///< The config key ("chunk_size", "rendezvous.port").
+  SettingType type;
+  /// The default: bytes (size), the number (count), ms (duration), the enum's value
+  /// (choice); for auto_count the number `auto` is stored as; unused for text and rules
+  /// (whose default is empty).
+  std::int64_t default_value = 0;
+  std::int64_t min = 0;  ///< Least value (size, count, auto_count, duration).
+  std::int64_t max = 0;  ///< Greatest value (size, count, auto_count, duration).
+  std::span<const Spelling> spellings = {};  ///< choice: every accepted spelling.
+  /// choice: the spellings a message lists ("auto, on, off (or true, false)"); count and
+  /// auto_count: what the number counts ("staging ring slots"), said in range messages.
+  std::string_view what = {};
+  std::string_view doc = {};  ///< One line: what the setting does.
+
+  /// @return whether @p value is within [`min`, `max`] (size, count, auto_count, duration).
+  [[nodiscard]] constexpr bool admits(std::int64_t value) const noexcept {
+    return value >= min && value <= max;
+  }
+  /// @return whether @p value, unsigned, is within [`min`, `max`].
+  [[nodiscard]] constexpr bool admits(std::uint64_t value) const noexcept {
+    return value <= static_cast<std::uint64_t>(max) && admits(static_cast<std::int64_t>(value));
+  }
+};
+
+namespace setting {
+
+inline constexpr std::array<Spelling, 3> device_spellings{{
+    {"auto", static_cast<int>(DeviceKind::automatic)},
+    {"host", static_cast<int>(DeviceKind::host)},
+    {"cuda", static_cast<int>(DeviceKind::cuda)}}};
+inline constexpr std::array<Spelling, 4> transport_spellings{{
+    {"auto", static_cast<int>(TransportKind::automatic)},
+    {"local", static_cast<int>(TransportKind::local)},
+    {"mpi", static_cast<int>(TransportKind::mpi)},
+    {"nccl", static_cast<int>(TransportKind::nccl)}}};
+// YAML 1.1 booleans are accepted because `direct_io: true` is what people write.
+inline constexpr std::array<Spelling, 7> direct_io_spellings{{
+    {"auto", static_cast<int>(DirectIo::automatic)}, {"on", static_cast<int>(DirectIo::on)},
+    {"off", static_cast<int>(DirectIo::off)}, {"true", static_cast<int>(DirectIo::on)},
+    {"false", static_cast<int>(DirectIo::off)}, {"yes", static_cast<int>(DirectIo::on)},
+    {"no", static_cast<int>(DirectIo::off)}}};
+inline constexpr std::array<Spelling, 4> reader_spellings{{
+    {"auto", static_cast<int>(ReaderKind::automatic)},
+    {"uring", static_cast<int>(ReaderKind::uring)},
+    {"io_uring", static_cast<int>(ReaderKind::uring)},
+    {"pread", static_cast<int>(ReaderKind::pread)}}};
+inline constexpr std::array<Spelling, 2> destination_spellings{{
+    {"arena", static_cast<int>(Destination::arena)},
+    {"discard", static_cast<int>(Destination::discard)}}};
+// As for direct_io, `verify: false` is what people write.
+inline constexpr std::array<Spelling, 8> verify_spellings{{
+    {"digest", static_cast<int>(Verify::digest)}, {"none", static_cast<int>(Verify::none)},
+    {"true", static_cast<int>(Verify::digest)}, {"false", static_cast<int>(Verify::none)},
+    {"yes", static_cast<int>(Verify::digest)}, {"no", static_cast<int>(Verify::none)},
+    {"on", static_cast<int>(Verify::digest)}, {"off", static_cast<int>(Verify::none)}}};
+// `PlacementMode` (plan/placement.hpp): replicate 0, fsdp 1.
+inline constexpr std::array<Spelling, 2> placement_spellings{{{"replicate", 0}, {"fsdp", 1}}};
+inline constexpr std::array<Spelling, 5> log_level_spellings{{
+    {"error", static_cast<int>(LogLevel::error)}, {"warn", static_cast<int>(LogLevel::warn)},
+    {"warning", static_cast<int>(LogLevel::warn)}, {"info", static_cast<int>(LogLevel::info)},
+    {"debug", static_cast<int>(LogLevel::debug)}}};
+
+/// The most ranks a world may have (`world.size`; a rank is below it).
+inline constexpr std::int64_t max_world_size = std::int64_t{1} << 20;
+
+inline constexpr Setting checkpoint{"checkpoint", SettingType::text, 0, 0, 0, {}, {},
+                                    "file, directory or index to load (rank 0 opens it)"};
+inline constexpr Setting device{"device", SettingType::choice,
+                                static_cast<int>(DeviceKind::automatic), 0, 0,
+                                device_spellings, "auto, host, cuda", "where tensors land"};
+inline constexpr Setting transport{"transport", SettingType::choice,
+                                   static_cast<int>(TransportKind::automatic), 0, 0,
+                                   transport_spellings, "auto, local, mpi, nccl",
+                                   "how tensor bytes travel from rank 0 to the others"};
+// The staging ring allocates chunk_size bytes per slot and io_uring reads at most 2^31 bytes
+// per request anyway; 4 GiB keeps every size in 32-bit arithmetic of the kernel's iovecs safe
+// while allowing anything a user sensibly asks for.
+inline constexpr Setting chunk_size{"chunk_size", SettingType::size, std::int64_t{16} << 20, 1,
+                                    std::int64_t{4} << 30, {}, {},
+                                    "bytes per chunk: one read, one copy, one broadcast"};
+inline constexpr Setting buffer_depth{"buffer_depth", SettingType::count, 4, 1, 1024, {},
+                                      "staging ring slots",
+                                      "staging slots of chunk_size bytes in rank 0's ring"};
+inline constexpr Setting io_depth{"io_depth", SettingType::count, 4, 1, 4096, {},
+                                  "reads in flight", "reads in flight on rank 0"};
+inline constexpr Setting direct_io{"direct_io", SettingType::choice,
+                                   static_cast<int>(DirectIo::automatic), 0, 0,
+                                   direct_io_spellings, "auto, on, off (or true, false)",
+                                   "O_DIRECT reads on rank 0"};
+inline constexpr Setting reader{"reader", SettingType::choice,
+                                static_cast<int>(ReaderKind::automatic), 0, 0, reader_spellings,
+                                "auto, uring, pread", "rank 0's read back end"};
+inline constexpr Setting destination{"destination", SettingType::choice,
+                                     static_cast<int>(Destination::arena), 0, 0,
+                                     destination_spellings, "arena, discard",
+                                     "where tensor bytes go: an arena, or nowhere"};
+// At most a week: long enough for any real load, short enough that a typo (`300h` for
+// `300s`) is still a finite wait, and far from overflowing milliseconds. Durations are whole
+// milliseconds, so the least is 1ms.
+inline constexpr Setting timeout{"timeout", SettingType::duration, 300'000, 1,
+                                 std::int64_t{7} * 24 * 3600 * 1000, {}, {},
+                                 "longest any single wait may last"};
+inline constexpr Setting verify{"verify", SettingType::choice, static_cast<int>(Verify::digest),
+                                0, 0, verify_spellings, "none, digest",
+                                "compare every rank's tensor digests with rank 0's"};
+inline constexpr Setting placement{"placement", SettingType::choice, 0, 0, 0,
+                                   placement_spellings, "replicate, fsdp",
+                                   "which part of each tensor each rank receives"};
+inline constexpr Setting placement_rules{"placement_rules", SettingType::rules, 0, 0, 0, {}, {},
+                                         "placement rules by tensor name, first match wins"};
+inline constexpr Setting trace{"trace", SettingType::text, 0, 0, 0, {}, {},
+                               "Chrome trace-event JSON to write"};
+inline constexpr Setting log_level{"log_level", SettingType::choice,
+                                   static_cast<int>(LogLevel::info), 0, 0, log_level_spellings,
+                                   "error, warn, info, debug",
+                                   "the least severe log line printed"};
+// The world (world.hpp): `auto` defers to the launcher's environment.
+inline constexpr Setting world_rank{"world.rank", SettingType::auto_count, -1, 0,
+                                    max_world_size, {}, "a whole number or auto",
+                                    "this process's rank"};
+inline constexpr Setting world_size{"world.size", SettingType::auto_count, 0, 1, max_world_size,
+                                    {}, "a whole number or auto", "number of ranks"};
+inline constexpr Setting world_local_rank{"world.local_rank", SettingType::auto_count, -1, 0,
+                                          max_world_size, {}, "a whole number or auto",
+                                          "rank among this node's processes"};
+// The control plane (control_plane.hpp). The port differs from torchrun's MASTER_PORT
+// (29500), which its own store may be using.
+inline constexpr Setting rendezvous_address{"rendezvous.address", SettingType::address, 0, 0, 0,
+                                            {}, {}, "where rank 0 listens (auto: MASTER_ADDR)"};
+inline constexpr Setting rendezvous_port{"rendezvous.port", SettingType::count, 29555, 1, 65535,
+                                         {}, "TCP port", "rank 0's control-plane TCP port"};
+/// `rendezvous.token`: `max` is the longest job token, bytes: what a rank's HELLO carries
+/// after its fixed fields and the longest job id (control/detail/control_wire.hpp asserts the
+/// sum), so that the config checks it without reaching up to the control plane's wire format.
+inline constexpr Setting rendezvous_token{"rendezvous.token", SettingType::text, 0, 0, 3816, {},
+                                          {}, "the job token every rank must present"};
+
+}  // namespace setting
+
+/// @return every setting, in the order the effective config prints them.
+std::span<const Setting> settings() noexcept;
+
+/// @return the setting named @p name ("chunk_size"), or nullptr.
+const Setting* find_setting(std::string_view name) noexcept;
+
+/// @return the value of spelling @p text (case-insensitive, surrounding spaces ignored) of the
+///         choice @p setting, or -1 when it is none of them.
+int choice_value(const Setting& setting, std::string_view text) noexcept;
+
+/// @return the printed spelling of @p value of the choice @p setting ("" if none).
+std::string_view choice_name(const Setting& setting, int value) noexcept;
+
+/// @return the default of @p setting as the config spells it ("16MiB", "300s", "auto", "4").
+std::string default_text(const Setting& setting);
+
+/// @return @p value of @p setting as the config spells it: "16MiB" (size), "300s"
+///         (duration), "4" (count), "auto" (auto_count at its `default_value`).
+std::string spell(const Setting& setting, std::int64_t value);
+
+/**
+ * @brief Why a value of @p setting is refused as out of bounds, the same from every surface
+ *        (YAML, `--set`, `LoadOptions`, Python keywords).
+ * @param shown the value as a message shows it, quoted ("'0'", "'5GiB'").
+ * @return "'0' is out of range (must be more than 0 and at most 4GiB)",
+ *         "'0' is out of range (must be 1 to 1024: staging ring slots)".
+ */
+std::string out_of_range(const Setting& setting, std::string_view shown);
+
+/// @return "'x' is not one of auto, uring, pread": why @p shown is no spelling of @p setting.
+std::string not_a_choice(const Setting& setting, std::string_view shown);
+
 /// @return the config spelling of a value ("auto", "host", "uring", …), as `to_yaml` prints it.
 std::string_view to_string(DeviceKind) noexcept;
 std::string_view to_string(TransportKind) noexcept;
@@ -42,11 +243,16 @@ std::string_view to_string(Destination) noexcept;
 std::string_view to_string(Verify) noexcept;
 std::string_view to_string(LogLevel) noexcept;
 
+/// @return @p setting's default as its enum @p E (a choice).
+template <typename E>
+constexpr E default_choice(const Setting& setting) noexcept {
+  return static_cast<E>(setting.default_value);
+}
+
 namespace detail {
-/// `rendezvous.token`: the longest job token, bytes: what a rank's HELLO carries after its
-/// fixed fields and the longest job id (control/detail/control_wire.hpp asserts the sum). Kept here
-/// so that the config checks it without reaching up to the control plane's wire format.
-inline constexpr std::size_t max_token_bytes = 3816;
+/// `rendezvous.token`: the longest job token, bytes (the registry's bound).
+inline constexpr std::size_t max_token_bytes =
+    static_cast<std::size_t>(setting::rendezvous_token.max);
 }  // namespace detail
 
 }  // namespace weightcast

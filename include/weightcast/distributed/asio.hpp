@@ -1,32 +1,18 @@
 /**
  * @file asio.hpp
- * @brief The coroutine forms of `load` and `run_job` for trainers that already run a
- *        Boost.Asio loop.
+ * @brief The coroutine forms of `load` (`async_load`, from weightcast/pipeline/async_load.hpp)
+ *        and `run_job` for trainers that already run a Boost.Asio loop.
  *
  * Include only where you use it: Boost.Asio is heavy to compile.
  */
 #pragma once
 
 #include "weightcast/distributed/job.hpp"
-#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/pipeline/async_load.hpp"  // async_load, re-exported for embedders
 
 #include <boost/asio/awaitable.hpp>
 
 namespace weightcast {
-
-/**
- * @brief Loads @p catalogue on a strand of the calling coroutine's executor; other work on
- *        that `io_context` keeps running while chunks stream.
- *
- * The executor may run handlers on several threads (an `io_context` run by a thread pool):
- * the strand keeps the load's stages, and so its `LoadOptions` hooks, to one at a time,
- * though not always on the same thread.
- *
- * @p device and @p transport must outlive the returned awaitable.
- * @throws Error as the blocking `load` does.
- */
-boost::asio::awaitable<LoadResult> async_load(Catalogue catalogue, Device& device,
-                                              Transport& transport, LoadOptions options = {});
 
 /**
  * @brief `run_job(options)` on a thread of its own, awaited without blocking the calling

@@ -50,6 +50,9 @@
  *
  * `on_failure` is called once per failed job on every rank, with the message the job ends
  * with, before the bounded waits that let the other ranks learn of it: log or print there.
+ * For another rank's failure it is called as this rank learns of it, from the control
+ * plane's reader thread, while the calling thread may still be unwinding (a launcher may end
+ * the process before that thread comes back): it must be safe to call from any thread.
  *
  * ## MPI
  * If MPI is already initialised (`MPI_Initialized`), the job uses it and never finalises
@@ -139,7 +142,7 @@ struct JobOptions {
   /// The checkpoint: a `.safetensors` file, a directory, or an index. Read on rank 0 only
   /// (the others get its catalogue); ignored elsewhere.
   std::filesystem::path checkpoint;
-  /// This process's place; nullopt: `detect_world(Config{})` (the launcher's environment),
+  /// This process's place; nullopt: `detect_world(WorldRequest{})` (the launcher's environment),
   /// or, with `mpi_communicator` / `nccl_communicator`, the communicator's rank and size.
   std::optional<World> world;
   /// What this rank's load is, as the caller names it, e.g. "checkpoint 'models/llama'" (the

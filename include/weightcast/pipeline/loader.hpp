@@ -13,8 +13,8 @@
  * `chunk_size × buffer_depth`. Ranks other than 0 run only the broadcast stage and allocate
  * no staging.
  *
- * The blocking `load()` is for callers that do not use Asio; `weightcast/distributed/asio.hpp` has the
- * coroutine form for callers that do.
+ * The blocking `load()` is for callers that do not use Asio; `weightcast/pipeline/async_load.hpp`
+ * has the coroutine form for callers that do.
  */
 #pragma once
 
@@ -104,22 +104,27 @@ struct LoadProgress {
   double seconds = 0;               ///< Since the pipeline started.
 };
 
-/// Tuning and hooks of one load. Defaults match `configs/default.yaml`.
+/// Tuning and hooks of one load. Defaults and bounds are the settings registry's
+/// (core/settings.hpp), which `configs/default.yaml` restates.
 struct LoadOptions {
-  std::uint64_t chunk_bytes = 16ull << 20;  ///< `chunk_size`: bytes per chunk (> 0).
-  std::uint32_t buffer_depth = 4;           ///< Staging slots on rank 0 (≥ 1).
-  std::uint32_t io_depth = 4;               ///< Reads in flight (≥ 1).
-  std::chrono::milliseconds timeout{300'000};  ///< No stage may make no progress longer.
+  /// `chunk_size`: bytes per chunk.
+  std::uint64_t chunk_bytes = static_cast<std::uint64_t>(setting::chunk_size.default_value);
+  /// Staging slots on rank 0.
+  std::uint32_t buffer_depth = static_cast<std::uint32_t>(setting::buffer_depth.default_value);
+  /// Reads in flight.
+  std::uint32_t io_depth = static_cast<std::uint32_t>(setting::io_depth.default_value);
+  /// No stage may make no progress longer.
+  std::chrono::milliseconds timeout{setting::timeout.default_value};
   std::uint64_t tensor_alignment = 1;       ///< Arena offset alignment, bytes (power of 2).
   /// `direct_io`: O_DIRECT reads (aligned supersets of each chunk) on `on`; buffered on
   /// `off`; on `auto`, buffered for a shard mostly in the page cache or on a filesystem that
   /// refuses O_DIRECT (one notice), else O_DIRECT.
-  DirectIo direct_io = DirectIo::automatic;
+  DirectIo direct_io = default_choice<DirectIo>(setting::direct_io);
   /// `reader`: io_uring, a pread thread pool, or auto (io_uring, else pread with a warning).
-  ReaderKind reader = ReaderKind::automatic;
+  ReaderKind reader = default_choice<ReaderKind>(setting::reader);
   /// `destination`: `arena`, or `discard`: no arena; each tensor's XXH3-64 is computed as its
   /// bytes pass through the staging ring (`LoadResult::digests`). World size 1 only.
-  Destination destination = Destination::arena;
+  Destination destination = default_choice<Destination>(setting::destination);
   /// With `destination: discard`: hash each tensor as it passes (true), or only read it
   /// (false, `verify: none`: `LoadResult::digests` stays empty; what is left is the read
   /// stage alone). Ignored for `arena`, whose digests the caller computes from the arena.
@@ -164,7 +169,8 @@ struct LoadOptions {
   /// by the host device and the local and mpi transports.
   void* cuda_stream = nullptr;
 
-  /// @return the options a `Config` asks for.
+  /// @return the options a `Config` asks for (defined in the config layer, which reads
+  /// `Config`: src/config/load_options.cpp).
   static LoadOptions from_config(const Config& config);
 };
 
@@ -245,11 +251,12 @@ std::vector<std::uint64_t> local_digests(const LoadResult& result);
 void check_destination(Destination destination, int world_size);
 
 /**
- * @brief Checks @p options against the bounds the config enforces for the same keys:
- *        `chunk_bytes` 1 B to 4 GiB, `buffer_depth` 1 to 1024, `io_depth` 1 to 4096,
- *        `tensor_alignment` a power of two up to 1 GiB, `timeout` more than 0 and at most
- *        7 days. Every load calls it first.
- * @throws Error `config` (78) naming the field, its value and the bounds.
+ * @brief Checks @p options against the bounds the config enforces for the same keys (the
+ *        settings registry's: `setting::chunk_size`, `buffer_depth`, `io_depth`, `timeout`),
+ *        and `tensor_alignment` a power of two up to 1 GiB. Every load calls it first.
+ * @throws Error `config` (78) naming the field and its setting, then the value and bounds
+ *         in the words the config uses for the same value ("LoadOptions::chunk_bytes:
+ *         chunk_size: '0' is out of range (must be more than 0 and at most 4GiB)").
  */
 void check_load_options(const LoadOptions& options);
 

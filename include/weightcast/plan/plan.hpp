@@ -143,8 +143,9 @@ std::uint64_t min_chunk_bytes(const Catalogue& catalogue,
  * Counts the chunks first (`plan_size`) and refuses a plan over the limits before allocating
  * any of it. Within the limits every piece index fits the 32-bit fields: a plan has at most
  * nonzero-size tensors + chunks - 1 pieces.
- * @param chunk_bytes `chunk_size` in bytes, > 0.
- * @throws Error `config` (78) if @p chunk_bytes is 0, or if the plan would have more than
+ * @param chunk_bytes `chunk_size` in bytes, within `setting::chunk_size`'s bounds.
+ * @throws Error `config` (78) if @p chunk_bytes is outside them (the config's message), or
+ *         if the plan would have more than
  *         `max_plan_chunks` chunks — the message names `chunk_size`, the checkpoint's tensor
  *         bytes, the chunk count, the limit and the smallest `chunk_size` that fits
  *         (`min_chunk_bytes`); `invalid_checkpoint` (65) if the catalogue has more than

@@ -33,8 +33,8 @@ bool mpi_initialized() noexcept;
  * job that Open MPI's launcher put on one node (`one_node`), it sets `OMPI_MCA_pml=ob1` in
  * this process's environment unless `OMPI_MCA_pml` is set already (by the user, or by
  * `mpirun --mca pml ...`): shared memory is all such a job uses, and Open MPI left to choose
- * also opens its cm PML, whose MTLs probe network hardware (`MPI_Init_thread` on 3 ranks
- * took four times as long here, bench/RESULTS.md). The session broadcasts on a
+ * also opens its cm PML, whose MTLs probe network hardware, which makes `MPI_Init_thread`
+ * several times slower (bench/RESULTS.md). The session broadcasts on a
  * duplicate (`MPI_Comm_dup`, collective: every rank of the base communicator constructs its
  * session) of `MPI_COMM_WORLD` or of the caller's communicator, with `MPI_ERRORS_RETURN` set
  * on that duplicate only: the caller's collectives on its own communicator cannot match ours

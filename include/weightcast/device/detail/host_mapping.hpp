@@ -4,8 +4,8 @@
  *
  * Internal (no Asio). The host arena and the staging ring are written once end to end (the
  * arena) or registered with io_uring / pinned for the GPU up front (the ring), so every page
- * is faulted in before or during the load. With 4 KiB pages that is one fault per 4 KiB:
- * about 1 s/GiB on a small VM, against 0.25 s/GiB with 2 MiB pages (bench/RESULTS.md).
+ * is faulted in before or during the load. With 4 KiB pages that is one fault per 4 KiB,
+ * which costs several times what 2 MiB pages cost per GiB (bench/RESULTS.md).
  */
 #pragma once
 

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,11 @@
 #include <vector>
 
 namespace weightcast::detail {
+
+/// The deepest nesting of arrays and objects accepted: serde_json's recursion limit, which
+/// the reference implementation parses headers with (`serde_json::from_str`: 128 levels, the
+/// 128th open container is refused). It also keeps every later walk of the DOM shallow.
+inline constexpr std::size_t max_json_depth = 127;
 
 /// A key that appeared again in one JSON object.
 struct DuplicateKey {
@@ -42,6 +48,10 @@ class JsonSyntaxError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// @return nlohmann's message for @p error as one line, without its "[json.exception…] "
+///         prefix (the text a JsonSyntaxError carries).
+std::string json_error_text(const std::exception& error);
+
 /// Result of `parse_json_strict`.
 struct JsonDocument {
   nlohmann::json value;                  ///< The parsed document.
@@ -63,6 +73,16 @@ struct JsonDocument {
  *         which is only reported by the caller after a successful parse.
  */
 JsonDocument parse_json_strict(std::string_view text, std::string_view ordered_member = {});
+
+/**
+ * @brief Refuses what serde_json refuses and nlohmann's parser would accept at the level of
+ *        raw bytes: a NUL byte anywhere, and a leading UTF-8 byte-order mark.
+ *
+ * parse_json_strict() runs it first; a caller that parses with its own SAX handler (the
+ * safetensors header scan) runs it before that parse.
+ * @throws JsonSyntaxError naming the offset of the NUL byte, or the byte-order mark.
+ */
+void expect_json_text(std::string_view text);
 
 /// @return the offset of the first byte of @p text that is not part of valid UTF-8
 ///         (overlong forms, surrogates and code points past U+10FFFF are invalid, as in

@@ -1,0 +1,49 @@
+// The keywords of a Python load as the library's options (options.hpp): the device, the
+// config file, and the keywords as overrides of its keys.
+
+#include "options.hpp"
+
+#include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
+
+#include <fmt/core.h>
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace weightcast::python {
+
+DeviceKind parse_device_kind(const std::string& kind) {
+  if (kind == "host" || kind == "cpu") return DeviceKind::host;
+  if (kind == "cuda") return DeviceKind::cuda;
+  throw Error(Errc::config, "device: '" + kind + "' is not a device (cpu, cuda, cuda:N)");
+}
+
+Config effective_config(const PyOptions& o) {
+  std::vector<std::string> overrides;
+  const auto add = [&](std::string_view key, const std::optional<std::string>& value) {
+    if (value) overrides.push_back(fmt::format("{}={}", key, *value));
+  };
+  add(setting::chunk_size.name, o.chunk_size);
+  add(setting::buffer_depth.name, o.buffer_depth);
+  add(setting::io_depth.name, o.io_depth);
+  add(setting::direct_io.name, o.direct_io);
+  add(setting::timeout.name, o.timeout);
+  add(setting::reader.name, o.reader);
+  add(setting::verify.name, o.verify);
+  return load_config(o.config.value_or(std::string()), overrides, "keyword");
+}
+
+Config with_rendezvous_port(Config config, std::optional<int> port) {
+  if (port) {
+    const Config checked =
+        load_config(std::string(), {fmt::format("rendezvous.port={}", *port)}, "keyword");
+    config.rendezvous_port = checked.rendezvous_port;
+    config.set_at.insert_or_assign("rendezvous.port", "keyword");
+  }
+  return config;
+}
+
+}  // namespace weightcast::python

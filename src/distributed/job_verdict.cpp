@@ -1,0 +1,103 @@
+// Rank 0's verdict: every rank's digests against rank 0's own, or, for a placed load, against
+// what rank 0 hashed of the bytes it sent each rank.
+#include "weightcast/distributed/detail/job_verdict.hpp"
+
+#include "weightcast/core/detail/plural.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/pipeline/digest.hpp"
+
+#include <fmt/core.h>
+
+#include <string>
+
+namespace weightcast::detail {
+
+// digests took: rank 0's).
+Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue, Verify verify,
+              double seconds) {
+  // Every rank has the same `verify` (check_shared_settings).
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{} × {} loaded, not compared (verify: none)",
+                                  counted(reports.size(), "rank"),
+                                  counted(catalogue.tensors.size(), "tensor"))};
+  }
+  const auto& mine = reports.at(0).digests;
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests, rank 0 has {}", report.rank,
+                                       report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t t = 0; t < mine.size(); ++t) {
+      if (report.digests[t] == mine[t]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' xxh3 {}, rank 0 has {}",
+                                         report.rank, catalogue.tensors[t].name,
+                                         digest_hex(report.digests[t]), digest_hex(mine[t])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{} × {} bit-exact (XXH3-64 of every tensor "
+                                  "matches rank 0's; hashing took {:.3f} s on rank 0)",
+                                  counted(reports.size(), "rank"),
+                                  counted(mine.size(), "tensor"), seconds)};
+  }
+  std::string message = fmt::format("{} against rank 0's bytes: ",
+                                    counted(count, "tensor mismatch", "tensor mismatches"));
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
+// Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
+// of each rank's bytes as they passed through its staging ring.
+Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
+  std::size_t wants = 0;
+  for (const RankWants& r : placement.all) wants += r.tensors.size();
+  if (verify == Verify::none) {
+    return Verdict{0, fmt::format("{}, {} loaded, not compared (verify: none)",
+                                  counted(reports.size(), "rank"),
+                                  counted(wants, "local shard"))};
+  }
+  std::vector<std::string> mismatches;
+  std::size_t count = 0;
+  for (const RankReport& report : reports) {
+    const auto& mine = expected.at(report.rank);
+    if (report.digests.size() != mine.size()) {
+      ++count;
+      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
+                                       report.rank, report.digests.size(), mine.size()));
+      continue;
+    }
+    for (std::size_t w = 0; w < mine.size(); ++w) {
+      if (report.digests[w] == mine[w]) continue;
+      if (++count <= 10) {
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
+                                         "sent bytes of xxh3 {}",
+                                         report.rank, placement.all[report.rank].tensors[w].tensor,
+                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
+      }
+    }
+  }
+  if (count == 0) {
+    return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
+                                  "local shards matches the bytes rank 0 sent it)",
+                                  counted(reports.size(), "rank"),
+                                  counted(wants, "local shard"))};
+  }
+  std::string message = fmt::format("{} against the bytes rank 0 sent: ",
+                                    counted(count, "local shard mismatch",
+                                                    "local shard mismatches"));
+  for (std::size_t i = 0; i < mismatches.size(); ++i) {
+    message += (i ? "; " : "") + mismatches[i];
+  }
+  return Verdict{exit_status(Errc::internal), message};
+}
+
+}  // namespace weightcast::detail

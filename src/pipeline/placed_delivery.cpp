@@ -1,0 +1,485 @@
+// A placed load's delivery: each rank receives exactly its wants (rank 0's copies, sends and
+// expected digests; every rank's receives, casts and digests of what landed).
+#include "weightcast/pipeline/detail/pipeline.hpp"
+
+#include "weightcast/core/error.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+namespace weightcast::detail {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::use_awaitable;
+
+std::vector<std::vector<std::uint64_t>> Pipeline::expected_digests() const {
+  std::vector<std::vector<std::uint64_t>> out;
+  if (!_expected) return out;
+  const auto& digests = _expected->digests();
+  for (std::size_t r = 0; r < _placement->all.size(); ++r) {
+    out.emplace_back();
+    for (std::size_t w = 0; w < _placement->all[r].tensors.size(); ++w) {
+      out.back().push_back(digests[expected_index(r, w)]);
+    }
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> Pipeline::received_hashed() const {
+  if (_me == 0 && _expected) return std::vector<std::uint8_t>(_want_data.size(), 1);
+  return _hash_received;
+}
+
+std::vector<std::uint64_t> Pipeline::received_digests() const {
+  std::vector<std::uint64_t> out(_want_data.size(), 0);
+  if (_me == 0 && _expected) {
+    const auto& expected = _expected->digests();
+    for (std::size_t w = 0; w < out.size(); ++w) out[w] = expected[expected_index(0, w)];
+    return out;
+  }
+  if (!_received) return out;
+  for (std::size_t w = 0; w < out.size(); ++w) {
+    if (_hash_received[w]) out[w] = _received->digests()[w];
+  }
+  return out;
+}
+
+void Pipeline::finish_hashing() {
+  if (!_hashing) return;
+  _hashing->join();
+  _hashing.reset();
+  if (_hashing_failure) std::rethrow_exception(_hashing_failure);
+}
+
+void Pipeline::set_up_placement() {
+  const LoadPlacement& placement = *_placement;
+  _me = _transport.rank();
+  std::unordered_map<std::string_view, std::uint32_t> index;
+  for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
+    index.emplace(_catalogue.tensors[t].name, t);
+  }
+  const std::size_t ranks = placement.all.size();
+  _want_tensor.assign(ranks, {});
+  _runs.assign(ranks, {});
+  _whole.assign(ranks, {});
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const bool keep = _me == 0 || static_cast<int>(r) == _me;
+    for (const TensorWant& want : placement.all[r].tensors) {
+      const std::uint32_t t = index.at(want.tensor);
+      _want_tensor[r].push_back(t);
+      _whole[r].push_back(wants_whole(_catalogue.tensors[t], want) ? 1 : 0);
+      if (keep) _runs[r].emplace_back(_catalogue.tensors[t], want);
+    }
+  }
+  const RankWants& mine = placement.mine;
+  _want_of_tensor.assign(_catalogue.tensors.size(), -1);
+  _want_left.assign(mine.tensors.size(), 0);
+  _cast_to.assign(mine.tensors.size(), std::nullopt);
+  _cast.assign(mine.tensors.size(), CastState{});
+  _hash_received.assign(mine.tensors.size(), 0);
+  _hash_landed.assign(mine.tensors.size(), 0);
+  bool any_received = false;
+  bool any_read_back = false;
+  for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
+    const TensorWant& want = mine.tensors[w];
+    const std::uint32_t t = _want_tensor[_me][w];
+    const TensorInfo& info = _catalogue.tensors[t];
+    _want_of_tensor[t] = static_cast<std::int32_t>(w);
+    _want_left[w] = local_bytes(info, want);
+    if (want.destination.dtype && *want.destination.dtype != info.dtype) {
+      _cast_to[w] = want.destination.dtype;
+    }
+    // What cannot be hashed afterwards in the checkpoint's dtype is hashed as it lands.
+    const bool device_in_place =
+        want.destination.data != nullptr && want.destination.memory != MemoryKind::host;
+    // With `verify: digest`, host memory is hashed where it landed too, right after each
+    // chunk, while the bytes are still in cache, instead of in a pass over every local
+    // shard once the load is done (local_digests).
+    const bool host = want.destination.data != nullptr ? !device_in_place
+                                                       : _arena.kind() == MemoryKind::host;
+    // Rank 0 hashes every rank's expected bytes in its staging ring, its own included, and
+    // copies its own from there within its own process: a second hash of that copy would
+    // check only memcpy (or the device upload). Its local shards' digests are the expected
+    // ones (received_digests), so each byte is hashed once on rank 0.
+    if (_me == 0 && placement.expect_digests) continue;
+    _hash_landed[w] = placement.expect_digests && host && !_cast_to[w] ? 1 : 0;
+    // An in-place device want is hashed (read back through the device as it lands) only
+    // for the verdict: with `verify: none` nothing compares its digest. The read-back is a
+    // synchronous D2H copy and a hash of every byte: it runs on a thread of its own
+    // (`_hashing`), off the loader's.
+    const bool read_back = device_in_place && placement.expect_digests && !_cast_to[w];
+    if (_cast_to[w] || read_back || _hash_landed[w]) {
+      _hash_received[w] = 1;
+      any_received = true;
+    }
+    if (read_back) any_read_back = true;
+  }
+  if (any_received) _received.emplace(mine.tensors.size());
+  if (any_read_back) _hashing.emplace(1);
+  if (_me == 0 && placement.expect_digests) {
+    // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
+    // one per (rank, want) for the slices.
+    _tensor_whole_wanted.assign(_catalogue.tensors.size(), 0);
+    _expected_base.assign(ranks + 1, _catalogue.tensors.size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      _expected_base[r + 1] = _expected_base[r] + placement.all[r].tensors.size();
+      for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
+        if (_whole[r][w]) _tensor_whole_wanted[_want_tensor[r][w]] = 1;
+      }
+    }
+    _expected.emplace(_expected_base.back());
+    _expected_left.assign(_expected_base.back(), 0);
+    for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
+      _expected_left[t] = _catalogue.tensors[t].bytes;
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
+        if (!_whole[r][w]) _expected_left[_expected_base[r] + w] = _runs[r][w].bytes();
+      }
+    }
+  }
+}
+
+void Pipeline::expect(std::size_t index, const std::byte* data, std::uint64_t bytes) {
+  _expected->update(static_cast<std::uint32_t>(index), data, bytes);
+  if ((_expected_left[index] -= bytes) == 0) _expected->finish(static_cast<std::uint32_t>(index));
+}
+
+// Delivery `d`'s bytes in local order: straight from the chunk when they are one run, else
+// gathered into `buffer` (a strided slice: one message, never one per row).
+const std::byte* Pipeline::gather(const Delivery& d, const std::byte* source,
+                                  std::vector<std::byte>& buffer) const {
+  const Piece& piece = _plan.pieces[d.piece];
+  const detail::ShardRuns& runs = _runs[d.rank][d.want];
+  if (d.runs == 1) {
+    const std::byte* at = nullptr;
+    runs.for_each_stretch(d.local_offset, d.local_offset + 1,
+                          [&](std::uint64_t tb, std::uint64_t, std::uint64_t) {
+                            at = source + chunk_offset(piece, tb);
+                          });
+    return at;
+  }
+  buffer.resize(d.bytes);
+  runs.for_each_stretch(d.local_offset, d.local_offset + d.bytes,
+                        [&](std::uint64_t tb, std::uint64_t lb, std::uint64_t n) {
+                          std::memcpy(buffer.data() + (lb - d.local_offset),
+                                      source + chunk_offset(piece, tb), n);
+                        });
+  return buffer.data();
+}
+
+// Casts received bytes [local_offset, + bytes) of want `w` (checkpoint dtype) into its
+// destination. Bytes arrive in local order; an element cut by a chunk boundary waits in a
+// carry of under 8 bytes for the rest.
+void Pipeline::cast_into(std::uint32_t w, const std::byte* data, std::uint64_t local_offset,
+                         std::uint64_t bytes) {
+  CastState& state = _cast[w];
+  if (local_offset != state.next) {
+    throw Error(Errc::internal, fmt::format("cast of tensor '{}': bytes at {} arrived, {} "
+                                            "expected",
+                                            _placement->mine.tensors[w].tensor, local_offset,
+                                            state.next));
+  }
+  state.next += bytes;
+  const Dtype from = _catalogue.tensors[_want_tensor[_me][w]].dtype;
+  const Dtype to = *_cast_to[w];
+  const std::uint64_t in = dtype_bits(from) / 8;
+  const std::uint64_t out = dtype_bits(to) / 8;
+  std::byte* target = _want_data[w];
+  std::uint64_t element = (local_offset - state.carried) / in;
+  if (state.carried != 0) {
+    const std::uint64_t take = std::min(in - state.carried, bytes);
+    std::memcpy(state.carry + state.carried, data, take);
+    state.carried += take;
+    data += take;
+    bytes -= take;
+    if (state.carried < in) return;
+    cast_elements(from, to, state.carry, target + element * out, 1);
+    ++element;
+    state.carried = 0;
+  }
+  const std::uint64_t elements = bytes / in;
+  cast_elements(from, to, data, target + element * out, elements);
+  state.carried = bytes - elements * in;
+  std::memcpy(state.carry, data + elements * in, state.carried);
+}
+
+// Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk. @return the
+// copy in flight (null when done: a cast, a host device); @p data must stay until it is.
+std::unique_ptr<Pending> Pipeline::copy_to_mine(std::uint32_t w, const std::byte* data,
+                                                std::uint64_t local_offset, std::uint64_t bytes) {
+  // Only without expected digests (verify: none): a cast or device want's report digest,
+  // of the source bytes. With them, rank 0's own digests are its expected ones.
+  if (_hash_received[w]) _received->update(w, data, bytes);
+  if (_cast_to[w]) {
+    cast_into(w, data, local_offset, bytes);
+    return nullptr;
+  }
+  return _device.upload(data, _want_data[w] + local_offset, bytes);
+}
+
+// Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
+// every rank's expected digests; the slot stays held for the sends.
+// Copies from the slot are all queued, then waited for together; one from the gather
+// scratch is waited for at once, as the next gather reuses (and may reallocate) it.
+awaitable<void> Pipeline::upload_placed(std::size_t c, const std::byte* source) {
+  const Chunk& chunk = _plan.chunks[c];
+  std::vector<std::unique_ptr<Pending>> copies;
+  for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+    const Piece& piece = _plan.pieces[p];
+    if (_expected && _tensor_whole_wanted[piece.tensor]) {
+      expect(piece.tensor, source + piece.chunk_offset, piece.bytes);
+    }
+    if (!_plan.chunk_broadcast[c]) continue;
+    const std::int32_t w = _want_of_tensor[piece.tensor];
+    copies.push_back(copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
+                                  piece.tensor_offset, piece.bytes));
+  }
+  if (_plan.chunk_broadcast[c]) {
+    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+    co_return;
+  }
+  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+    const Delivery& d = _plan.deliveries[i];
+    if (_expected && !_whole[d.rank][d.want]) {
+      const Piece& piece = _plan.pieces[d.piece];
+      _runs[d.rank][d.want].for_each_stretch(
+          d.local_offset, d.local_offset + d.bytes,
+          [&](std::uint64_t tb, std::uint64_t, std::uint64_t n) {
+            expect(expected_index(d.rank, d.want), source + chunk_offset(piece, tb), n);
+          });
+    }
+    if (d.rank != 0) continue;
+    const std::byte* data = gather(d, source, _scratch);
+    auto copy = copy_to_mine(d.want, data, d.local_offset, d.bytes);
+    if (d.runs == 1) {
+      copies.push_back(std::move(copy));
+    } else {
+      co_await wait(std::move(copy), upload_poll_cap);
+    }
+  }
+  for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+}
+
+// The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
+// device region holds.
+std::uint64_t Pipeline::send_bytes(std::size_t c) const {
+  if (_plan.chunk_broadcast[c]) return _plan.chunks[c].bytes;
+  std::uint64_t total = 0;
+  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+    if (_plan.deliveries[i].rank != 0) total += _plan.deliveries[i].bytes;
+  }
+  return total;
+}
+
+// Rank 0 under nccl, which sends device memory only: what chunk `c` sends goes up from the
+// slot into the slot's device region (`_device_sends`) — the whole chunk for a broadcast,
+// else each delivery's bytes (gathered on the host when strided) packed in plan order. The
+// copies complete before the chunk is posted, so the sends need no stream wait.
+awaitable<void> Pipeline::upload_sends(std::size_t c, HeldSlot& held) {
+  if (_transport.world_size() == 1) co_return;
+  held.device = _device_sends->data() + held.lease.index() * _device_send_slot_bytes;
+  if (_plan.chunk_broadcast[c]) {
+    co_await wait(_device.upload(held.source, held.device, _plan.chunks[c].bytes),
+                  upload_poll_cap);
+    co_return;
+  }
+  std::uint64_t at = 0;
+  std::vector<std::unique_ptr<Pending>> copies;  // from the slot: waited for together
+  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+    const Delivery& d = _plan.deliveries[i];
+    if (d.rank == 0) continue;
+    const std::byte* data = gather(d, held.source, _scratch);
+    auto copy = _device.upload(data, held.device + at, d.bytes);
+    if (d.runs == 1) {
+      copies.push_back(std::move(copy));
+    } else {
+      co_await wait(std::move(copy), upload_poll_cap);  // the scratch is reused next
+    }
+    at += d.bytes;
+  }
+  for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+}
+
+// Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
+// 0's sends (each rank's slice of the chunk as one message) and this rank's receives.
+InFlight Pipeline::post_placed(std::size_t c, bool root) {
+  InFlight posted;
+  const Chunk& chunk = _plan.chunks[c];
+  const std::byte* source = nullptr;
+  std::byte* device = nullptr;  // nccl: what rank 0 sends, on the device (upload_sends)
+  if (root) {
+    if (_held.empty()) throw Error(Errc::internal, "a placed chunk reached its post unread");
+    posted.lease = std::move(_held.front().lease);
+    source = _held.front().source;
+    device = _held.front().device;
+    _held.pop_front();
+  }
+  // A cast want lands in a window first; the cast follows once the chunk has landed.
+  // Window memory is reused from chunks that landed (at most `broadcasts_in_flight`
+  // exist): a fresh allocation per chunk would zero and fault in its bytes each time. Sized
+  // to this rank's cast bytes of the chunk, known before any window is handed out.
+  std::uint64_t window_at = 0;
+  const std::uint64_t window_bytes = root ? 0 : cast_bytes(c);
+  auto destination = [&](std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+    if (!_cast_to[w]) return _want_data[w] + local_offset;
+    if (posted.windows.empty()) {
+      if (!_spare_windows.empty()) {
+        posted.window_memory = std::move(_spare_windows.back());
+        _spare_windows.pop_back();
+      }
+      if (posted.window_memory.size() < window_bytes) posted.window_memory.resize(window_bytes);
+    }
+    if (window_at + bytes > posted.window_memory.size()) {
+      throw Error(Errc::internal, fmt::format("chunk {}'s cast windows exceed {} bytes", c,
+                                              window_bytes));
+    }
+    posted.windows.push_back({w, local_offset, bytes, window_at});
+    window_at += bytes;
+    return posted.window_memory.data() + posted.windows.back().at;
+  };
+  if (_plan.chunk_broadcast[c]) {
+    if (_transport.world_size() == 1) return posted;
+    _ranges.clear();
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = _plan.pieces[p];
+      if (root) {
+        std::byte* from = device != nullptr ? device : const_cast<std::byte*>(source);
+        _ranges.push_back({from + piece.chunk_offset, piece.bytes});
+      } else {
+        const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
+        _ranges.push_back({destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
+      }
+    }
+    posted.pending = _transport.broadcast_group(_ranges, 0, nullptr);
+    return posted;
+  }
+  _sends.clear();
+  _receives.clear();
+  std::uint64_t device_at = 0;
+  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+    const Delivery& d = _plan.deliveries[i];
+    if (root) {
+      if (d.rank == 0) continue;
+      if (device != nullptr) {
+        _sends.push_back({d.rank, device + device_at, d.bytes});
+        device_at += d.bytes;
+        continue;
+      }
+      std::vector<std::byte> packed;
+      const std::byte* data = gather(d, source, packed);
+      if (!packed.empty()) posted.buffers.push_back(std::move(packed));
+      _sends.push_back({d.rank, const_cast<std::byte*>(data), d.bytes});
+    } else if (d.rank == _me) {
+      _receives.push_back({0, destination(d.want, d.local_offset, d.bytes), d.bytes});
+    }
+  }
+  posted.pending = _transport.exchange(_sends, _receives, static_cast<int>(c % 32768));
+  return posted;
+}
+
+// The bytes of chunk `c` that this rank receives for cast wants (their windows'), as
+// post_placed hands them out.
+std::uint64_t Pipeline::cast_bytes(std::size_t c) const {
+  std::uint64_t total = 0;
+  if (_plan.chunk_broadcast[c]) {
+    const Chunk& chunk = _plan.chunks[c];
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = _plan.pieces[p];
+      const std::int32_t w = _want_of_tensor[piece.tensor];
+      if (w >= 0 && _cast_to[static_cast<std::uint32_t>(w)]) total += piece.bytes;
+    }
+    return total;
+  }
+  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+    const Delivery& d = _plan.deliveries[i];
+    if (d.rank == _me && _cast_to[d.want]) total += d.bytes;
+  }
+  return total;
+}
+
+// A placed chunk has landed on this rank: casts from their windows, wants completed.
+void Pipeline::placed_landed(std::size_t c, InFlight& landed) {
+  if (mapped(_plan.chunks[c])) mapped_chunk_sent(_plan.chunks[c]);
+  for (const InFlight::Window& window : landed.windows) {
+    const std::byte* data = landed.window_memory.data() + window.at;
+    if (_hash_received[window.want]) _received->update(window.want, data, window.bytes);
+    cast_into(window.want, data, window.local_offset, window.bytes);
+  }
+  if (!landed.window_memory.empty()) _spare_windows.push_back(std::move(landed.window_memory));
+  _last_progress = _running.now();
+  stage_event(Stage::broadcast, c, landed.begin);
+  const Chunk& chunk = _plan.chunks[c];
+  if (_plan.chunk_broadcast[c]) {
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = _plan.pieces[p];
+      const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
+      hash_landed(w, piece.tensor_offset, piece.bytes);
+      land(w, piece.bytes);
+    }
+  } else {
+    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
+      const Delivery& d = _plan.deliveries[i];
+      if (d.rank != _me) continue;
+      hash_landed(d.want, d.local_offset, d.bytes);
+      land(d.want, d.bytes);
+    }
+  }
+  report_progress(c);
+}
+
+// A receiving rank's want is hashed from where it landed: host memory directly
+// (`_hash_landed`), an in-place device want (nccl) read back through the device, as no host
+// copy of it passed this rank. Rank 0 hashed its own from the source (expect or
+// copy_to_mine); a cast want is hashed from its window (placed_landed). Deliveries land in
+// each want's local order, as the streaming digest needs.
+// The read-back runs on `_hashing`'s one thread, in landing order (a want's digest is
+// streamed in its local order); its want's `finish` is queued behind it (want_ready).
+// StreamingDigests' entries are independent, so the loader's thread hashes other wants
+// meanwhile.
+void Pipeline::hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+  if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
+  if (_hash_landed[w]) {
+    _received->update(w, _want_data[w] + local_offset, bytes);
+    return;
+  }
+  const std::byte* data = _want_data[w] + local_offset;
+  asio::post(*_hashing, [this, w, data, bytes] {
+    if (_hashing_failure) return;
+    try {
+      _device.read_back(data, bytes, [&](const std::byte* back, std::size_t n) {
+        _received->update(w, back, n);
+      });
+    } catch (...) {
+      _hashing_failure = std::current_exception();
+    }
+  });
+}
+
+void Pipeline::land(std::uint32_t w, std::uint64_t bytes) {
+  if ((_want_left[w] -= bytes) == 0) want_ready(w);
+}
+
+void Pipeline::want_ready(std::uint32_t w) {
+  if (_received && _hash_received[w]) {
+    if (_hashing && _me != 0 && !_cast_to[w] && !_hash_landed[w]) {
+      asio::post(*_hashing, [this, w] { _received->finish(w); });
+    } else {
+      _received->finish(w);
+    }
+  }
+  if (!_options.on_tensor_ready) return;
+  const TensorWant& want = _placement->mine.tensors[w];
+  const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
+                                                             : _arena.kind();
+  _options.on_tensor_ready(
+      TensorView{&_catalogue.tensors[_want_tensor[_me][w]], _want_data[w], memory, &want});
+}
+
+}  // namespace weightcast::detail
