@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,15 +50,25 @@ def world_from_launcher(master_port: int | None) -> tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def add_launch_arguments(parser: argparse.ArgumentParser, *, checked: bool = False) -> None:
+    """The examples' shared options: torch's and weightcast's rendezvous ports; with
+    ``checked``, weightcast's timeout and a directory for each rank's report too."""
+    parser.add_argument("--master-port", type=int, default=None, help="torch's rendezvous")
+    parser.add_argument("--weightcast-port", type=int, default=None,
+                        help="weightcast's rendezvous (default: the config's, 29555)")
+    if checked:
+        parser.add_argument("--timeout", type=float, default=60.0, help="weightcast's, seconds")
+        parser.add_argument("--report", type=Path, default=None,
+                            help="a directory for rank{N}.json")
+
+
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a directory written by save_pretrained")
     parser.add_argument("--dtype", default="float32", help="the parameters' dtype")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--master-port", type=int, default=None, help="torch's rendezvous")
-    parser.add_argument("--weightcast-port", type=int, default=None,
-                        help="weightcast's rendezvous (default: the config's, 29555)")
+    add_launch_arguments(parser)
     args = parser.parse_args(argv)
 
     rank, world_size, local_rank = world_from_launcher(args.master_port)

@@ -6,7 +6,7 @@
 #
 # Python: $WEIGHTCAST_VENV if set (a venv to create or reuse), else the active venv
 # ($VIRTUAL_ENV), else ./build/py-venv. On a
-# fresh machine the venv is created and torch (PyPI's wheel, used on the CPU), safetensors, transformers, pytest,
+# fresh machine the venv is created and torch (PyPI's wheel, used on the CPU), safetensors, transformers, accelerate, pytest,
 # numpy, nanobind and scikit-build-core are installed from PyPI once; later runs reuse it.
 # WEIGHTCAST_CUDA=AUTO|ON|OFF is passed to CMake (default AUTO: CUDA when the toolkit and
 # NCCL are found). The C++ build's dependencies must be installed (scripts/install-deps.sh).
@@ -25,7 +25,7 @@ py="$venv/bin/python"
 need=()
 "$py" -c 'import torch' 2>/dev/null ||
   need+=(torch)
-for mod in safetensors transformers pytest numpy nanobind scikit_build_core; do
+for mod in safetensors transformers accelerate pytest numpy nanobind scikit_build_core; do
   "$py" -c "import $mod" 2>/dev/null || need+=("${mod//_/-}")
 done
 if ((${#need[@]})); then

@@ -6,8 +6,8 @@ parameters and buffers, casting dtypes on landing, and reports missing and unexp
 ``load_state_dict`` does. Errors are ``weightcast.Error`` with the CLI's ``status``.
 
 ``import weightcast`` does not import torch; the calls that return or take tensors do.
-The API reference is docs/python.md; the signatures and their documentation are in
-``weightcast/__init__.pyi``.
+The API reference is docs/python.md; ``help(weightcast.load)`` and the like show each
+name's documentation, and ``weightcast/__init__.pyi`` holds the typed signatures.
 """
 
 from __future__ import annotations

@@ -3,300 +3,23 @@
 from __future__ import annotations
 
 import datetime
-import math
-import numbers
-import operator
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
 from . import _dtypes, _progress
 from . import _weightcast as _core
-from ._errors import CONFIG, INVALID_CHECKPOINT, UNAVAILABLE, USAGE, Error
+from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
+from ._options import (_PROGRESS_INTERVAL_S, PathLike, _caller_stream, _check_placement,
+                       _fs_path, _Options, _own_world, _port, _progress_hook, _ranked,
+                       _resolve_device, _run_job, _world)
 
 if TYPE_CHECKING:
     import torch
 
-PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 KeyMap = Union[str, Mapping[str, str], Callable[[str], Union[str, None]], None]
 
-# How often the progress renderer may run, seconds (the last chunk always draws).
-_PROGRESS_INTERVAL_S = 0.1
-# chunk_size's upper bound (LoadOptions::chunk_bytes, 4 GiB), for a message.
-_MAX_CHUNK_BYTES = 4 << 30
 # Messages list at most this many keys of one kind, then the count of the rest.
 _MAX_KEYS_SHOWN = 10
-
-
-def _integer(value: object) -> int | None:
-    """``value`` as an int when it is one (anything ``operator.index`` takes: int, a numpy
-    integer, a 0-d integer tensor), else None; a bool is not a number here."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _size_text(value: object, key: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    number = _integer(value)
-    if number is None:
-        raise Error(f"{key}: {value!r} is not a size (bytes as an int, or '16MiB')", CONFIG)
-    if number < 1:
-        # The range LoadOptions::chunk_bytes states for 0, not a size's own (0 to 2^64 - 1)
-        # that a negative int would otherwise be told.
-        raise Error(f"{key} is {number}: must be 1 to {_MAX_CHUNK_BYTES}", CONFIG)
-    return str(number)
-
-
-def _count(value: object, key: str) -> int | None:
-    if value is None:
-        return None
-    number = _integer(value)
-    if number is None or not 0 <= number < 2**32:
-        raise Error(f"{key}: {value!r} is not a count (a positive int)", CONFIG)
-    return number
-
-
-def _duration_text(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, str):
-        return value
-    # Any real number: int, float, numpy's scalars (registered with the numbers ABCs).
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise Error(f"timeout: {value!r} is not a duration (seconds, or '300s')", CONFIG)
-    try:
-        value = float(value)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value) or value <= 0 or value * 1000 >= 2**63:
-        # NaN, infinity and negatives have no millisecond count; name what the caller wrote.
-        raise Error(f"timeout: {value!r} is not a duration: seconds must be finite and more "
-                    "than 0 (at most 7 days)", CONFIG)
-    if value < 0.001:
-        # Timeouts count whole milliseconds: rounding would make it 0 ms, which reads as none.
-        raise Error(f"timeout: {value!r} seconds is under the 1 ms timeouts are counted in "
-                    "(at least 0.001)", CONFIG)
-    return f"{round(value * 1000)}ms"
-
-
-def _direct_io_text(value: object) -> str | None:
-    if value is None:
-        return None
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    if value in ("auto", "on", "off"):
-        return str(value)
-    raise Error(f"direct_io: {value!r} is not one of 'auto', 'on', 'off', True, False", CONFIG)
-
-
-def _cuda_ordinal(world: Mapping[str, Any], device_count: int,
-                  torch_current: int | None) -> int:
-    """The GPU ``device="cuda"`` means, from the environment alone: ``world`` as
-    ``detect_world`` gives it (rank, world_size, local_rank), ``device_count`` the CUDA devices
-    this process sees, ``torch_current`` torch's current device, or None where torch has not
-    initialised CUDA (so no one chose one).
-
-    One rank: torch's current device (0 when none). Several: weightcast's rule, as for the CLI
-    (gpu_info.hpp, docs/gpu.md): ordinal 0 when one device is visible, else the local rank
-    (torch's current device is 0 on every rank that never called ``set_device``, which put
-    every rank on GPU 0). Where torch's current device is another GPU, tensors the caller made
-    live there: refused, naming the rank, both devices and what to set."""
-    if world["world_size"] <= 1:
-        return torch_current if torch_current is not None else 0
-    rank, local_rank = world["rank"], world["local_rank"]
-    if device_count <= 0:
-        raise Error(f"device: 'cuda': rank {rank}: no CUDA device is visible", UNAVAILABLE)
-    if device_count == 1:
-        ordinal = 0
-    elif 0 <= local_rank < device_count:
-        ordinal = local_rank
-    else:
-        raise Error(f"device: 'cuda': rank {rank} has local rank {local_rank}, but this process "
-                    f"sees {device_count} CUDA devices (cuda:0 to cuda:{device_count - 1}): give "
-                    "each rank one GPU (CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task=1) or every "
-                    "rank all of the node's GPUs with no more ranks per node than GPUs",
-                    UNAVAILABLE)
-    if torch_current is not None and torch_current != ordinal:
-        raise Error(f"device: 'cuda': rank {rank} (local rank {local_rank}, {device_count} CUDA "
-                    f"devices visible) loads to cuda:{ordinal}, its local rank's GPU, but torch's "
-                    f"current device is cuda:{torch_current}: call "
-                    f"torch.cuda.set_device({ordinal}) (the local rank) before any CUDA work, or "
-                    f"pass device='cuda:{torch_current}' to load to torch's current device",
-                    CONFIG)
-    return ordinal
-
-
-def _resolve_device(device: object, config: bytes | None,
-                    world: Mapping[str, Any]) -> tuple[str, int]:
-    """(kind, ordinal) of the arena: ("host", 0) or ("cuda", N)."""
-    if device is None:
-        if config is None:
-            return ("host", 0)
-        kind = _core.config_device(config)
-        device = "cpu" if kind == "host" else kind
-    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
-        # An accelerator index, as torch.device(0) and safetensors' load_file(device=0) read it.
-        device = f"cuda:{device}"
-    text = str(device)  # a torch.device prints as "cuda:1" / "cpu"
-    if text == "auto":
-        text = "cuda" if _core.cuda_device_count() > 0 else "cpu"
-    if text in ("cpu", "host"):
-        return ("host", 0)
-    if text == "cuda":
-        import torch
-
-        current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        return ("cuda", _cuda_ordinal(world, _core.cuda_device_count(), current))
-    if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
-        ordinal = int(text[5:])
-        if ordinal >= 2**31:  # the C++ ordinal is an int
-            raise Error(f"device: {text!r}: no CUDA device has ordinal {ordinal}", UNAVAILABLE)
-        return ("cuda", ordinal)
-    raise Error(f"device: {text!r} is not a device weightcast loads to (cpu, cuda, cuda:N, an int "
-                "N, auto)", CONFIG)
-
-
-def _world(config: bytes | None, alone: object) -> dict:
-    """This process's world as ``weightcast run`` detects it (the config's ``world.*``, else
-    torchrun's, Slurm's or Open MPI's environment); with ``alone``, rank 0 of 1."""
-    if not isinstance(alone, bool):
-        raise Error(f"alone: {alone!r} is not True or False", USAGE)
-    if alone:
-        return {"rank": 0, "world_size": 1, "local_rank": 0, "source": "alone",
-                "describe": "rank 0 of 1 (alone=True)"}
-    return _core.detect_world(config)
-
-
-def _ranked(error: Error, world: dict | None) -> Error:
-    """A local error raised on one rank of several, before its job started, names the rank
-    as the job's own messages do ("rank 2: ...")."""
-    if world is None or world["world_size"] <= 1 or str(error).startswith("rank "):
-        return error
-    return Error(f"rank {world['rank']}: {error}", error.status)
-
-
-def _own_world(config: object, alone: object) -> dict | None:
-    """This process's world, for a message's rank prefix; None when it cannot be told."""
-    if alone is True:
-        return None
-    try:
-        return _core.detect_world(None if config is None else _fs_path(config, "config"))
-    except Exception:
-        return None
-
-
-def _check_placement(placement: object) -> None:
-    if placement not in (None, "replicate", "fsdp"):
-        raise Error(f"placement: {placement!r} is not one of 'replicate', 'fsdp'", CONFIG)
-
-
-def _port(value: object) -> int | None:
-    """The type here; the range is the config key ``rendezvous.port``'s (one rule, config.cpp),
-    checked in every world, also where a world of one never uses the port."""
-    if value is None:
-        return None
-    number = _integer(value)
-    if number is None:
-        raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, 1 to 65535)", CONFIG)
-    value = number
-    try:
-        _core.check_setting("rendezvous.port", str(value))
-    except Error as e:  # the config's words, named as the caller wrote the keyword
-        raise Error("rendezvous_port: " + str(e).split(": ", 1)[-1], e.status) from None
-    return value
-
-
-def _verify_text(verify: object) -> str | None:
-    # A bool only: a truthy string such as "none" must not read as True.
-    if verify is None:
-        return None
-    if isinstance(verify, bool):
-        return "digest" if verify else "none"
-    raise Error(f"verify: {verify!r} is not True or False", CONFIG)
-
-
-def _reader_text(reader: object) -> str | None:
-    if reader is None or reader in ("auto", "uring", "pread"):
-        return reader  # type: ignore[return-value]
-    raise Error(f"reader: {reader!r} is not one of 'auto', 'uring', 'pread'", CONFIG)
-
-
-def _fs_path(path: object, what: str) -> bytes:
-    """A path as the OS spells it: bytes (``os.fsencode``), so a name that is not UTF-8 (a str
-    with surrogate escapes, as ``os.listdir`` returns it) or a bytes path opens too."""
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"{what}: expected a str, bytes or os.PathLike path, not "
-                        f"{type(path).__name__}")
-    return os.fsencode(path)
-
-
-def _progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
-    if not (progress is None or isinstance(progress, bool) or callable(progress)):
-        raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
-    if callable(progress):
-        user = progress
-    elif _progress.wants_bar(progress, rank):
-        user = _progress.Bar()
-    else:
-        return None
-    return lambda *args: user(_progress.Progress(*args))
-
-
-@dataclass(frozen=True)
-class _Options:
-    """The keywords ``load`` and ``load_into`` share, checked and as the extension takes them:
-    (config, chunk_size, buffer_depth, io_depth, direct_io, timeout, reader, verify)."""
-
-    config: bytes | None
-    core: tuple
-
-    @staticmethod
-    def of(*, config: object, chunk_size: object, buffer_depth: object, io_depth: object,
-           direct_io: object, timeout: object, reader: object, verify: object) -> _Options:
-        config_s = _fs_path(config, "config") if config is not None else None
-        return _Options(config_s, (
-            config_s, _size_text(chunk_size, "chunk_size"), _count(buffer_depth, "buffer_depth"),
-            _count(io_depth, "io_depth"), _direct_io_text(direct_io), _duration_text(timeout),
-            _reader_text(reader), _verify_text(verify)))
-
-
-def _caller_stream(device: tuple[str, int]) -> int:
-    """torch's current stream on the load's GPU (a ``cudaStream_t`` as an int), 0 for host.
-    The load's writes come after the work queued on it (``init_weights()`` after
-    ``to_empty()``, FSDP2's copies, an allocator block just reused) and it waits for them
-    before ``load``/``load_into`` return: DLPack's stream contract, the data is ready on the
-    caller's current stream."""
-    if device[0] != "cuda":
-        return 0
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0  # a CPU-only torch: there is no stream of torch's to order with
-    return int(torch.cuda.current_stream(device[1]).cuda_stream)
-
-
-def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
-             placement: str | None, rendezvous_port: int | None,
-             plan: Callable[..., Any] | None, progress: object, rank: int,
-             alone: bool) -> Any:
-    """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
-    the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
-    ``checkpoint``."""
-    return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
-                         *options.core, placement, rendezvous_port, plan,
-                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone,
-                         cuda_stream=_caller_stream(device))
 
 
 def _tensors(result: Any) -> dict[str, torch.Tensor]:
@@ -328,7 +51,101 @@ def load(
     rendezvous_port: int | None = None,
     alone: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Loads every tensor of a safetensors checkpoint; see ``weightcast/__init__.pyi``."""
+    """Loads every tensor of a safetensors checkpoint, on this rank or on every rank.
+
+    Under a launcher (mpirun, srun, torchrun: the world as ``weightcast run`` detects it,
+    from the config's ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's
+    variables) every rank calls it: rank 0 alone reads the checkpoint (the others never open
+    ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
+    must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
+    every rank, its message naming the rank ("rank 2: ..."). Every rank must make the same
+    call, naming the same checkpoint; loads on several ranks run one at a time per process.
+
+    Args:
+        checkpoint: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory
+            holding one index or exactly one ``.safetensors`` file (transformers'
+            ``save_pretrained`` layout). A str, bytes or ``os.PathLike``; a file name that is
+            not UTF-8 (bytes, or a str with surrogate escapes as ``os.listdir`` gives it)
+            opens too. Another type raises TypeError. On several ranks every rank names the
+            checkpoint as rank 0 does (the path as given, lexically normalised: ``"./a/"`` is
+            ``"a"``; never opened but on rank 0): a rank naming another raises 78 on every
+            rank, naming that rank's path and rank 0's, before rank 0 opens anything.
+        device: where the tensors live: ``"cpu"`` (the default without ``config``),
+            ``"cuda"`` (one rank: torch's current device; several ranks: the local rank's
+            GPU, ``cuda:0`` when the process sees one device, as docs/gpu.md's rule; where
+            torch's current device is another GPU it raises ``Error`` 78 naming the rank,
+            both devices and the ``torch.cuda.set_device`` call to make), ``"cuda:N"``, an
+            int ``N`` (the same as ``"cuda:N"``, as torch and safetensors read an int), a
+            ``torch.device``, or ``"auto"`` (a GPU when this build has CUDA and one is
+            visible, else cpu).
+            With ``config`` and no ``device``, the config's ``device`` key decides.
+        chunk_size: bytes per chunk, an int (anything ``operator.index`` takes, e.g. a
+            numpy integer) or a size string (``"16MiB"``); 1 B to 4 GiB.
+        buffer_depth: staging slots (1 to 1024, an int as for chunk_size); host memory is
+            chunk_size × buffer_depth.
+        io_depth: reads in flight (1 to 4096, an int as for chunk_size).
+        direct_io: O_DIRECT reads: ``"auto"`` (buffered for a shard in the page cache or on a
+            filesystem that refuses O_DIRECT), ``"on"``/True, ``"off"``/False.
+        timeout: the longest any stage may make no progress: seconds, a ``timedelta`` or a
+            duration string (``"300s"``); default 300 s; counted in whole milliseconds.
+            NaN, infinite, zero, negative or under 0.001 seconds raise (78). On several ranks
+            it also bounds the rendezvous: a rank that never calls is named ("rank(s) 1-2
+            did not join", 75) within it.
+        placement: ``"replicate"`` (every rank gets every tensor whole) or ``"fsdp"`` (each
+            rank gets its ``Shard(0)`` local shard, ``torch.chunk``'s split, of every tensor
+            of at least one dimension); at world size 1 both give whole tensors.
+        config: a weightcast YAML config (configs/default.yaml); keywords given here override
+            its keys.
+        progress: None (default): a one-line bar on stderr on rank 0 when stderr is a
+            terminal, silent otherwise; True/False forces it on/off; a callable receives a
+            ``Progress`` at most every 0.1 s and after the last chunk, on a thread of its
+            own: the load never waits for it, and updates that come while it runs are
+            dropped but the latest (the last chunk's arrives before the call returns). One
+            that raises is reported as unraisable and dropped. Anything else raises (78).
+        reader: ``"auto"`` (io_uring, else a pread pool with a notice), ``"uring"``,
+            ``"pread"``.
+        verify: on several ranks, whether each rank hashes what it received (XXH3-64, as the
+            bytes land) and rank 0 checks every digest against its own of the bytes it read,
+            raising (70) on every rank, naming rank and tensor, where one differs. Default: the
+            config's ``verify`` (``digest``, i.e. True). False skips the hashing
+            (bench/RESULTS.md measures what it costs). ``LoadReport.verdict`` says which ran.
+            Unused at world size 1. Exactly a Python bool: anything else (``"none"``, 1,
+            ``numpy.True_``) raises (78).
+        rendezvous_port: rank 0's TCP port where the ranks meet (1 to 65535); default the
+            config's ``rendezvous.port``, 29555. Unused at world size 1. Rank 0's address is
+            ``$MASTER_ADDR``, else 127.0.0.1 (or the config's ``rendezvous.address``). An int
+            as for chunk_size.
+        alone: True loads on this process only, as a world of one rank, whatever the
+            launcher's environment says (e.g. rank 0 alone under mpirun, for an evaluation):
+            no rendezvous, no MPI. Default False. Anything but a bool raises (64).
+        unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
+            F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
+            an odd last dimension) raises before any byte is read, as
+            ``safetensors.torch.load_file`` refuses it; ``"bytes"``: such a tensor comes as a
+            1-D uint8 tensor of its raw bytes.
+
+    Returns:
+        Every tensor by name, in file order: zero-copy views of one arena, with the
+        checkpoint's dtype and shape (F4 as ``float4_e2m1fn_x2`` with the last dimension
+        halved, as safetensors does), contiguous. The arena is freed when the last tensor
+        viewing it is. On CUDA the data is complete, on every stream, when the call returns.
+        On several ranks with ``placement="fsdp"``: this rank's local shard of each tensor
+        (its ``Shard(0)`` rows; shape ``[0, ...]`` where it has none), by name.
+
+    Raises:
+        Error: 66 when the checkpoint or a shard does not exist; 65 when it breaks the
+            safetensors format (naming file, tensor and numbers) or holds a dtype torch cannot
+            represent; 74 on a failed read; 75 when a stage stalls past ``timeout``; 78 for a
+            bad keyword or config value (naming it); 69 when CUDA is asked for where the build
+            or machine has none, a peer rank is lost, or host tensors on several ranks were
+            not started by mpirun; 75 when a rank stalls (naming it) or did not join within
+            ``timeout``; 78 on every rank when a rank names another checkpoint than rank 0;
+            64 when this process is already running a load on several ranks (from another
+            thread). On several ranks every message starts with the rank it concerns.
+        KeyboardInterrupt: Ctrl-C stops the load within moments (the GIL is released while it
+            runs; signal handlers run every 50 ms), also while rank 0 waits at the
+            rendezvous for ranks that never come.
+    """
     import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
 
     try:
@@ -353,8 +170,8 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
-    world = _world(options.config, alone)
-    dev = _resolve_device(device, options.config, world)
+    world = _world(options, alone)
+    dev = _resolve_device(device, options, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
         # raises on every rank before any byte moves.
@@ -367,7 +184,7 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
         return _tensors(result)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
-    result = _core.load(catalogue, dev[0], dev[1], *options.core,
+    result = _core.load(catalogue, dev[0], dev[1], options.settings,
                         _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
                         cuda_stream=_caller_stream(dev))
     return _tensors(result)
@@ -376,27 +193,39 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
 @dataclass(frozen=True)
 class LoadReport:
     """What ``load_into`` did, in ``load_state_dict``'s words (``missing_keys``,
-    ``unexpected_keys``) plus what it loaded and measured."""
+    ``unexpected_keys``) plus what it loaded and measured.
+
+    Attributes:
+        missing_keys: destination keys no checkpoint tensor landed in (a tied key counts as
+            loaded when any key of its tie group was).
+        unexpected_keys: checkpoint keys (after ``key_map``) with no destination.
+        loaded_keys: destination keys written, in checkpoint file order.
+        cast_keys: loaded keys whose destination dtype differs from the checkpoint's (cast on
+            landing).
+        staged_keys: loaded keys that could not land in place (a cast the receiver does not
+            make: F8 into FP32, F16 into BF16, any cast into CUDA memory; a strided
+            destination; one on another device than the load's): they landed in a tensor of
+            the checkpoint's dtype, which torch's ``copy_`` then wrote into the destination
+            (so memory beyond the model for those only).
+        bytes: bytes this rank received: its local shards, in the checkpoint's dtype.
+        seconds: wall time of the load pipeline on this rank (files open to last byte),
+            seconds.
+        verdict: rank 0's verdict, the same on every rank: ``"3 ranks, 31 local shards
+            bit-exact (...)"`` (the local shards of every rank counted together) when every
+            rank's digests matched rank 0's (``verify``, the default); ``"..., not compared
+            (verify: none)"`` with ``verify=False``; ``"1 rank: 2 tensors loaded (nothing to
+            compare)"`` at world size 1, whatever ``verify`` is (the tensors this call
+            loaded). A mismatch raises instead (70).
+    """
 
     missing_keys: list[str] = field(default_factory=list)
-    """Destination keys no checkpoint tensor landed in (a tied key counts as loaded when any
-    key of its tie group was)."""
     unexpected_keys: list[str] = field(default_factory=list)
-    """Checkpoint keys (after ``key_map``) with no destination."""
     loaded_keys: list[str] = field(default_factory=list)
-    """Destination keys written, in checkpoint file order."""
     cast_keys: list[str] = field(default_factory=list)
-    """The loaded keys whose destination dtype differs from the checkpoint's (cast on landing)."""
     staged_keys: list[str] = field(default_factory=list)
-    """The loaded keys that could not land in place (a cast the receiver does not make, a
-    strided destination, one on another device): they landed in a tensor of the checkpoint's
-    dtype, which torch's ``copy_`` then wrote into the destination."""
     bytes: int = 0
-    """Bytes this rank received (its local shards, in the checkpoint's dtype)."""
     seconds: float = 0.0
-    """Wall time of the load pipeline (files open to last byte), seconds."""
     verdict: str = ""
-    """Rank 0's verdict, the same on every rank (docs/python.md, ``verify``)."""
 
 
 def _key_mapper(key_map: KeyMap) -> Callable[[str], str | None]:
@@ -451,14 +280,22 @@ def _local_shard(owner: str, key: str, t: Any) -> _LocalShard:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+    strided = False
     for p in t.placements:
-        # _StridedShard (FSDP2 over tensor parallel) is a Shard whose local rows are not one
-        # contiguous block of the global tensor.
-        if type(p) not in (Shard, Replicate):
-            raise Error(f"load_into: {owner} key '{key}' is a DTensor placed {p}: only Shard(d) "
-                        "and Replicate() are loaded (a Partial or strided shard has no "
+        if type(p).__name__ == "_StridedShard":
+            strided = True
+        elif type(p) not in (Shard, Replicate):
+            raise Error(f"load_into: {owner} key '{key}' is a DTensor placed {p}: only Shard(d), "
+                        "Replicate() and strided shards are loaded (a Partial has no "
                         "checkpoint slice)", USAGE)
+    # The box DCP reads into (torch.distributed.checkpoint's planner uses the same function).
     shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    if strided and not _strided_box_is_exact(t, tuple(offset), tuple(shape)):
+        raise Error(f"load_into: {owner} key '{key}' is a DTensor placed "
+                    f"{tuple(t.placements)}: this rank's local shard is not one box of the "
+                    "global tensor (its strided shard's rows interleave with other ranks'), "
+                    "which weightcast cannot land; FSDP2 over tensor parallel, "
+                    "(_StridedShard(d), Shard(d)), is one box and loads", USAGE)
     local = t.to_local()
     if local.device.type == "meta":
         raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
@@ -467,6 +304,46 @@ def _local_shard(owner: str, key: str, t: Any) -> _LocalShard:
         raise Error(f"load_into: {owner} key '{key}': the DTensor's local tensor has shape "
                     f"{list(local.shape)}, its placements give {list(shape)}", INVALID_CHECKPOINT)
     return _LocalShard(local, tuple(offset), tuple(shape))
+
+
+def _strided_box_is_exact(t: Any, offset: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a DTensor with a ``_StridedShard`` holds exactly the box (@p offset, @p shape) of
+    the global tensor. torch's ``compute_local_shape_and_global_offset`` gives a strided
+    shard's first index only; this follows DTensor's own split (each placement's
+    ``local_shard_size_and_offset``, left to right, as that function does) to every index of
+    each sharded dim and checks they run without a gap. False where torch offers no such
+    method (another torch version): the load is refused rather than guessed."""
+    import torch
+    from torch.distributed.tensor import Shard
+
+    try:
+        from torch.distributed.tensor.placement_types import (_StridedShard,
+                                                              _StridedShardOffsetMode)
+
+        mesh = t.device_mesh
+        coordinate = mesh.get_coordinate()
+        sizes = list(t.shape)
+        index: dict[int, Any] = {}
+        for mesh_dim, p in enumerate(t.placements):
+            if isinstance(p, _StridedShard):
+                size, offsets = p.local_shard_size_and_offset(
+                    sizes[p.dim], mesh.size(mesh_dim), coordinate[mesh_dim],
+                    _StridedShardOffsetMode.ALL)
+                local = torch.tensor(list(offsets)[:size] if size else [], dtype=torch.long)
+            elif isinstance(p, Shard):
+                size, first = Shard.local_shard_size_and_offset(
+                    sizes[p.dim], mesh.size(mesh_dim), coordinate[mesh_dim])
+                local = torch.arange(first, first + size)
+            else:
+                continue
+            index[p.dim] = local if p.dim not in index else index[p.dim][local]
+            sizes[p.dim] = size
+    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+        return False
+    if tuple(sizes) != tuple(shape):
+        return False
+    return all(len(ix) == 0 or torch.equal(ix, torch.arange(offset[d], offset[d] + len(ix)))
+               for d, ix in index.items())
 
 
 def _check_writable(owner: str, key: str, t: Any) -> None:
@@ -512,7 +389,57 @@ def load_into(
     rendezvous_port: int | None = None,
     alone: bool = False,
 ) -> LoadReport:
-    """Loads a checkpoint into a model's own tensors; see ``weightcast/__init__.pyi``."""
+    """Loads a checkpoint into the caller's own tensors, in place.
+
+    The destinations are ``model.state_dict()`` (parameters and persistent buffers, written
+    through the tensors it returns) or the mapping given. A plain tensor gets its whole
+    checkpoint tensor; a DTensor (FSDP2 ``fully_shard``, tensor parallel) gets its local shard,
+    from its device mesh and placements (``Shard(d)``, ``Replicate()``, and FSDP2 over tensor
+    parallel's ``(_StridedShard(d), Shard(d))``: the box DCP reads into), written into
+    ``to_local()``. Bytes land in the destinations themselves (no copy of the checkpoint
+    beside the model); on several ranks every rank calls it, rank 0 alone reads, and each
+    rank receives only its local shards. A dtype that differs is cast on landing between
+    floating dtypes: BF16/F16 into FP32 and FP32 into BF16/F16 (round-to-nearest-even) by the
+    receiver, the bytes travelling in the checkpoint's dtype, bit-exact with ``Tensor.to``
+    but for NaN payloads (NaN stays NaN of its sign); other pairs (F8 into FP32, F16 into
+    BF16) land in the checkpoint's dtype and ``copy_`` casts them. Tensors sharing memory
+    (tied weights, ``lm_head.weight`` and ``embed_tokens.weight``) are one destination: the
+    group is loaded when any of its keys is in the checkpoint. Every check runs before any
+    byte is read.
+
+    Args:
+        model_or_state_dict: a ``torch.nn.Module`` or a mapping of key to ``torch.Tensor``;
+            no tensor on the meta device (call ``model.to_empty(device=...)`` first).
+        checkpoint: as for ``load``.
+        strict: missing or unexpected keys raise (naming them), as ``load_state_dict(strict=
+            True)``; with False they are only reported. A shape mismatch raises either way, as
+            in torch. A bool: anything else raises (64) rather than being read as truthy.
+        key_map: renames checkpoint keys to destination keys: a str is a prefix removed from
+            the checkpoint keys that start with it (``"model."`` loads a ``LlamaForCausalLM``
+            checkpoint into a bare ``LlamaModel``); a dict maps checkpoint key to destination
+            key (others unchanged); a callable returns the destination key, or None to skip
+            the tensor (not counted as unexpected). A destination key that is not a str
+            raises (64), naming the checkpoint key.
+        device: the arena's device (as for ``load``); default: the destinations' GPU when they
+            all live on one, else cpu.
+        chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
+            verify, rendezvous_port, alone: as for ``load``.
+
+    Returns:
+        A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, staged_keys,
+        bytes, seconds, verdict.
+
+    Raises:
+        Error: 65 for a shape mismatch, a dtype that does not cast (integer or bool against
+            floating), or (strict) missing/unexpected keys, naming the keys; 64 for a key
+            that is not a str, a meta tensor, a key_map mapping two checkpoint keys to one
+            destination, or a destination that is not a tensor, a DTensor placed ``Partial``
+            or with a strided shard that is not one box of the global tensor, a destination
+            ``copy_`` cannot write (elements sharing memory, as ``expand`` makes; an inference
+            tensor outside inference mode), ``strict`` not a bool; and whatever ``load`` raises. On several ranks every check
+            runs on every rank once rank 0 has sent the catalogue, so a refused load raises on
+            every rank.
+    """
     try:
         return _load_into(model_or_state_dict, checkpoint, strict=strict, key_map=key_map,
                           device=device, chunk_size=chunk_size, buffer_depth=buffer_depth,
@@ -556,7 +483,7 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                           verify=verify)
     port = _port(rendezvous_port)
-    world = _world(options.config, alone)
+    world = _world(options, alone)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)
@@ -567,7 +494,7 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
         dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
             if only is not None and only.type == "cuda" else ("host", 0)
     else:
-        dev = _resolve_device(device, options.config, world)
+        dev = _resolve_device(device, options, world)
     mapper = _key_mapper(key_map)
     ties = _tie_groups({k: v.local for k, v in shards.items()})
     state: dict[str, Any] = {}

@@ -34,7 +34,7 @@ TORCH_DTYPE_NAMES: dict[str, str | None] = {
     "F6_E3M2": None,
 }
 
-# Exported by the extension as uint8 of the same bytes, viewed here (see _weightcast.cpp).
+# Exported by the extension as uint8 of the same bytes, viewed here (see dlpack_export.cpp).
 _VIEWED = {"F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4"}
 
 

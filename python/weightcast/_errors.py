@@ -41,7 +41,8 @@ class Error(RuntimeError):
     faults, so existing ``except RuntimeError`` handlers keep working. ``Error(message, 66)``
     and ``Error(message, 74)`` make the kinds below, which are also the ``OSError`` that
     ``open()`` and ``safetensors.torch.load_file`` raise for the same faults, so handlers
-    written for those catch them too.
+    written for those catch them too. Picklable (multiprocessing, torch.distributed): an
+    unpickled error has the same class, message and status.
     """
 
     status: int
@@ -55,6 +56,9 @@ class Error(RuntimeError):
         return base.__new__(cls, message)
 
     def __init__(self, message: str = "", status: int | None = None) -> None:
+        """``message``: the one-line message ``str(error)`` gives. ``status``: the
+        ``<sysexits.h>`` code; None gives the class's own (70 for ``Error``, 66 for
+        ``MissingInputError``, 74 for ``InputOutputError``)."""
         super().__init__(message)
         self.status = int(self._status if status is None else status)
 
@@ -70,20 +74,24 @@ class Error(RuntimeError):
 
 
 class MissingInputError(Error, FileNotFoundError):
-    """``Error`` 66 (missing input: the checkpoint, a shard or the config is not there), also
-    a ``FileNotFoundError`` with ``errno`` ENOENT."""
+    """``Error`` 66 (missing input): the checkpoint, a shard or the config file is not there
+    (or is a directory or another non-file where a file was expected). Also a
+    ``FileNotFoundError``: ``errno`` is ENOENT; ``filename`` is None (the message names the
+    path)."""
 
     _status = MISSING_INPUT
 
     def __init__(self, message: str = "", status: int | None = None) -> None:
+        """``message`` and ``status`` as for ``Error``; ``status`` None gives 66."""
         super().__init__(message, status)
         # errno alone: OSError's str() turns to "[Errno 2] ..." only once strerror is set too.
         self.errno = _errno.ENOENT
 
 
 class InputOutputError(Error, OSError):
-    """``Error`` 74 (a read failed, a file changed under the reader, O_DIRECT refused), also
-    an ``OSError``."""
+    """``Error`` 74 (I/O): a read failed, a file changed under the reader, or O_DIRECT was
+    refused with ``direct_io="on"``. Also an ``OSError``: ``errno`` is None (the message
+    carries the system's reason). ``message`` and ``status`` as for ``Error``."""
 
     _status = IO
 

@@ -9,14 +9,23 @@ from typing import IO, NamedTuple
 
 
 class Progress(NamedTuple):
-    """How far a load has come on this rank (passed to a ``progress=`` callable)."""
+    """How far a load has come on this rank (passed to a ``progress=`` callable).
 
-    bytes_done: int  #: Tensor bytes landed on this rank so far.
-    bytes_total: int  #: Tensor bytes of the whole load.
-    chunks_done: int  #: Chunks landed so far.
-    chunks_total: int  #: Chunks in the plan.
-    seconds: float  #: Since the pipeline started.
-    shard: str  #: File name of the shard the last chunk came from.
+    Attributes:
+        bytes_done: tensor bytes landed on this rank so far.
+        bytes_total: tensor bytes of the whole load.
+        chunks_done: chunks landed so far.
+        chunks_total: chunks in the plan.
+        seconds: since the pipeline started.
+        shard: file name of the shard the last chunk came from.
+    """
+
+    bytes_done: int
+    bytes_total: int
+    chunks_done: int
+    chunks_total: int
+    seconds: float
+    shard: str
 
 
 def _gib(n: int) -> str:

@@ -40,19 +40,26 @@ def open_checkpoint(path: bytes) -> Catalogue:
     """Opens and validates a checkpoint's headers (weightcast::open_checkpoint); ``path`` as
     ``os.fsencode`` gives it (a file name need not be UTF-8)."""
 
-def load(catalogue: Catalogue, device: str, ordinal: int, config: bytes | None,
-         chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
-         direct_io: str | None, timeout: str | None, reader: str | None,
-         verify: str | None, progress: Callable[..., None] | None,
-         progress_interval_s: float, cuda_stream: int = 0) -> LoadResult:
+class Settings:
+    """A call's configuration, read once: a config file's keys, then the keywords over them
+    (each the override of its config key)."""
+
+def settings(config: bytes | None, chunk_size: str | None, buffer_depth: str | None,
+             io_depth: str | None, direct_io: str | None, timeout: str | None,
+             reader: str | None, verify: str | None) -> Settings:
+    """Reads the config file (if any) once, then each keyword given as an override of its
+    config key: the config's rules and messages (``Error``, status 78, "keyword
+    chunk_size=0: '0' is out of range (...)")."""
+
+def load(catalogue: Catalogue, device: str, ordinal: int, settings: Settings,
+         progress: Callable[..., None] | None, progress_interval_s: float,
+         cuda_stream: int = 0) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1). The load
     writes after the work queued on ``cuda_stream`` (a ``cudaStream_t`` as an int, 0: none)
     and that stream waits for the load's writes (LoadOptions::cuda_stream)."""
 
-def run_job(checkpoint: bytes, device: str, ordinal: int, config: bytes | None,
-            chunk_size: str | None, buffer_depth: int | None, io_depth: int | None,
-            direct_io: str | None, timeout: str | None, reader: str | None,
-            verify: str | None, placement: str | None, rendezvous_port: int | None,
+def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
+            placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float,
             alone: bool = False, cuda_stream: int = 0) -> LoadResult:
@@ -73,15 +80,16 @@ def after_fork_in_child() -> None:
 def shutdown() -> None:
     """Finalises MPI if weightcast initialised it and ends the job thread (atexit)."""
 
-def detect_world(config: bytes | None) -> dict[str, Any]:
-    """This process's world: the config's world.* keys, else torchrun, Slurm, Open MPI."""
+def detect_world(config: Settings | bytes | None) -> dict[str, Any]:
+    """This process's world: the settings' (or a config file's) world.* keys, else torchrun,
+    Slurm, Open MPI."""
 
-def config_device(config: bytes) -> str:
-    """The ``device`` key of a config file: auto, host or cuda."""
+def config_device(settings: Settings) -> str:
+    """The ``device`` key of the settings' config: auto, host or cuda."""
 
 def check_setting(key: str, value: str) -> None:
-    """Checks one config key's value as ``--set key=value`` would: the config's rule and
-    message (Error, status 78, naming the key and value)."""
+    """Checks one config key's value as a keyword override: the config's rule and message
+    (Error, status 78, "keyword key=value: " and the reason)."""
 
 def cuda_device_count() -> int:
     """CUDA devices this process can use; 0 without CUDA in the build or a driver."""

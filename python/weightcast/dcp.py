@@ -3,7 +3,7 @@
 ``dcp.load(state_dict, storage_reader=weightcast.dcp.HuggingFaceStorageReader(path))`` loads a
 safetensors checkpoint as torch's ``HuggingFaceStorageReader`` does, but rank 0 alone opens
 the files and reads each byte once; every rank receives the boxes its DCP plan asks for, in
-place. Importing this module imports torch. See ``weightcast/dcp.pyi`` and docs/python.md.
+place. Importing this module imports torch. See docs/python.md, "DCP reader".
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from . import _api, _dtypes
+from . import _api, _dtypes, _options
 from . import _weightcast as _core
 from ._errors import CONFIG, INTERNAL, USAGE, Error
 
@@ -38,31 +38,58 @@ def _box_text(offsets: Any, lengths: Any) -> str:
 
 
 class HuggingFaceStorageReader(StorageReader):
-    """A DCP ``StorageReader`` for a safetensors checkpoint (see ``weightcast/dcp.pyi``)."""
+    """Reads a safetensors checkpoint for ``dcp.load``, in place of torch's class of the same
+    name: ``dcp.load(state_dict, storage_reader=HuggingFaceStorageReader(path))``.
 
-    def __init__(self, path: _api.PathLike, thread_count: int = 1, *, device: Any = None,
+    ``path`` is what ``weightcast.load`` takes (a ``.safetensors`` file, an index, or a
+    directory with one index or exactly one ``.safetensors`` file), the same on every rank;
+    rank 0 alone opens it. ``thread_count`` is torch's keyword, accepted (at least 1) and
+    unused: rank 0 reads with weightcast's reader (``io_depth``). The other keywords are
+    ``weightcast.load_into``'s, with its meaning and checks: ``device``, ``chunk_size``,
+    ``buffer_depth``, ``io_depth``, ``direct_io``, ``timeout``, ``config``, ``progress``,
+    ``reader``, ``verify``, ``rendezvous_port``, ``alone``; a bad value raises ``Error``
+    (78; 64 for ``thread_count`` and ``alone``) here, before any load.
+
+    On several ranks torch's default process group must be initialised, numbering the ranks
+    as weightcast's world does (the launcher's environment): ``read_metadata`` sends rank 0's
+    metadata over it (``Error`` 78 when the two worlds differ, 64 without a process group).
+
+    Each rank's DCP plan must ask one box per tensor (the global offsets and lengths of its
+    ``ReadItem``): whole tensors, ``Shard(d)``, ``Replicate`` and their products on a mesh
+    of several dims (FSDP2 over tensor parallel too). Two boxes of one tensor on one rank
+    raise ``Error`` (64) naming the tensor and both boxes. A destination
+    that is contiguous, on the load's device, in the checkpoint's dtype or one the receiver
+    casts to (BF16/F16 -> FP32, FP32 -> BF16/F16, host) is written in place; any other
+    lands in the checkpoint's dtype first and ``copy_`` writes it, as torch's reader does.
+
+    Errors are ``weightcast.Error`` on every rank; DCP wraps them: ``dcp.load`` raises its
+    ``CheckpointException``, whose ``failures`` hold each rank's exception (for a failure in
+    ``read_metadata``, DCP's own ``AssertionError`` quoting weightcast's message).
+    """
+
+    def __init__(self, path: _options.PathLike, thread_count: int = 1, *, device: Any = None,
                  chunk_size: Any = None, buffer_depth: Any = None, io_depth: Any = None,
                  direct_io: Any = None, timeout: Any = None, config: Any = None,
                  progress: Any = None, reader: Any = None, verify: Any = None,
                  rendezvous_port: Any = None, alone: bool = False) -> None:
-        if _api._integer(thread_count) is None or thread_count < 1:
+        if _options._integer(thread_count) is None or thread_count < 1:
             raise Error(f"HuggingFaceStorageReader: thread_count={thread_count!r} is not a "
                         "positive int", USAGE)
         if not isinstance(alone, bool):
             raise Error(f"alone: {alone!r} is not True or False", USAGE)
-        _api._fs_path(path, "path")  # a TypeError for what is not a path, now
+        _options._fs_path(path, "path")  # a TypeError for what is not a path, now
         self.path = path
         # Accepted for torch's signature; rank 0's reads are weightcast's (io_depth).
         self.thread_count = int(thread_count)
-        self._options = _api._Options.of(
+        self._options = _options._Options.of(
             config=config, chunk_size=chunk_size, buffer_depth=buffer_depth, io_depth=io_depth,
             direct_io=direct_io, timeout=timeout, reader=reader, verify=verify)
-        self._port = _api._port(rendezvous_port)
+        self._port = _options._port(rendezvous_port)
         self._device = device
         if device is not None or self._options.config is not None:
             # A bad device raises now.
-            _api._resolve_device(device, self._options.config,
-                                 _api._world(self._options.config, alone))
+            _options._resolve_device(device, self._options,
+                                     _options._world(self._options, alone))
         if not (progress is None or isinstance(progress, bool) or callable(progress)):
             raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
         self._progress = progress
@@ -73,40 +100,50 @@ class HuggingFaceStorageReader(StorageReader):
     # --- StorageReader ---------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """Points the reader at ``checkpoint_id`` when given; a new ``load_id``."""
         if checkpoint_id is not None:
-            _api._fs_path(checkpoint_id, "checkpoint_id")
+            _options._fs_path(checkpoint_id, "checkpoint_id")
             self.path = checkpoint_id
         self.load_id = uuid.uuid4().hex
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        # Ranks other than 0 need not see the files, so a path of any content is valid here.
+        """True for any path: ranks other than 0 need not see the files."""
         return isinstance(checkpoint_id, (str, bytes, os.PathLike))
 
     def read_metadata(self) -> Metadata:  # type: ignore[override]
+        """DCP's metadata from rank 0's catalogue (per tensor its dtype, global shape and one
+        chunk covering it), broadcast to the other ranks; every rank calls it. Raises
+        ``Error`` on every rank when rank 0 cannot open the checkpoint (66, 65, ...)."""
         # No **kwargs, as torch's HuggingFaceStorageReader: DCP retries a reader whose
         # read_metadata takes them with rank=, per rank and without collectives, which would
         # part the ranks.
         try:
             return self._read_metadata()
         except Error as e:
-            raise _api._ranked(e, self._world_or_none()) from None
+            raise _options._ranked(e, self._world_or_none()) from None
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
         self.storage_data = dict(metadata.storage_data or {})
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """The plan unchanged."""
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The plans unchanged."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """One weightcast load on every rank (rank 0 reads, each rank receives its plan's
+        boxes into ``planner.resolve_tensor(item)``, then ``planner.commit_tensor``); the
+        future is done when it returns. Raises ``Error`` on every rank when any rank fails,
+        within ``timeout``."""
         try:
             self._read_data(plan, planner)
         except Error as e:
-            raise _api._ranked(e, self._world_or_none()) from None
+            raise _options._ranked(e, self._world_or_none()) from None
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -117,7 +154,7 @@ class HuggingFaceStorageReader(StorageReader):
         """weightcast's world (the launcher's environment), checked against torch's default
         process group when one is initialised: DCP exchanges plans over that group while
         weightcast moves the bytes over its own, so both must number the ranks alike."""
-        world = _api._world(self._options.config, self._alone)
+        world = _options._world(self._options, self._alone)
         if dist.is_available() and dist.is_initialized():
             rank, size = dist.get_rank(), dist.get_world_size()
             if (rank, size) != (world["rank"], world["world_size"]):
@@ -133,7 +170,7 @@ class HuggingFaceStorageReader(StorageReader):
 
     def _world_or_none(self) -> dict | None:
         try:
-            return _api._world(self._options.config, self._alone)
+            return _options._world(self._options, self._alone)
         except Exception:
             return None
 
@@ -190,7 +227,7 @@ class HuggingFaceStorageReader(StorageReader):
 
     def _catalogue_tensors(self) -> list[tuple[str, str, list[int]]]:
         """(name, safetensors dtype, shape as torch holds it) per tensor, file order."""
-        catalogue = _core.open_checkpoint(_api._fs_path(self.path, "checkpoint"))
+        catalogue = _core.open_checkpoint(_options._fs_path(self.path, "checkpoint"))
         out = []
         for meta in catalogue.tensors:
             _dtypes.check_shape(meta, catalogue.shards)
@@ -225,7 +262,7 @@ class HuggingFaceStorageReader(StorageReader):
             dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
                 if only is not None and only.type == "cuda" else ("host", 0)
         else:
-            dev = _api._resolve_device(self._device, self._options.config, world)
+            dev = _options._resolve_device(self._device, self._options, world)
         memory = "cuda" if dev[0] == "cuda" else "host"
         torch_device = torch.device("cuda", dev[1]) if memory == "cuda" else torch.device("cpu")
 
@@ -269,10 +306,10 @@ class HuggingFaceStorageReader(StorageReader):
             state["staged"] = staged
             return wants
 
-        _api._run_job(self.path, self._options, device=dev, placement=None,
-                      rendezvous_port=self._port, plan=wants_for,
-                      progress=self._progress, rank=world["rank"],
-                      alone=bool(self._alone))
+        _options._run_job(self.path, self._options, device=dev, placement=None,
+                          rendezvous_port=self._port, plan=wants_for,
+                          progress=self._progress, rank=world["rank"],
+                          alone=bool(self._alone))
         staged = state.pop("staged", [])
         if staged:
             with torch.no_grad():

@@ -1,6 +1,7 @@
 """weightcast.dcp.HuggingFaceStorageReader under torch.distributed.checkpoint (DCP): the same
 bytes as torch's own HuggingFaceStorageReader, in one process, on 2 ranks under mpirun with
-FSDP2 (fully_shard on a gloo CPU mesh) and on 4 ranks on a 2 × 2 mesh, where only rank 0 can
+FSDP2 (fully_shard on a gloo CPU mesh) and on 4 ranks on a 2 × 2 mesh (plain tensors, and a
+transformers Llama with torch's tensor-parallel plan under fully_shard), where only rank 0 can
 open the files; a missing key, an unopenable checkpoint and a failure inside read_data raise
 on every rank."""
 
@@ -161,10 +162,12 @@ def mesh_ranks(tmp_path_factory):
     tensors = {"wq": torch.randn(8, 12), "w_up": torch.randn(16, 6), "odd": torch.randn(12, 9)}
     safetensors_torch.save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()},
                                 str(checkpoint / "model.safetensors"))
+    llama_dir = checkpoint.parent / "llama"
+    save_tiny_llama(llama_dir)
     out = tmp_path_factory.mktemp("dcp_mesh_ranks")
-    ports = free_ports(6)
-    r = run_ranks(HERE / "dcp_mesh_worker.py", [str(checkpoint), str(out)] +
-                  [str(p) for p in ports], ranks=4, timeout=120)
+    ports = free_ports(15)
+    r = run_ranks(HERE / "dcp_mesh_worker.py", [str(checkpoint), str(llama_dir), str(out)] +
+                  [str(p) for p in ports], ranks=4, timeout=180)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(4)]
 
@@ -176,3 +179,53 @@ def test_a_2x2_mesh_matches_torchs_reader_bit_exact(mesh_ranks, layout):
     for report in mesh_ranks:
         for dtype in dtypes:
             assert report[f"{layout}_{dtype}"] == [], (report["rank"], dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_tp_and_fsdp2_llama_on_a_2x2_mesh_matches_torchs_reader_bit_exact(mesh_ranks, dtype):
+    # save_pretrained's Llama, ColwiseParallel/RowwiseParallel on the "tp" dim and fully_shard
+    # on the "dp" dim; FP32 params from the BF16 checkpoint are cast at the receiver.
+    for report in mesh_ranks:
+        assert report[f"llama_tp_fsdp_{dtype}_keys"] == 21, report["rank"]
+        assert report[f"llama_tp_fsdp_{dtype}_mismatch"] == [], report["rank"]
+        placements = report[f"llama_tp_fsdp_{dtype}_placements"]
+        assert placements["model.layers.0.self_attn.q_proj.weight"] == [
+            "_StridedShard(0, split_factor=2)", "Shard(0)"], placements
+        assert placements["model.layers.0.mlp.down_proj.weight"] == [
+            "Shard(0)", "Shard(1)"], placements
+        assert placements["model.layers.0.input_layernorm.weight"] == ["Shard(0)"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_load_into_a_tp_and_fsdp2_llama_on_a_2x2_mesh_matches_torchs_reader_bit_exact(
+        mesh_ranks, dtype):
+    # The strided shards (_StridedShard(0), Shard(0)) load as the boxes DCP reads into.
+    for report in mesh_ranks:
+        assert report[f"llama_tp_fsdp_{dtype}_load_into_mismatch"] == [], report["rank"]
+
+
+def test_load_into_fsdp_over_tp_plain_tensors_matches_dtensors_split(mesh_ranks):
+    for report in mesh_ranks:
+        assert report["fsdp_over_tp_load_into"] == [], report["rank"]
+
+
+def test_load_into_refuses_a_strided_shard_that_is_not_one_box(mesh_ranks):
+    for report in mesh_ranks:
+        status, message = report["interleaved"]
+        assert status == 64, message
+        assert "key 'wq'" in message and "not one box of the global tensor" in message, message
+
+
+def test_fsdp2_on_a_1d_mesh_of_4_ranks_matches_torchs_reader_bit_exact(mesh_ranks):
+    for report in mesh_ranks:
+        assert report["llama_fsdp_1d_bfloat16_keys"] == 21, report["rank"]
+        assert report["llama_fsdp_1d_bfloat16_mismatch"] == [], report["rank"]
+
+
+def test_a_key_the_checkpoint_lacks_fails_every_rank_of_the_mesh_naming_it(mesh_ranks):
+    for report in mesh_ranks:
+        failures = report["llama_missing_key"]
+        assert failures is not None and sorted(failures) == ["0", "1", "2", "3"], report
+        for message in failures.values():
+            assert "model.layers.0.mlp.not_in_checkpoint" in message, message
+        assert report["llama_after_missing_key"], report["rank"]  # the next load works

@@ -187,7 +187,7 @@ def test_local_errors_on_a_rank_of_several_name_the_rank(small, monkeypatch):
         monkeypatch.setenv(key, value)
     with pytest.raises(weightcast.Error) as e:
         weightcast.load(small[0], chunk_size="16 parsecs")
-    assert str(e.value).startswith("rank 2: chunk_size"), str(e.value)
+    assert str(e.value).startswith("rank 2: keyword chunk_size"), str(e.value)
 
 
 def test_a_slow_progress_callable_neither_throttles_the_load_nor_stalls_it(tmp_path):
@@ -219,4 +219,31 @@ def test_chunk_size_0_and_negative_state_the_same_range(small):
         with pytest.raises(weightcast.Error) as e:
             weightcast.load(small[0], chunk_size=value)
         assert e.value.status == 78
-        assert str(e.value) == f"chunk_size is {value}: must be 1 to 4294967296", str(e.value)
+        assert str(e.value) == (f"keyword chunk_size={value}: '{value}' is out of range (must be "
+                                "more than 0 and at most 4GiB)"), str(e.value)
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    # A size, a count, an enum and a bool-like enum: the config's words for each.
+    ("chunk_size", 0, "'0' is out of range (must be more than 0 and at most 4GiB)"),
+    ("buffer_depth", 2**40,
+     "'1099511627776' is out of range (must be 1 to 1024: staging ring slots)"),
+    ("io_depth", 0, "'0' is out of range (must be 1 to 4096: reads in flight)"),
+    ("reader", "bogus", "'bogus' is not one of auto, uring, pread"),
+    ("direct_io", "maybe", "'maybe' is not one of auto, on, off (or true, false)"),
+])
+def test_a_bad_keyword_says_what_the_config_file_says(small, tmp_path, key, value, reason):
+    """A keyword is an override of its config key: the same value gets the same words from
+    the keyword as from a config file's line (and `--set`, and LoadOptions: test_settings.cpp)."""
+    with pytest.raises(weightcast.Error) as keyword:
+        weightcast.load(small[0], **{key: value})
+    assert keyword.value.status == 78
+    assert str(keyword.value) == f"keyword {key}={value}: {reason}"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{key}: {value}\n")
+    with pytest.raises(weightcast.Error) as file:
+        weightcast.load(small[0], config=config)
+    assert file.value.status == 78
+    assert str(file.value) == f"{config}:1: {key}: {reason}"
+
+

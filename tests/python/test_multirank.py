@@ -59,14 +59,15 @@ def run_ranks(script: Path, args: list[str], ranks: int = RANKS, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
-def save_tiny_llama(directory: Path) -> None:
+def save_tiny_llama(directory: Path, tie_word_embeddings: bool = False) -> None:
     """A seeded 2-layer Llama in BF16, as transformers' ``save_pretrained`` writes it (one
-    ``model.safetensors``): the checkpoint the multi-rank tests load."""
+    ``model.safetensors``; with tied embeddings, without ``lm_head.weight``): the checkpoint
+    the multi-rank tests load."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, tie_word_embeddings=False)
+                         max_position_embeddings=64, tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(3)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory,
                                                                 safe_serialization=True)
