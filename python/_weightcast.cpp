@@ -105,6 +105,18 @@ NB_MODULE(_weightcast, m) {
         for (const auto& [k, v] : c.catalogue.metadata) d[nb::str(k.c_str(), k.size())] = v;
         return d;
       }, "`__metadata__` of every shard merged (first shard wins).")
+      .def_prop_ro("pieces", [](const PyCatalogue& c) {
+        nb::list l;
+        for (const auto& p : c.catalogue.pieces) {
+          nb::dict d;
+          d["tensor"] = nb::str(p.tensor.c_str(), p.tensor.size());
+          d["offset"] = nb::tuple(nb::cast(p.offset));
+          d["global_shape"] = nb::tuple(nb::cast(p.global));
+          l.append(d);
+        }
+        return l;
+      }, "Per tensor entry, where it lies in its tensor (opened with pieces=True from a "
+         "directory of pieces): {tensor, offset, global_shape}; else empty.")
       .def_prop_ro("total_bytes", [](const PyCatalogue& c) { return c.catalogue.total_bytes(); },
                    "Sum of all tensor sizes, bytes.");
 
@@ -120,16 +132,19 @@ NB_MODULE(_weightcast, m) {
 
   m.def(
       "open_checkpoint",
-      [](const nb::bytes& path_bytes) {
+      [](const nb::bytes& path_bytes, bool pieces) {
         PyCatalogue c;
         const std::string path = fs_path(path_bytes);
         {
           nb::gil_scoped_release release;
-          c.catalogue = open_checkpoint(path);
+          c.catalogue = open_checkpoint(path, pieces ? CheckpointPieces::separate
+                                                     : CheckpointPieces::refuse);
         }
         return c;
       },
-      "path"_a, "Opens and validates a checkpoint's headers (weightcast::open_checkpoint).");
+      "path"_a, "pieces"_a = false,
+      "Opens and validates a checkpoint's headers (weightcast::open_checkpoint); pieces: a "
+      "directory of tensor pieces opens as CheckpointPieces::separate.");
 
   nb::class_<PySettings>(m, "Settings",
                          "A call's configuration, read once: a config file's keys, then the "
@@ -170,16 +185,17 @@ NB_MODULE(_weightcast, m) {
       [](const nb::bytes& checkpoint, const std::string& device, int ordinal,
          const PySettings& settings, std::optional<std::string> placement,
          std::optional<int> rendezvous_port, nb::object plan, nb::object progress,
-         double progress_interval_s, bool alone, std::uintptr_t cuda_stream) {
+         double progress_interval_s, bool alone, std::uintptr_t cuda_stream, bool pieces) {
         return py_run_job(fs_path(checkpoint), device, ordinal, settings.config, cuda_stream,
                           std::move(placement), rendezvous_port, std::move(plan),
-                          std::move(progress), progress_interval_s, alone);
+                          std::move(progress), progress_interval_s, alone, pieces);
       },
       "checkpoint"_a, "device"_a, "ordinal"_a, "settings"_a, "placement"_a.none(),
       "rendezvous_port"_a.none(), "plan"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
-      "alone"_a = false, "cuda_stream"_a = 0,
+      "alone"_a = false, "cuda_stream"_a = 0, "pieces"_a = false,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
-      "alone reads the checkpoint. cuda_stream: as for load.");
+      "alone reads the checkpoint. cuda_stream: as for load. pieces: a directory of tensor "
+      "pieces opens as CheckpointPieces::separate (the DCP reader's).");
   m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
         "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
   m.def("shutdown", [] {

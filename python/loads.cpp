@@ -300,7 +300,8 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
                         int device_ordinal, const Config& settings, std::uintptr_t cuda_stream,
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
-                        nb::object progress, double progress_interval_s, bool alone) {
+                        nb::object progress, double progress_interval_s, bool alone,
+                        bool pieces) {
   const Config config = with_rendezvous_port(settings, rendezvous_port);
   // Alone: a world of one rank, whatever the launcher's environment says.
   World world = alone ? World{} : detect_world(config);
@@ -309,6 +310,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   if (kind == DeviceKind::cuda) world.local_rank = device_ordinal;
   JobOptions job = JobOptions::from_config(config, world);
   job.checkpoint = checkpoint;
+  job.pieces = pieces ? CheckpointPieces::separate : CheckpointPieces::refuse;
   job.device = kind;
   job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
   check_load_options(job.load);

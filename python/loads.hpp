@@ -29,10 +29,12 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
 /// thread, with the GIL), as plan(catalogue, rank, world_size): it may raise (a
 /// `weightcast.Error` ends every rank with its status and message), and returns None (each
 /// rank receives what `placement` gives it, in the arena) or this rank's wants (in place).
+/// @p pieces: rank 0 opens a directory of tensor pieces as `CheckpointPieces::separate`.
 PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device_kind,
                         int device_ordinal, const Config& settings, std::uintptr_t cuda_stream,
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
-                        nb::object progress, double progress_interval_s, bool alone);
+                        nb::object progress, double progress_interval_s, bool alone,
+                        bool pieces = false);
 
 }  // namespace weightcast::python

@@ -286,11 +286,12 @@ def _caller_stream(device: tuple[str, int]) -> int:
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
              placement: str | None, rendezvous_port: int | None,
              plan: Callable[..., Any] | None, progress: object, rank: int,
-             alone: bool) -> Any:
+             alone: bool, pieces: bool = False) -> Any:
     """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
     the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
-    ``checkpoint``."""
+    ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
+    sharded save), each piece its own catalogue entry."""
     return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
                          options.settings, placement, rendezvous_port, plan,
                          _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone,
-                         cuda_stream=_caller_stream(device))
+                         cuda_stream=_caller_stream(device), pieces=pieces)

@@ -15,6 +15,10 @@ class Catalogue:
     def metadata(self) -> dict[str, str]:
         """``__metadata__`` of every shard merged (first shard wins)."""
     @property
+    def pieces(self) -> list[dict[str, Any]]:
+        """Per tensor entry, where it lies in its tensor (dicts: tensor, offset, global_shape)
+        when opened with ``pieces=True`` from a directory of pieces; else empty."""
+    @property
     def total_bytes(self) -> int:
         """Sum of all tensor sizes, bytes."""
 
@@ -36,9 +40,11 @@ class LoadResult:
         """(name, dtype, tensor, shape) per tensor (a placed load: per local shard, its local
         shape); the arena then belongs to the tensors."""
 
-def open_checkpoint(path: bytes) -> Catalogue:
+def open_checkpoint(path: bytes, pieces: bool = False) -> Catalogue:
     """Opens and validates a checkpoint's headers (weightcast::open_checkpoint); ``path`` as
-    ``os.fsencode`` gives it (a file name need not be UTF-8)."""
+    ``os.fsencode`` gives it (a file name need not be UTF-8). ``pieces``: a directory of
+    tensor pieces (torch DCP's sharded save) opens with each piece its own entry
+    (CheckpointPieces::separate); otherwise it is refused (66)."""
 
 class Settings:
     """A call's configuration, read once: a config file's keys, then the keywords over them
@@ -62,7 +68,7 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
             placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float,
-            alone: bool = False, cuda_stream: int = 0) -> LoadResult:
+            alone: bool = False, cuda_stream: int = 0, pieces: bool = False) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
     alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
     environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given,
@@ -72,7 +78,8 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
     world_size)``, on every rank once the catalogue is known, may raise (``Error`` ends every
     rank with its status) and returns None (``placement`` decides) or this rank's wants:
     (name, offset, shape, data_ptr, capacity_bytes, "host"|"cuda", dtype name or None)
-    tuples, landing in place."""
+    tuples, landing in place. ``pieces``: rank 0 opens a directory of tensor pieces as
+    ``open_checkpoint`` does with ``pieces=True``."""
 
 def after_fork_in_child() -> None:
     """Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork)."""

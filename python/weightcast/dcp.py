@@ -37,13 +37,21 @@ def _box_text(offsets: Any, lengths: Any) -> str:
     return f"offsets {list(offsets)}, lengths {list(lengths)}"
 
 
+def _entry_text(entry: str, fqn: str) -> str:
+    """A stored tensor in messages: "tensor 'w'", or "tensor 'w', piece 'w [piece at 4, 0]'"."""
+    return f"tensor '{fqn}'" if entry == fqn else f"tensor '{fqn}', stored piece '{entry}'"
+
+
 class HuggingFaceStorageReader(StorageReader):
     """Reads a safetensors checkpoint for ``dcp.load``, in place of torch's class of the same
     name: ``dcp.load(state_dict, storage_reader=HuggingFaceStorageReader(path))``.
 
     ``path`` is what ``weightcast.load`` takes (a ``.safetensors`` file, an index, or a
-    directory with one index or exactly one ``.safetensors`` file), the same on every rank;
-    rank 0 alone opens it. ``thread_count`` is torch's keyword, accepted (at least 1) and
+    directory with one index or exactly one ``.safetensors`` file), or a directory of tensor
+    pieces as torch's ``HuggingFaceStorageWriter(save_distributed=True)`` writes it from
+    several ranks (a file per rank, no index, each piece placed by the file's
+    ``__metadata__`` ``DCP_SHARDING_INFO``; pieces that overlap or leave a hole raise
+    ``Error`` 65), the same on every rank; rank 0 alone opens it. ``thread_count`` is torch's keyword, accepted (at least 1) and
     unused: rank 0 reads with weightcast's reader (``io_depth``). The other keywords are
     ``weightcast.load_into``'s, with its meaning and checks: ``device``, ``chunk_size``,
     ``buffer_depth``, ``io_depth``, ``direct_io``, ``timeout``, ``config``, ``progress``,
@@ -54,10 +62,12 @@ class HuggingFaceStorageReader(StorageReader):
     as weightcast's world does (the launcher's environment): ``read_metadata`` sends rank 0's
     metadata over it (``Error`` 78 when the two worlds differ, 64 without a process group).
 
-    Each rank's DCP plan must ask one box per tensor (the global offsets and lengths of its
-    ``ReadItem``): whole tensors, ``Shard(d)``, ``Replicate`` and their products on a mesh
-    of several dims (FSDP2 over tensor parallel too). Two boxes of one tensor on one rank
-    raise ``Error`` (64) naming the tensor and both boxes. A destination
+    Each rank's DCP plan must ask one box per stored tensor or piece (the offsets and
+    lengths of its ``ReadItem`` in that piece): whole tensors, ``Shard(d)``, ``Replicate``
+    and their products on a mesh of several dims (FSDP2 over tensor parallel too), in any
+    layout whatever the layout the pieces were saved in (DCP's planner splits a local shard
+    at the pieces' bounds). Two boxes of one stored tensor on one rank raise ``Error`` (64)
+    naming the tensor and both boxes. A destination
     that is contiguous, on the load's device, in the checkpoint's dtype or one the receiver
     casts to (BF16/F16 -> FP32, FP32 -> BF16/F16, host) is written in place; any other
     lands in the checkpoint's dtype first and ``copy_`` writes it, as torch's reader does.
@@ -210,51 +220,76 @@ class HuggingFaceStorageReader(StorageReader):
             _, message, status = reply[0]
             raise Error(message if message.startswith("rank ") else f"rank 0: {message}",
                         status)
-        tensors: list[tuple[str, str, list[int]]] = reply[0][1]
+        tensors: list[tuple[str, str, list[int], list[tuple[str, list[int], list[int]]]]] = \
+            reply[0][1]
         state: dict[str, TensorStorageMetadata] = {}
         storage: dict[MetadataIndex, Any] = {}
-        for name, st_dtype, shape in tensors:
-            size = torch.Size(shape)
-            zeros = torch.Size([0] * len(shape))
+        for name, st_dtype, shape, chunks in tensors:
             state[name] = TensorStorageMetadata(
-                properties=TensorProperties(dtype=_dtypes.torch_dtype(st_dtype)), size=size,
-                chunks=[ChunkStorageMetadata(offsets=zeros, sizes=size)])
-            storage[MetadataIndex(fqn=name, offset=zeros)] = st_dtype
+                properties=TensorProperties(dtype=_dtypes.torch_dtype(st_dtype)),
+                size=torch.Size(shape),
+                chunks=[ChunkStorageMetadata(offsets=torch.Size(offset), sizes=torch.Size(size))
+                        for _, offset, size in chunks])
+            # What read_data reads for a ReadItem: the catalogue entry holding that chunk.
+            for entry, offset, _ in chunks:
+                storage[MetadataIndex(fqn=name, offset=torch.Size(offset))] = (entry, st_dtype)
         metadata = Metadata(state_dict_metadata=state,  # type: ignore[arg-type]
                             storage_data=storage)
         metadata.storage_meta = StorageMeta(load_id=self.load_id)
         return metadata
 
-    def _catalogue_tensors(self) -> list[tuple[str, str, list[int]]]:
-        """(name, safetensors dtype, shape as torch holds it) per tensor, file order."""
-        catalogue = _core.open_checkpoint(_options._fs_path(self.path, "checkpoint"))
-        out = []
-        for meta in catalogue.tensors:
+    def _catalogue_tensors(self) -> list[tuple[str, str, list[int], list[tuple]]]:
+        """Per tensor, first-seen order: (name, safetensors dtype, global shape as torch holds
+        it, its chunks as (catalogue entry, offset, shape)). A tensor stored whole is one
+        chunk at offset 0; one stored in pieces (torch's sharded save) is a chunk per piece."""
+        catalogue = _core.open_checkpoint(_options._fs_path(self.path, "checkpoint"),
+                                          pieces=True)
+        pieces = catalogue.pieces
+        out: dict[str, tuple[str, str, list[int], list[tuple]]] = {}
+        for i, meta in enumerate(catalogue.tensors):
             _dtypes.check_shape(meta, catalogue.shards)
             _dtypes.check_representable(meta, "error")
-            out.append((meta["name"], meta["dtype"], list(_api._checkpoint_shape(meta))))
-        return out
+            shape = list(_api._checkpoint_shape(meta))
+            if pieces and pieces[i]["tensor"] != meta["name"]:
+                # A piece: its place and the whole tensor's shape, as the files give them
+                # (byte-sized dtypes only, so torch's shape is the checkpoint's).
+                name, offset, whole = (pieces[i]["tensor"], list(pieces[i]["offset"]),
+                                       list(pieces[i]["global_shape"]))
+            else:
+                name, offset, whole = meta["name"], [0] * len(shape), shape
+            out.setdefault(name, (name, meta["dtype"], whole, []))[3].append(
+                (meta["name"], offset, shape))
+        return list(out.values())
 
     # --- read_data -------------------------------------------------------------------------
 
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         world = self._world()
-        # One box per tensor per rank: the library's want (a local shard) is one box.
+        # One box per catalogue entry per rank: the library's want (a local shard) is one box.
+        # DCP's planner asks a box per stored chunk it overlaps, so a tensor in pieces is a
+        # want per piece, each box in that piece's own coordinates.
         items: dict[str, Any] = {}
         for item in plan.items:
             fqn = item.storage_index.fqn
             if item.type != LoadItemType.TENSOR:
                 raise Error(f"HuggingFaceStorageReader: '{fqn}' is asked as {item.type.name}; "
                             "a safetensors checkpoint holds tensors only", USAGE)
-            if fqn in items:
-                first = _box_text(items[fqn].storage_offsets, items[fqn].lengths)
+            stored = self.storage_data.get(item.storage_index)
+            if not isinstance(stored, tuple):
                 raise Error(f"HuggingFaceStorageReader: rank {world['rank']} asks tensor "
-                            f"'{fqn}' in two boxes ({first}; "
+                            f"'{fqn}' at chunk offset {list(item.storage_index.offset or [])}, "
+                            "which this reader's metadata does not hold (a plan made from "
+                            "another reader's metadata?)", USAGE)
+            entry = stored[0]
+            if entry in items:
+                first = _box_text(items[entry].storage_offsets, items[entry].lengths)
+                raise Error(f"HuggingFaceStorageReader: rank {world['rank']} asks "
+                            f"{_entry_text(entry, fqn)} in two boxes ({first}; "
                             f"{_box_text(item.storage_offsets, item.lengths)}): weightcast "
-                            "delivers one box of a tensor per rank until general boxes land",
-                            USAGE)
-            items[fqn] = item
-        targets = {fqn: planner.resolve_tensor(item).detach() for fqn, item in items.items()}
+                            "delivers one box of a stored tensor per rank until general boxes "
+                            "land", USAGE)
+            items[entry] = item
+        targets = {entry: planner.resolve_tensor(item).detach() for entry, item in items.items()}
 
         if self._device is None and self._options.config is None:
             devices = {t.device for t in targets.values()}
@@ -272,17 +307,18 @@ class HuggingFaceStorageReader(StorageReader):
             metas = {m["name"]: m for m in catalogue.tensors}
             wants: list[tuple] = []
             staged: list[tuple] = []
-            for fqn, item in items.items():
-                meta = metas.get(fqn)
+            for entry, item in items.items():
+                fqn = item.storage_index.fqn
+                meta = metas.get(entry)
                 if meta is None:
-                    raise Error(f"HuggingFaceStorageReader: rank {rank} asks tensor '{fqn}', "
-                                "which the checkpoint lacks", USAGE)
+                    raise Error(f"HuggingFaceStorageReader: rank {rank} asks "
+                                f"{_entry_text(entry, fqn)}, which the checkpoint lacks", USAGE)
                 box = _box_text(item.storage_offsets, item.lengths)
-                target = targets[fqn]
+                target = targets[entry]
                 if tuple(target.shape) != tuple(item.lengths):
-                    raise Error(f"HuggingFaceStorageReader: rank {rank}: tensor '{fqn}', box "
-                                f"{box}: the planner's destination has shape "
-                                f"{list(target.shape)}", USAGE)
+                    raise Error(f"HuggingFaceStorageReader: rank {rank}: "
+                                f"{_entry_text(entry, fqn)}, box {box}: the planner's "
+                                f"destination has shape {list(target.shape)}", USAGE)
                 st_dtype = meta["dtype"]
                 src_dtype = _dtypes.torch_dtype(st_dtype)
                 cast = None
@@ -301,7 +337,7 @@ class HuggingFaceStorageReader(StorageReader):
                 if st_dtype == "F4" and shape:  # two elements per torch element
                     offset[-1] *= 2
                     shape[-1] *= 2
-                wants.append((fqn, offset, shape, dest.data_ptr(),
+                wants.append((entry, offset, shape, dest.data_ptr(),
                               dest.numel() * dest.element_size(), memory, cast))
             state["staged"] = staged
             return wants
@@ -309,7 +345,7 @@ class HuggingFaceStorageReader(StorageReader):
         _options._run_job(self.path, self._options, device=dev, placement=None,
                           rendezvous_port=self._port, plan=wants_for,
                           progress=self._progress, rank=world["rank"],
-                          alone=bool(self._alone))
+                          alone=bool(self._alone), pieces=True)
         staged = state.pop("staged", [])
         if staged:
             with torch.no_grad():
@@ -317,5 +353,5 @@ class HuggingFaceStorageReader(StorageReader):
                     target.copy_(landed)
             if dev[0] == "cuda":
                 torch.cuda.current_stream(dev[1]).synchronize()
-        for fqn, item in items.items():
-            planner.commit_tensor(item, targets[fqn])
+        for entry, item in items.items():
+            planner.commit_tensor(item, targets[entry])

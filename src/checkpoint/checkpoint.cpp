@@ -4,6 +4,7 @@
 #include "weightcast/core/detail/regular_file.hpp"
 #include "weightcast/format/detail/header_json.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
+#include "weightcast/checkpoint/detail/pieces.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/checkpoint/safetensors.hpp"
 
@@ -205,10 +206,6 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
   return entries;
 }
 
-}  // namespace detail
-
-namespace {
-
 void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string shard_name,
                   const SafetensorsHeader& header) {
   auto shard_index = static_cast<std::uint32_t>(catalogue.shards.size());
@@ -223,6 +220,12 @@ void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string sh
   // map::insert keeps an existing key: the first shard wins, as documented.
   catalogue.metadata.insert(header.metadata.begin(), header.metadata.end());
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::append_shard;
 
 Catalogue open_single_file(const fs::path& path) {
   auto header = read_safetensors_header(path, path.string());
@@ -318,7 +321,7 @@ std::string list_names(const std::vector<std::string>& names) {
   return text;
 }
 
-Catalogue open_directory(const fs::path& dir) {
+Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   std::vector<std::string> indexes;
   std::vector<std::string> shards;
   // Entries named like a shard or index that are no file: named when nothing else is
@@ -378,6 +381,25 @@ Catalogue open_directory(const fs::path& dir) {
                             index_suffix, shard_suffix, not_files.empty() ? "" : " (",
                             not_files.empty() ? "" : list_names(not_files) + ")"));
   }
+  if (pieces == CheckpointPieces::separate) return detail::open_pieces(dir, shards);
+  // torch DCP's sharded save: each file places its pieces in __metadata__, and no index.
+  bool dcp_pieces = false;
+  try {
+    const auto header = read_safetensors_header(dir / shards.front());
+    dcp_pieces = header.metadata.contains(std::string(detail::sharding_info_key));
+  } catch (const Error&) {
+    // Named by the message below either way; a load of that file would report the fault.
+  }
+  if (dcp_pieces) {
+    throw Error(Errc::missing_input,
+                fmt::format("{}: holds {} .safetensors files ({}) of tensors in pieces, as torch "
+                            "DCP's HuggingFaceStorageWriter(save_distributed=True) writes them "
+                            "(__metadata__ '{}'), and no index: load it with dcp.load and "
+                            "weightcast.dcp.HuggingFaceStorageReader, or consolidate it first "
+                            "(torch.distributed.checkpoint's consolidate_safetensors_files)",
+                            dir.string(), shards.size(), list_names(shards),
+                            detail::sharding_info_key));
+  }
   throw Error(Errc::missing_input,
               fmt::format("{}: holds {} .safetensors files ({}) but no *{} to say how they form "
                           "one checkpoint; pass one file, or add an index",
@@ -386,7 +408,7 @@ Catalogue open_directory(const fs::path& dir) {
 
 }  // namespace
 
-Catalogue open_checkpoint(const fs::path& path) {
+Catalogue open_checkpoint(const fs::path& path, CheckpointPieces pieces) {
   // Else the message would read ": no such file".
   if (path.empty()) throw Error(Errc::missing_input, "checkpoint path is empty");
   detail::expect_path_without_nul(path, "the checkpoint");
@@ -397,7 +419,7 @@ Catalogue open_checkpoint(const fs::path& path) {
     // a is a file, a symlink loop, "Permission denied" for a directory that cannot be searched.
     detail::throw_open_failure(ec ? ec.value() : ENOENT, path.string(), "the checkpoint");
   }
-  if (fs::is_directory(status)) return open_directory(path);
+  if (fs::is_directory(status)) return open_directory(path, pieces);
   if (path.extension() == ".json") return open_index(path);
   return open_single_file(path);
 }

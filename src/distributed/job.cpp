@@ -214,7 +214,7 @@ class Job {
     // Ranks other than 0 never touch the checkpoint path: they get the catalogue instead.
     Catalogue catalogue;
     if (rank() == 0) {
-      catalogue = open_checkpoint(_options.checkpoint);
+      catalogue = open_checkpoint(_options.checkpoint, _options.pieces);
       if (_options.on_catalogue) _options.on_catalogue(catalogue);
       if (_options.test_hooks.after_catalogue) _options.test_hooks.after_catalogue();
       if (several()) _control->share(encode_catalogue(catalogue));

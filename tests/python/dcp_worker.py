@@ -1,7 +1,7 @@
 """One rank of tests/python/test_dcp.py's multi-rank cases, started by mpirun (not collected
 by pytest).
 
-    mpirun -n 2 python dcp_worker.py CHECKPOINT_DIR OUT_DIR TORCH_PORT PORT×5
+    mpirun -n 2 python dcp_worker.py CHECKPOINT_DIR OUT_DIR TORCH_PORT PORT×8
 
 Every rank names the checkpoint by the same relative path, but only rank 0 runs in the
 directory that holds it (as in multirank_worker.py): a load that passes proves the others
@@ -74,6 +74,39 @@ def main() -> None:
     report["shard1_count"] = len(names)
     report["shard1_mismatch"] = [k for k in names
                                  if raw(ours[k].to_local()) != raw(theirs[k].to_local())]
+
+    # torch's HuggingFaceStorageWriter(save_distributed=True) from both ranks: a file per rank,
+    # each tensor in two pieces. It loads through weightcast's reader into other layouts —
+    # a 1 × 2 (dp × tp) mesh of tensor parallel under FSDP2, then, saved from there, back to
+    # FSDP2 on the 1-D mesh — every local shard bit-exact against torch's reader of the
+    # original checkpoint. Only rank 0 finds the pieces' directory by its relative name.
+    from dcp_mesh_worker import tp_fsdp
+
+    pieces = checkpoint.parent / "pieces_1d"
+    dcp.save(model.state_dict(),  # the FP32 FSDP2 model loaded above
+             storage_writer=dcp.HuggingFaceStorageWriter(str(pieces), save_distributed=True))
+    report["pieces_1d_files"] = sorted(p.name for p in pieces.glob("*.safetensors"))
+    mesh_2d = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    for i, (source, build, port) in enumerate((
+            ("pieces_1d", lambda: tp_fsdp(torch.float32, mesh_2d), ports[5]),
+            ("pieces_2d", lambda: sharded(torch.float32, mesh), ports[6]))):
+        if source == "pieces_2d":
+            dcp.save(into.state_dict(), storage_writer=dcp.HuggingFaceStorageWriter(
+                str(checkpoint.parent / source), save_distributed=True))
+        into, reference = build(), build()
+        dcp.load(into.state_dict(), storage_reader=weightcast.dcp.HuggingFaceStorageReader(
+            source, rendezvous_port=port, **options))
+        dcp.load(reference.state_dict(),
+                 storage_reader=dcp.HuggingFaceStorageReader(str(checkpoint)))
+        ours, theirs = local_shards(into), local_shards(reference)
+        report[f"{source}_keys"] = len(theirs) if sorted(ours) == sorted(theirs) else -1
+        report[f"{source}_mismatch"] = [k for k in theirs if raw(ours[k]) != raw(theirs[k])]
+    # The same directory through weightcast.load: refused, naming the reader that loads it.
+    try:
+        weightcast.load(str(pieces), alone=True)
+        report["pieces_load"] = None
+    except weightcast.Error as e:
+        report["pieces_load"] = [e.status, str(e)]
 
     # A failure inside read_data: rank 1 names another checkpoint than rank 0 (the metadata
     # came from rank 0, so it got that far). weightcast.Error on every rank, which DCP hands

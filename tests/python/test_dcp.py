@@ -114,7 +114,7 @@ def dcp_ranks(tmp_path_factory):
     checkpoint = tmp_path_factory.mktemp("dcp_llama") / "llama"
     save_tiny_llama(checkpoint)
     out = tmp_path_factory.mktemp("dcp_ranks")
-    ports = free_ports(6)
+    ports = free_ports(8)
     r = run_ranks(HERE / "dcp_worker.py", [str(checkpoint), str(out)] + [str(p) for p in ports],
                   ranks=RANKS, timeout=120)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
@@ -141,6 +141,23 @@ def test_shard_1_dtensors_match_torchs_reader_bit_exact(dcp_ranks):
     for report in dcp_ranks:
         assert report["shard1_count"] > 0
         assert report["shard1_mismatch"] == [], report["rank"]
+
+
+def test_pieces_saved_by_torch_from_2_ranks_load_into_a_2d_mesh_and_back_bit_exact(dcp_ranks):
+    for report in dcp_ranks:
+        # A file per rank, as torch's writer names them; no index.
+        assert report["pieces_1d_files"] == [
+            f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2)]
+        for source in ("pieces_1d", "pieces_2d"):
+            assert report[f"{source}_keys"] > 0, (report["rank"], source)
+            assert report[f"{source}_mismatch"] == [], (report["rank"], source)
+
+
+def test_load_refuses_a_directory_of_pieces_naming_the_dcp_reader(dcp_ranks):
+    status, message = dcp_ranks[0]["pieces_load"]
+    assert status == 66
+    assert "weightcast.dcp.HuggingFaceStorageReader" in message
+    assert "save_distributed=True" in message
 
 
 def test_a_failure_in_read_data_is_weightcast_error_on_every_rank(dcp_ranks):

@@ -52,6 +52,22 @@ struct TensorInfo {
 };
 
 /**
+ * @brief Where a catalogue entry lies in its tensor, for a checkpoint that stores a tensor in
+ *        pieces (`open_checkpoint` with `CheckpointPieces::separate`).
+ *
+ * torch DCP's `HuggingFaceStorageWriter(save_distributed=True)` has each rank write its local
+ * shards to a file of its own (`shard-0000R-model-…-of-….safetensors`, no index): a tensor
+ * split over ranks is stored as several pieces, one per file, each under the tensor's name,
+ * and the file's `__metadata__` key `DCP_SHARDING_INFO` holds JSON
+ * `{name: {"saved_offsets": [o0, o1, …]}}` placing each piece in the global tensor.
+ */
+struct PieceInfo {
+  std::string tensor;                  ///< The tensor's name as the files spell it.
+  std::vector<std::uint64_t> offset;   ///< The piece's first element in the tensor, per dim.
+  std::vector<std::uint64_t> global;   ///< The whole tensor's shape (the pieces' union).
+};
+
+/**
  * @brief Every tensor of a checkpoint, parsed once on rank 0.
  *
  * `tensors` are ordered by shard, then by file offset, which is the order the plan reads
@@ -63,16 +79,39 @@ struct Catalogue {
   std::vector<TensorInfo> tensors;
   /// `__metadata__` of every shard merged (first shard wins on a repeated key).
   std::map<std::string, std::string> metadata;
+  /// Per entry of `tensors` (same index) when the checkpoint was opened with
+  /// `CheckpointPieces::separate` from a directory of pieces; empty otherwise. Rank 0's
+  /// alone: the catalogue sent to the other ranks leaves it out.
+  std::vector<PieceInfo> pieces;
 
   /// @return the sum of all tensor sizes, bytes.
   [[nodiscard]] std::uint64_t total_bytes() const noexcept;
+};
+
+/// How `open_checkpoint` treats a directory of several `.safetensors` files and no index.
+enum class CheckpointPieces {
+  /// Refused (66): nothing says how the files form one checkpoint. A directory of pieces
+  /// (see `PieceInfo`) is named as such, with the reader that loads it.
+  refuse,
+  /// Read as torch DCP's `HuggingFaceStorageReader` reads it: every `.safetensors` file of
+  /// the directory, each piece of a tensor its own catalogue entry (its shape the piece's,
+  /// its name the tensor's when one piece holds the whole tensor, else
+  /// "NAME [piece at O0, O1, …]"), placed by `Catalogue::pieces`. A file without
+  /// `DCP_SHARDING_INFO` holds whole tensors (offsets 0). Refused (65, naming the files and
+  /// the tensor): a `DCP_SHARDING_INFO` that is not JSON, lacks a tensor of its file or gives
+  /// it offsets of the wrong rank or not non-negative integers; pieces of one tensor that
+  /// differ in dtype or rank, overlap, or leave a hole in the tensor they span; a sub-byte
+  /// dtype in pieces; a piece name that is also a tensor's.
+  separate,
 };
 
 /**
  * @brief Opens @p path as a checkpoint and validates every shard header.
  *
  * @param path a `.safetensors` file, an index `.json`, or a directory holding one index
- *        (`*.safetensors.index.json`) or exactly one `.safetensors` file.
+ *        (`*.safetensors.index.json`) or exactly one `.safetensors` file (or, with
+ *        @p pieces `separate`, several).
+ * @param pieces what a directory of several `.safetensors` files and no index is.
  * @return the catalogue; tensor file offsets are absolute.
  * @throws Error `missing_input` (66) when @p path is empty or leads to no file (it does not
  *         exist, "a/b" where a is a file, a symlink loop), is no file to read (a FIFO, a
@@ -82,6 +121,7 @@ struct Catalogue {
  *         (74) when @p path cannot be opened otherwise ("Permission denied") or a read fails;
  *         `usage` (64) when @p path holds a NUL byte (the kernel would open the path up to it).
  */
-Catalogue open_checkpoint(const std::filesystem::path& path);
+Catalogue open_checkpoint(const std::filesystem::path& path,
+                          CheckpointPieces pieces = CheckpointPieces::refuse);
 
 }  // namespace weightcast

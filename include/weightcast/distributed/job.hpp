@@ -142,6 +142,10 @@ struct JobOptions {
   /// The checkpoint: a `.safetensors` file, a directory, or an index. Read on rank 0 only
   /// (the others get its catalogue); ignored elsewhere.
   std::filesystem::path checkpoint;
+  /// What a directory of several `.safetensors` files and no index is to rank 0
+  /// (`open_checkpoint`): refused, or pieces of tensors each its own catalogue entry (the DCP
+  /// reader's). Ignored on the other ranks.
+  CheckpointPieces pieces = CheckpointPieces::refuse;
   /// This process's place; nullopt: `detect_world(WorldRequest{})` (the launcher's environment),
   /// or, with `mpi_communicator` / `nccl_communicator`, the communicator's rank and size.
   std::optional<World> world;

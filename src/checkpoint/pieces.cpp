@@ -1,0 +1,205 @@
+#include "weightcast/checkpoint/detail/pieces.hpp"
+
+#include "weightcast/core/error.hpp"
+#include "weightcast/format/detail/header_json.hpp"
+#include "weightcast/format/dtype.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace weightcast::detail {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(std::string_view where, std::string_view what) {
+  throw Error(Errc::invalid_checkpoint, fmt::format("{}: {}", where, what));
+}
+
+/// Each tensor's offsets in its whole tensor, from the file's `DCP_SHARDING_INFO` (zeros
+/// when the file has none), in the order of `header.tensors`.
+std::vector<std::vector<std::uint64_t>> saved_offsets(const SafetensorsHeader& header,
+                                                      const std::string& file) {
+  std::vector<std::vector<std::uint64_t>> offsets;
+  offsets.reserve(header.tensors.size());
+  auto found = header.metadata.find(std::string(sharding_info_key));
+  if (found == header.metadata.end()) {
+    for (const auto& tensor : header.tensors) offsets.emplace_back(tensor.shape.size(), 0);
+    return offsets;
+  }
+  const json info = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
+  if (!info.is_object()) {
+    fail(file, fmt::format("__metadata__ key '{}' is not a JSON object (torch DCP writes "
+                           "{{\"NAME\": {{\"saved_offsets\": [...]}}}})",
+                           sharding_info_key));
+  }
+  for (const auto& tensor : header.tensors) {
+    const std::string where = fmt::format("{}: tensor {}: __metadata__ key '{}'", file,
+                                          quote(tensor.name), sharding_info_key);
+    auto entry = info.find(tensor.name);
+    if (entry == info.end()) fail(where, "has no entry for this tensor");
+    const json* saved = entry->is_object() && entry->contains("saved_offsets")
+                            ? &(*entry)["saved_offsets"]
+                            : nullptr;
+    if (saved == nullptr || !saved->is_array()) {
+      fail(where, "gives it no \"saved_offsets\" array");
+    }
+    if (saved->size() != tensor.shape.size()) {
+      fail(where, fmt::format("gives it {} saved_offsets for {} dims", saved->size(),
+                              tensor.shape.size()));
+    }
+    std::vector<std::uint64_t> offset;
+    for (const json& value : *saved) {
+      if (!value.is_number_unsigned()) {
+        fail(where, fmt::format("saved_offsets {} are not all non-negative integers",
+                                saved->dump()));
+      }
+      offset.push_back(value.get<std::uint64_t>());
+    }
+    offsets.push_back(std::move(offset));
+  }
+  return offsets;
+}
+
+std::string piece_text(const std::vector<std::uint64_t>& offset, std::string_view file) {
+  return fmt::format("the piece at [{}] in {}", fmt::join(offset, ", "), quote(file));
+}
+
+}  // namespace
+
+Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files) {
+  Catalogue catalogue;
+  std::vector<std::vector<std::uint64_t>> offsets;
+  for (const auto& file : files) {
+    const fs::path path = dir / file;
+    const std::string name = path.string();
+    auto header = read_safetensors_header(path, name);
+    auto file_offsets = saved_offsets(header, name);
+    std::error_code ec;
+    fs::path resolved = fs::canonical(path, ec);
+    if (ec) resolved = fs::absolute(path);
+    append_shard(catalogue, resolved, file, header);
+    for (auto& offset : file_offsets) offsets.push_back(std::move(offset));
+  }
+
+  // The pieces of each tensor, in catalogue order (so the first fault reported is stable).
+  std::unordered_map<std::string_view, std::vector<std::size_t>> pieces_of;
+  std::vector<std::string_view> names;
+  for (std::size_t i = 0; i < catalogue.tensors.size(); ++i) {
+    auto [it, fresh] = pieces_of.try_emplace(catalogue.tensors[i].name);
+    if (fresh) names.push_back(it->first);
+    it->second.push_back(i);
+  }
+
+  catalogue.pieces.resize(catalogue.tensors.size());
+  std::vector<std::string> entry_names(catalogue.tensors.size());
+  for (std::string_view name : names) {
+    const auto& pieces = pieces_of.at(name);
+    const TensorInfo& first = catalogue.tensors[pieces.front()];
+    const std::string where = fmt::format("{}: tensor {}", dir.string(), quote(name));
+    auto file_of = [&](std::size_t i) -> const std::string& {
+      return catalogue.shards[catalogue.tensors[i].shard].name;
+    };
+    std::vector<std::uint64_t> global(first.shape.size(), 0);
+    unsigned __int128 stored = 0;
+    for (std::size_t i : pieces) {
+      const TensorInfo& piece = catalogue.tensors[i];
+      if (piece.dtype != first.dtype) {
+        fail(where, fmt::format("{} is {}, {} {}", piece_text(offsets[pieces.front()],
+                                                              file_of(pieces.front())),
+                                dtype_name(first.dtype),
+                                piece_text(offsets[i], file_of(i)), dtype_name(piece.dtype)));
+      }
+      if (piece.shape.size() != first.shape.size()) {
+        fail(where, fmt::format("{} has {} dims, {} {}",
+                                piece_text(offsets[pieces.front()], file_of(pieces.front())),
+                                first.shape.size(), piece_text(offsets[i], file_of(i)),
+                                piece.shape.size()));
+      }
+      if (pieces.size() > 1 && dtype_bits(piece.dtype) < 8) {
+        fail(where, fmt::format("is stored in {} pieces of {}, a sub-byte dtype whose pieces "
+                                "cannot be placed element by element",
+                                pieces.size(), dtype_name(piece.dtype)));
+      }
+      unsigned __int128 elements = 1;
+      for (std::size_t d = 0; d < piece.shape.size(); ++d) {
+        if (offsets[i][d] > std::numeric_limits<std::uint64_t>::max() - piece.shape[d]) {
+          fail(where, fmt::format("{} ends past 2^64 in dim {}", piece_text(offsets[i], file_of(i)),
+                                  d));
+        }
+        global[d] = std::max(global[d], offsets[i][d] + piece.shape[d]);
+        elements *= piece.shape[d];
+      }
+      stored += elements;
+    }
+    // Pieces may not overlap: a loader reading by position would get two values.
+    auto empty = [&](std::size_t i) {
+      const auto& shape = catalogue.tensors[i].shape;
+      return std::find(shape.begin(), shape.end(), 0) != shape.end();
+    };
+    for (std::size_t a = 0; a < pieces.size(); ++a) {
+      for (std::size_t b = a + 1; b < pieces.size(); ++b) {
+        const std::size_t i = pieces[a];
+        const std::size_t j = pieces[b];
+        if (empty(i) || empty(j)) continue;
+        bool overlap = true;
+        for (std::size_t d = 0; d < global.size() && overlap; ++d) {
+          overlap = std::max(offsets[i][d], offsets[j][d]) <
+                    std::min(offsets[i][d] + catalogue.tensors[i].shape[d],
+                             offsets[j][d] + catalogue.tensors[j].shape[d]);
+        }
+        if (overlap) {
+          fail(where, fmt::format("{} (shape [{}]) and {} (shape [{}]) overlap",
+                                  piece_text(offsets[i], file_of(i)),
+                                  fmt::join(catalogue.tensors[i].shape, ", "),
+                                  piece_text(offsets[j], file_of(j)),
+                                  fmt::join(catalogue.tensors[j].shape, ", ")));
+        }
+      }
+    }
+    // Disjoint pieces inside the box they span fill it exactly when their elements add up.
+    unsigned __int128 spanned = 1;
+    for (auto extent : global) {
+      spanned *= extent;
+      if (spanned > std::numeric_limits<std::uint64_t>::max()) {
+        fail(where, fmt::format("its pieces span shape [{}], over 2^64 elements",
+                                fmt::join(global, ", ")));
+      }
+    }
+    if (stored != spanned) {
+      fail(where, fmt::format("its {} piece(s) hold {} of the {} elements of the shape [{}] "
+                              "they span: the rest is in no file",
+                              pieces.size(), static_cast<std::uint64_t>(stored),
+                              static_cast<std::uint64_t>(spanned), fmt::join(global, ", ")));
+    }
+    const bool whole = pieces.size() == 1;  // One piece filling its span starts at zero.
+    for (std::size_t i : pieces) {
+      entry_names[i] = whole ? std::string(name)
+                             : fmt::format("{} [piece at {}]", name, fmt::join(offsets[i], ", "));
+      catalogue.pieces[i] = PieceInfo{std::string(name), offsets[i], global};
+    }
+  }
+
+  std::unordered_set<std::string_view> taken;
+  for (std::size_t i = 0; i < entry_names.size(); ++i) {
+    if (!taken.insert(entry_names[i]).second) {
+      fail(dir.string(), fmt::format("the name {} is both a tensor's and one of its pieces'; "
+                                     "the pieces cannot be told apart",
+                                     quote(entry_names[i])));
+    }
+  }
+  for (std::size_t i = 0; i < entry_names.size(); ++i) {
+    catalogue.tensors[i].name = std::move(entry_names[i]);
+  }
+  return catalogue;
+}
+
+}  // namespace weightcast::detail
