@@ -93,6 +93,48 @@ def test_a_checkpoint_that_cannot_be_opened_raises_with_weightcasts_message(tmp_
             tmp_path / "no_such_dir", timeout=20, progress=False))
 
 
+def _save_pieces(path: Path, whole: torch.Tensor, rows: list[tuple[int, int]]) -> None:
+    """Pieces of ``whole`` by rows, a file per piece, as torch's HuggingFaceStorageWriter(
+    save_distributed=True) writes them (safetensors' own writer, DCP_SHARDING_INFO)."""
+    path.mkdir()
+    for i, (begin, end) in enumerate(rows, start=1):
+        offsets = [begin] + [0] * (whole.dim() - 1)
+        safetensors_torch.save_file(
+            {"w": whole[begin:end].contiguous()},
+            str(path / f"shard-{i:05d}-model-00001-of-00001.safetensors"),
+            metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": offsets}}),
+                      "format": "pt"})
+
+
+def test_one_process_loads_pieces_as_torchs_reader_does(tmp_path):
+    torch.manual_seed(3)
+    whole = torch.randn(5, 4).to(torch.bfloat16)
+    _save_pieces(tmp_path / "pieces", whole, [(0, 3), (3, 5)])
+    # A contiguous destination (a box per piece lands in place) and a transposed FP32 one
+    # (each box staged, then copied, and cast).
+    for make in (lambda: torch.zeros(5, 4, dtype=torch.bfloat16), lambda: torch.zeros(4, 5).t()):
+        ours, theirs = {"w": make()}, {"w": make()}
+        _load(ours, weightcast.dcp.HuggingFaceStorageReader(tmp_path / "pieces", timeout=20,
+                                                            progress=False))
+        _load(theirs, dcp.HuggingFaceStorageReader(str(tmp_path / "pieces")))
+        assert raw(ours["w"]) == raw(theirs["w"])
+        assert raw(ours["w"].to(torch.bfloat16)) == raw(whole)
+
+
+def test_pieces_that_leave_a_hole_are_refused_where_torchs_reader_loads_them(tmp_path):
+    whole = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+    _save_pieces(tmp_path / "pieces", whole, [(0, 2), (4, 6)])  # rows 2-3 in no file
+    theirs = {"w": torch.full((6, 2), -1.0)}
+    _load(theirs, dcp.HuggingFaceStorageReader(str(tmp_path / "pieces")))
+    assert (theirs["w"][2:4] == -1).all()  # torch's reader leaves them as they were
+    with pytest.raises(CheckpointException, match=r"'w'.* hold 8 of the 12 elements"):
+        _load({"w": torch.zeros(6, 2)}, weightcast.dcp.HuggingFaceStorageReader(
+            tmp_path / "pieces", timeout=20, progress=False))
+    with pytest.raises(weightcast.Error, match="HuggingFaceStorageReader") as e:
+        weightcast.load(tmp_path / "pieces")
+    assert e.value.status == 66
+
+
 def test_bad_keywords_are_refused_when_the_reader_is_made(tmp_path):
     with pytest.raises(TypeError, match="placement"):
         weightcast.dcp.HuggingFaceStorageReader(tmp_path, placement="fsdp")
