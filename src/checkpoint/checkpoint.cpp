@@ -363,7 +363,11 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
                 fmt::format("{}: holds {} index files ({}); pass the path of the one to load",
                             dir.string(), indexes.size(), list_names(indexes)));
   }
-  if (shards.size() == 1) return open_single_file(dir / shards.front());
+  if (shards.size() == 1) {
+    // A lone file of a distributed save is one rank's pieces: the DCP reader checks them.
+    return pieces == CheckpointPieces::separate ? detail::open_pieces(dir, shards)
+                                                : open_single_file(dir / shards.front());
+  }
   if (shards.empty() && !foreign.empty()) {
     std::sort(foreign.begin(), foreign.end());
     throw Error(Errc::missing_input,
@@ -384,11 +388,15 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   if (pieces == CheckpointPieces::separate) return detail::open_pieces(dir, shards);
   // torch DCP's sharded save: each file places its pieces in __metadata__, and no index.
   bool dcp_pieces = false;
-  try {
-    const auto header = read_safetensors_header(dir / shards.front());
-    dcp_pieces = header.metadata.contains(std::string(detail::sharding_info_key));
-  } catch (const Error&) {
-    // Named by the message below either way; a load of that file would report the fault.
+  for (const auto& shard : shards) {
+    try {
+      const auto header = read_safetensors_header(dir / shard);
+      auto found = header.metadata.find(std::string(detail::sharding_info_key));
+      dcp_pieces = found != header.metadata.end() && !found->second.empty();
+    } catch (const Error&) {
+      // Named by the message below either way; a load of that file would report the fault.
+    }
+    if (dcp_pieces) break;
   }
   if (dcp_pieces) {
     throw Error(Errc::missing_input,
@@ -421,6 +429,9 @@ Catalogue open_checkpoint(const fs::path& path, CheckpointPieces pieces) {
   }
   if (fs::is_directory(status)) return open_directory(path, pieces);
   if (path.extension() == ".json") return open_index(path);
+  if (pieces == CheckpointPieces::separate) {
+    return detail::open_pieces(path.parent_path(), {path.filename().string()});
+  }
   return open_single_file(path);
 }
 

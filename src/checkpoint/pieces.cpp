@@ -31,7 +31,8 @@ std::vector<std::vector<std::uint64_t>> saved_offsets(const SafetensorsHeader& h
   std::vector<std::vector<std::uint64_t>> offsets;
   offsets.reserve(header.tensors.size());
   auto found = header.metadata.find(std::string(sharding_info_key));
-  if (found == header.metadata.end()) {
+  // An empty value places nothing, as torch's reader takes it (it tests the value's truth).
+  if (found == header.metadata.end() || found->second.empty()) {
     for (const auto& tensor : header.tensors) offsets.emplace_back(tensor.shape.size(), 0);
     return offsets;
   }
@@ -58,11 +59,15 @@ std::vector<std::vector<std::uint64_t>> saved_offsets(const SafetensorsHeader& h
     }
     std::vector<std::uint64_t> offset;
     for (const json& value : *saved) {
-      if (!value.is_number_unsigned()) {
-        fail(where, fmt::format("saved_offsets {} are not all non-negative integers",
+      // JSON's -0 is an integer 0 to Python's json, as torch reads it.
+      const bool minus_zero = value.is_number_integer() && !value.is_number_unsigned() &&
+                              value.get<std::int64_t>() == 0;
+      if (!value.is_number_unsigned() && !minus_zero) {
+        fail(where, fmt::format("saved_offsets {} are not all non-negative integers "
+                                "(no fraction, exponent or sign)",
                                 saved->dump()));
       }
-      offset.push_back(value.get<std::uint64_t>());
+      offset.push_back(minus_zero ? 0 : value.get<std::uint64_t>());
     }
     offsets.push_back(std::move(offset));
   }
@@ -76,6 +81,8 @@ std::string piece_text(const std::vector<std::uint64_t>& offset, std::string_vie
 }  // namespace
 
 Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files) {
+  // Messages name the directory, or the one file read.
+  const std::string place = files.size() == 1 ? (dir / files.front()).string() : dir.string();
   Catalogue catalogue;
   std::vector<std::vector<std::uint64_t>> offsets;
   for (const auto& file : files) {
@@ -101,10 +108,11 @@ Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files
 
   catalogue.pieces.resize(catalogue.tensors.size());
   std::vector<std::string> entry_names(catalogue.tensors.size());
+  std::vector<char> keep(catalogue.tensors.size(), 0);
   for (std::string_view name : names) {
     const auto& pieces = pieces_of.at(name);
     const TensorInfo& first = catalogue.tensors[pieces.front()];
-    const std::string where = fmt::format("{}: tensor {}", dir.string(), quote(name));
+    const std::string where = fmt::format("{}: tensor {}", place, quote(name));
     auto file_of = [&](std::size_t i) -> const std::string& {
       return catalogue.shards[catalogue.tensors[i].shard].name;
     };
@@ -168,6 +176,12 @@ Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files
     // Disjoint pieces inside the box they span fill it exactly when their elements add up.
     unsigned __int128 spanned = 1;
     for (auto extent : global) {
+      // torch holds sizes as int64: DCP's metadata could not carry a larger extent.
+      if (extent > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        fail(where, fmt::format("its pieces span shape [{}], an extent over 2^63 - 1 (torch's "
+                                "int64 sizes)",
+                                fmt::join(global, ", ")));
+      }
       spanned *= extent;
       if (spanned > std::numeric_limits<std::uint64_t>::max()) {
         fail(where, fmt::format("its pieces span shape [{}], over 2^64 elements",
@@ -180,26 +194,46 @@ Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files
                               pieces.size(), static_cast<std::uint64_t>(stored),
                               static_cast<std::uint64_t>(spanned), fmt::join(global, ", ")));
     }
-    const bool whole = pieces.size() == 1;  // One piece filling its span starts at zero.
+    // Empty pieces hold no byte (torch.chunk leaves trailing ranks none): dropped, unless the
+    // whole tensor is empty, when its first piece stands for it.
+    std::vector<std::size_t> kept;
     for (std::size_t i : pieces) {
+      if (!empty(i)) kept.push_back(i);
+    }
+    if (kept.empty()) kept.push_back(pieces.front());
+    const bool whole = kept.size() == 1;  // One piece filling its span starts at zero.
+    for (std::size_t i : kept) {
+      keep[i] = 1;
       entry_names[i] = whole ? std::string(name)
                              : fmt::format("{} [piece at {}]", name, fmt::join(offsets[i], ", "));
-      catalogue.pieces[i] = PieceInfo{std::string(name), offsets[i], global};
+      catalogue.pieces[i] = PieceInfo{std::string(name), whole ? std::vector<std::uint64_t>(
+                                                                     global.size(), 0)
+                                                               : offsets[i],
+                                      global};
     }
   }
 
-  std::unordered_set<std::string_view> taken;
+  std::unordered_map<std::string_view, std::size_t> taken;
   for (std::size_t i = 0; i < entry_names.size(); ++i) {
-    if (!taken.insert(entry_names[i]).second) {
-      fail(dir.string(), fmt::format("the name {} is both a tensor's and one of its pieces'; "
-                                     "the pieces cannot be told apart",
-                                     quote(entry_names[i])));
+    if (!keep[i]) continue;
+    auto [it, fresh] = taken.try_emplace(entry_names[i], i);
+    if (!fresh) {
+      const std::size_t piece = catalogue.pieces[i].tensor != entry_names[i] ? i : it->second;
+      fail(place, fmt::format("{} names both a tensor stored whole and a piece of tensor {}; "
+                              "the two cannot be told apart (rename the tensor)",
+                              quote(entry_names[i]), quote(catalogue.pieces[piece].tensor)));
     }
   }
+  Catalogue kept;
+  kept.shards = std::move(catalogue.shards);
+  kept.metadata = std::move(catalogue.metadata);
   for (std::size_t i = 0; i < entry_names.size(); ++i) {
+    if (!keep[i]) continue;
     catalogue.tensors[i].name = std::move(entry_names[i]);
+    kept.tensors.push_back(std::move(catalogue.tensors[i]));
+    kept.pieces.push_back(std::move(catalogue.pieces[i]));
   }
-  return catalogue;
+  return kept;
 }
 
 }  // namespace weightcast::detail

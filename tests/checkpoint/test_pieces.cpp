@@ -106,12 +106,14 @@ TEST_CASE("pieces: two ranks' files of one model read as pieces, each placed in 
     CHECK(catalogue.tensors[2].shape == std::vector<std::uint64_t>{2, 3});
     CHECK(catalogue.tensors[2].bytes == 24);
   }
-  SECTION("a single file or an index opens as before: no pieces") {
+  SECTION("a file of whole tensors opens alone as before, placed whole with pieces") {
+    write_pieces(dir / "whole.safetensors", {{"w", {4, 3}, {0, 0}}});
     const Catalogue catalogue =
-        open_checkpoint(dir / "shard-00002-model-00001-of-00001.safetensors",
-                        CheckpointPieces::separate);
-    CHECK(catalogue.pieces.empty());
+        open_checkpoint(dir / "whole.safetensors", CheckpointPieces::separate);
+    REQUIRE(catalogue.pieces.size() == 1);
     CHECK(catalogue.tensors[0].name == "w");
+    CHECK(catalogue.pieces[0].global == std::vector<std::uint64_t>{4, 3});
+    CHECK(open_checkpoint(dir / "whole.safetensors").pieces.empty());
   }
 }
 
@@ -163,7 +165,9 @@ TEST_CASE("pieces: each fault names the file, the tensor and the pieces", "[chec
       {"a piece named as another tensor's piece",
        {{"w", {1}, {0}}, {"w [piece at 1]", {1}, {0}}},
        {{"w", {1}, {1}}}, {},
-       {"'w [piece at 1]'", "both a tensor's and one of its pieces'"}},
+       {"'w [piece at 1]' names both a tensor stored whole and a piece of tensor 'w'"}},
+      {"an extent past torch's int64 sizes", {{"w", {0}, {0}}, {"v", {2}, {0}}},
+       {{"w", {0}, {9223372036854775808ull}}}, {}, {"'w'", "over 2^63 - 1"}},
   };
   for (const auto& c : cases) {
     SECTION(c.what) {
@@ -175,15 +179,57 @@ TEST_CASE("pieces: each fault names the file, the tensor and the pieces", "[chec
   }
 }
 
-TEST_CASE("pieces: an empty piece and a scalar", "[checkpoint][pieces]") {
+TEST_CASE("pieces: empty pieces are dropped, a scalar and an empty tensor stay",
+          "[checkpoint][pieces]") {
   test::TempDir dir;
-  // torch.chunk gives trailing ranks no rows: their piece has a 0 extent.
-  write_pieces(dir / "a.safetensors", {{"w", {3}, {0}}, {"s", {}, {}}});
-  write_pieces(dir / "b.safetensors", {{"w", {0}, {3}}});
+  // torch.chunk gives trailing ranks no rows: their piece has a 0 extent, and may share its
+  // offset with another rank's (empty or not).
+  write_pieces(dir / "a.safetensors",
+               {{"w", {3, 4}, {0, 0}}, {"s", {}, {}}, {"e", {0, 4}, {0, 0}}});
+  write_pieces(dir / "b.safetensors",
+               {{"w", {2, 4}, {3, 0}}, {"e", {0, 4}, {0, 0}}, {"z", {0, 4}, {5, 0}}});
+  write_pieces(dir / "c.safetensors", {{"w", {0, 4}, {5, 0}}, {"z", {5, 4}, {0, 0}}});
+  write_pieces(dir / "d.safetensors", {{"w", {0, 4}, {0, 0}}});
   const Catalogue catalogue = open_checkpoint(dir.path(), CheckpointPieces::separate);
-  REQUIRE(catalogue.tensors.size() == 3);
-  CHECK(catalogue.tensors[0].name == "w [piece at 0]");
-  CHECK(catalogue.tensors[2].name == "w [piece at 3]");
-  CHECK(catalogue.pieces[2].global == std::vector<std::uint64_t>{3});
-  CHECK(catalogue.tensors[1].name == "s");
+  std::vector<std::string> names;
+  for (const auto& t : catalogue.tensors) names.push_back(t.name);
+  CHECK(names == std::vector<std::string>{"w [piece at 0, 0]", "s", "e", "w [piece at 3, 0]", "z"});
+  REQUIRE(catalogue.pieces.size() == 5);
+  CHECK(catalogue.pieces[3].global == std::vector<std::uint64_t>{5, 4});
+  CHECK(catalogue.pieces[2].global == std::vector<std::uint64_t>{0, 4});  // every piece empty
+  CHECK(catalogue.pieces[4].offset == std::vector<std::uint64_t>{0, 0});  // whole after the drop
+}
+
+TEST_CASE("pieces: one rank's file alone is a hole, not a whole tensor", "[checkpoint][pieces]") {
+  test::TempDir dir;
+  const fs::path file = dir / "shard-00002-model-00001-of-00001.safetensors";
+  write_pieces(file, {{"w", {2, 4}, {3, 0}}});
+  for (const fs::path& path : {dir.path(), file}) {
+    const Error e = open_failure(path, CheckpointPieces::separate, Errc::invalid_checkpoint);
+    CHECK_THAT(e.what(), Contains("'w'") && Contains("hold 8 of the 20 elements"));
+  }
+  // As a safetensors file it is valid, and the reference reads it so: [2, 4] named w.
+  const Catalogue plain = open_checkpoint(dir.path());
+  CHECK(plain.tensors.at(0).shape == std::vector<std::uint64_t>{2, 4});
+  CHECK(plain.pieces.empty());
+}
+
+TEST_CASE("pieces: DCP_SHARDING_INFO read as torch's reader reads it", "[checkpoint][pieces]") {
+  test::TempDir dir;
+  SECTION("-0 is an offset of 0, an empty value places nothing") {
+    write_pieces(dir / "a.safetensors", {{"w", {2}, {0}}}, R"({"w": {"saved_offsets": [-0]}})");
+    write_pieces(dir / "b.safetensors", {{"v", {2}, {0}}}, "");
+    const Catalogue catalogue = open_checkpoint(dir.path(), CheckpointPieces::separate);
+    REQUIRE(catalogue.tensors.size() == 2);
+    CHECK(catalogue.tensors[0].name == "w");
+    CHECK(catalogue.tensors[1].name == "v");
+  }
+  SECTION("load's refusal names the reader when any file holds pieces, not only the first") {
+    test::write_file(dir / "a.safetensors",
+                     test::make_safetensors(R"({"v":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                                            "xy"));
+    write_pieces(dir / "b.safetensors", {{"w", {2}, {0}}});
+    const Error e = open_failure(dir.path(), CheckpointPieces::refuse, Errc::missing_input);
+    CHECK_THAT(e.what(), Contains("weightcast.dcp.HuggingFaceStorageReader"));
+  }
 }

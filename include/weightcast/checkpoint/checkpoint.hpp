@@ -97,11 +97,16 @@ enum class CheckpointPieces {
   /// the directory, each piece of a tensor its own catalogue entry (its shape the piece's,
   /// its name the tensor's when one piece holds the whole tensor, else
   /// "NAME [piece at O0, O1, …]"), placed by `Catalogue::pieces`. A file without
-  /// `DCP_SHARDING_INFO` holds whole tensors (offsets 0). Refused (65, naming the files and
-  /// the tensor): a `DCP_SHARDING_INFO` that is not JSON, lacks a tensor of its file or gives
-  /// it offsets of the wrong rank or not non-negative integers; pieces of one tensor that
-  /// differ in dtype or rank, overlap, or leave a hole in the tensor they span; a sub-byte
-  /// dtype in pieces; a piece name that is also a tensor's.
+  /// `DCP_SHARDING_INFO` (or with it empty) holds whole tensors (offsets 0); a single file, or
+  /// a directory of one, is read the same way, so that one rank's file alone is refused as
+  /// the hole it leaves rather than loaded as a whole tensor. An empty piece is dropped
+  /// (torch.chunk leaves trailing ranks none), unless every piece of its tensor is empty.
+  /// Refused (65, naming the files and the tensor): a `DCP_SHARDING_INFO` that is not JSON,
+  /// lacks a tensor of its file or gives it offsets of the wrong rank or not non-negative
+  /// integers; pieces of one tensor that differ in dtype or rank, overlap, or leave a hole in
+  /// the tensor they span, or span an extent over 2^63 - 1 (torch's sizes are int64); a
+  /// sub-byte dtype in pieces; a tensor stored whole under a piece's name. An index is read as
+  /// an index (its tensors whole), in either mode.
   separate,
 };
 
