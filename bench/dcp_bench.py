@@ -62,9 +62,6 @@ from pathlib import Path
 
 METHODS = ["weightcast", "torch_reader", "broadcast", "weightcast_unverified",
            "weightcast_buffered"]
-TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
-           "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
-           "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 MIB = 1 << 20
 
 
@@ -97,11 +94,12 @@ def worker(args) -> int:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                              set_model_state_dict)
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
         from transformers import LlamaConfig, LlamaForCausalLM
+
+        # The layout the DCP tests check bit for bit (tests/python/dcp_mesh_worker.py).
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+        from dcp_mesh_worker import parallelize_tp_fsdp
 
         torch.set_num_threads(1)  # 4 ranks on a few cores, as torchrun sets it
         ckpt = Path(args.checkpoint)
@@ -110,13 +108,7 @@ def worker(args) -> int:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig.from_pretrained(ckpt))
-        model.to(torch.bfloat16)
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        for layer in model.model.layers:
-            parallelize_module(layer, mesh["tp"], {k: styles[v]() for k, v in TP_PLAN.items()})
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        model.to_empty(device="cpu")
+        model = parallelize_tp_fsdp(model.to(torch.bfloat16), mesh)
 
         def local(t):
             return t.to_local() if isinstance(t, DTensor) else t

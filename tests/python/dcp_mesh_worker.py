@@ -34,15 +34,20 @@ TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
 
 
 def tp_fsdp(dtype: torch.dtype, mesh):
-    """The tiny Llama with TP_PLAN on mesh["tp"], then fully_shard over mesh["dp"] (FSDP2 over
-    tensor parallel: the column-wise weights become (_StridedShard(0), Shard(0)), the row-wise
-    ones (Shard(0), Shard(1)); embeddings, norms and the head are FSDP's alone), given storage
-    for its local shards only."""
+    """The tiny Llama, parallelised by parallelize_tp_fsdp."""
+    return parallelize_tp_fsdp(llama(dtype), mesh)
+
+
+def parallelize_tp_fsdp(model, mesh):
+    """A transformers Llama built on meta with TP_PLAN on mesh["tp"], then fully_shard over
+    mesh["dp"] (FSDP2 over tensor parallel: the column-wise weights become
+    (_StridedShard(0), Shard(0)), the row-wise ones (Shard(0), Shard(1)); embeddings, norms
+    and the head are FSDP's alone), given storage for its local shards only. bench/dcp_bench.py
+    builds its model with this too."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
-    model = llama(dtype)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in model.model.layers:
         parallelize_module(layer, mesh["tp"], {k: styles[v]() for k, v in TP_PLAN.items()})
