@@ -145,7 +145,7 @@ done
 for row in "pinned H2D (h2d_bench)" "weightcast cuda, page cache" "weightcast cuda, O_DIRECT" \
   "safetensors load_file(cuda)" "nccl broadcast, 2 ranks one GPU" \
   "nccl fsdp send/recv, 2 ranks one GPU" "nccl rank 1 killed mid-load" \
-  "python weightcast.load(device=cuda)" "python load_into(FSDP2), 2 ranks one GPU"; do
+  "python weightcast.load(device=cuda); DCP reader" "python load_into(FSDP2), 2 ranks one GPU"; do
   line=$(row_of "$row")
   if [ "$(cut -f2 <<<"$line")" != skip ] || [ -z "$(cut -f5 <<<"$line")" ]; then
     say "FAIL: GPU step '$row' did not skip with a reason: ${line:-missing}"

@@ -68,7 +68,7 @@ mkdir -p "$WORK"
 declare -A CAPS=(
   [probe]=20 [tests]=28 [synth]=18 [h2d]=8 [pieces]=10 [nccl_groups]=10 [readback]=8
   [prewarm]=5 [warm]=15 [direct]=18 [torch]=16 [nccl2]=20 [nccl2_fsdp]=20 [scatter]=20
-  [nccl2_kill]=18 [py_load]=10 [py_fsdp2]=25
+  [nccl2_kill]=18 [py_load]=13 [py_fsdp2]=25
 )
 caps_sum=0
 for k in "${!CAPS[@]}"; do caps_sum=$((caps_sum + CAPS[$k])); done
@@ -579,8 +579,37 @@ seconds = time.perf_counter() - start
 total = sum(t.numel() * t.element_size() for t in tensors.values())
 devices = {str(t.device) for t in tensors.values()}
 assert devices == {"cuda:0"}, devices
-print(f"weightcast.load(device='cuda'): {len(tensors)} tensors, {total} B in {seconds:.3f} s: "
-      f"{total / seconds / 1e9:.2f} GB/s")
+line = (f"weightcast.load(device='cuda'): {len(tensors)} tensors, {total} B in {seconds:.3f} s: "
+        f"{total / seconds / 1e9:.2f} GB/s")
+del tensors
+# The DCP reader into CUDA tensors (docs/python.md, "DCP reader"): a BF16 destination lands in
+# place on the GPU, an FP32 one in BF16 first and then copy_; a checkpoint, and the same tensor
+# in two pieces as torch's HuggingFaceStorageWriter(save_distributed=True) writes them.
+import json, os, warnings
+import torch.distributed.checkpoint as dcp
+import weightcast.dcp
+from safetensors.torch import save_file
+work = sys.argv[2]
+whole = torch.randn(300, 70, generator=torch.Generator().manual_seed(0)).bfloat16()
+os.makedirs(f"{work}/one", exist_ok=True)
+os.makedirs(f"{work}/pieces", exist_ok=True)
+save_file({"w": whole}, f"{work}/one/model.safetensors")
+for i, (a, b) in enumerate([(0, 200), (200, 300)], start=1):
+    save_file({"w": whole[a:b].contiguous()},
+              f"{work}/pieces/shard-{i:05d}-model-00001-of-00001.safetensors",
+              metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": [a, 0]}})})
+with warnings.catch_warnings():  # DCP warns that no process group means one process
+    warnings.simplefilter("ignore", UserWarning)
+    for source in ("one", "pieces"):
+        for dtype in (torch.bfloat16, torch.float32):
+            got = {"w": torch.full((300, 70), float("nan"), dtype=dtype, device="cuda")}
+            dcp.load(got, storage_reader=weightcast.dcp.HuggingFaceStorageReader(
+                f"{work}/{source}", timeout=20, progress=False))
+            torch.cuda.synchronize()
+            assert torch.equal(got["w"].cpu(), whole.to(dtype)), (source, dtype)
+print("weightcast.dcp.HuggingFaceStorageReader into CUDA BF16/FP32, whole and in pieces: "
+      "bit-exact")
+print(line)
 PY
 # Rank 0 writes the checkpoint; both ranks build the FSDP2 model on the meta device, to_empty()
 # it, queue init_weights-like writes (NaN) behind a long GPU sleep on the current stream, and
@@ -635,9 +664,10 @@ py_step() {  # NAME ROW ARGS...
   record "$row" "$(outcome $status)" "$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | tail -1 | cut -d' ' -f1)" "$(rss_of "$name")" "$(tail -1 "$WORK/$name.log" | head -c 200)"
 }
 if ((${#SHARDS[@]} || HAVE_GPU == 0)); then
-  py_step py_load "python weightcast.load(device=cuda)" "$CKPT"
+  mkdir -p "$WORK/dcp"
+  py_step py_load "python weightcast.load(device=cuda); DCP reader" "$CKPT" "$WORK/dcp"
 else
-  record "python weightcast.load(device=cuda)" skip - - "no checkpoint"
+  record "python weightcast.load(device=cuda); DCP reader" skip - - "no checkpoint"
 fi
 mkdir -p "$WORK/fsdp2"
 if ((HAVE_GPU == 0)); then
