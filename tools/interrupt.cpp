@@ -54,6 +54,10 @@ InterruptHandler::~InterruptHandler() {
   }
   _changed.notify_all();
   _thread.join();
+  // A failing rank leaves SIGINT and SIGTERM blocked until it exits: the launcher's SIGTERM
+  // (mpirun ends every rank once one fails) may arrive now, as the watcher is gone, and would
+  // end the process with 143 instead of the failure's status that its message already gave.
+  if (_failing_status >= 0) return;
   ::pthread_sigmask(SIG_SETMASK, &_old_mask, nullptr);
 }
 
