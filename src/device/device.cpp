@@ -1,4 +1,5 @@
 #include "weightcast/device/device.hpp"
+#include "weightcast/device/cuda_stream.hpp"
 
 #include "weightcast/device/detail/host_mapping.hpp"
 #include "weightcast/core/error.hpp"
@@ -11,6 +12,17 @@
 #include <vector>
 
 namespace weightcast {
+
+std::string CallerStream::describe() const {
+  switch (_kind) {
+    case Kind::none: return "none";
+    case Kind::legacy_default: return "the legacy default stream";
+    case Kind::per_thread_default: return "cudaStreamPerThread";
+    case Kind::created: break;
+  }
+  return fmt::format("stream {:#x}", _handle);
+}
+
 namespace {
 
 class HostArena final : public Arena {

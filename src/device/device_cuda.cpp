@@ -55,7 +55,8 @@ namespace {
 
 using detail::CudaEvent;
 using detail::CudaStream;
-using detail::set_cuda_device;
+using detail::CudaDeviceScope;
+using detail::CudaReleaseScope;
 
 // Each of the two pinned bounce halves that read device arenas back for digests, bytes.
 constexpr std::uint64_t read_back_half_bytes = 4ull << 20;
@@ -78,7 +79,7 @@ void read_back_through(int ordinal, std::optional<ReadBackBuffers>& buffers,
                        std::uint64_t half_cap, const std::byte* source, std::uint64_t bytes,
                        const std::function<void(const std::byte*, std::size_t)>& consume) {
   if (bytes == 0) return;
-  set_cuda_device(ordinal);
+  const CudaDeviceScope device_scope(ordinal);
   if (!buffers) buffers.emplace(std::min(half_cap, read_back_half_bytes));
   ReadBackBuffers& rb = *buffers;
   const std::uint64_t half = rb.halves[0].bytes();
@@ -103,6 +104,10 @@ class CudaArena final : public Arena {
  public:
   CudaArena(int ordinal, std::uint64_t bytes)
       : _ordinal(ordinal), _memory(allocate(ordinal, bytes)) {}
+  // The last reference may be dropped on any thread (a torch tensor's deleter).
+  ~CudaArena() override { _release.enter(_ordinal); }
+  CudaArena(const CudaArena&) = delete;
+  CudaArena& operator=(const CudaArena&) = delete;
 
   [[nodiscard]] std::byte* data() const noexcept override { return _memory.data(); }
   [[nodiscard]] std::uint64_t bytes() const noexcept override { return _memory.bytes(); }
@@ -123,8 +128,8 @@ class CudaArena final : public Arena {
 
  private:
   static detail::DeviceMemory allocate(int ordinal, std::uint64_t bytes) {
+    const CudaDeviceScope device_scope(ordinal);
     try {
-      set_cuda_device(ordinal);
       return detail::DeviceMemory(bytes);
     } catch (const Error& e) {
       // What the device had: tells "too large for this GPU" from "something else holds it"
@@ -142,6 +147,7 @@ class CudaArena final : public Arena {
     }
   }
 
+  CudaReleaseScope _release;  // first: released last, after the memory and the read-back stream
   int _ordinal;
   detail::DeviceMemory _memory;
   mutable std::mutex _read_back_mutex;
@@ -153,8 +159,10 @@ class CudaArena final : public Arena {
 /// An H2D copy in flight: complete when the event recorded after it has completed.
 class CudaCopy final : public Pending {
  public:
-  CudaCopy(CudaEvent event, std::uint64_t bytes) : _event(std::move(event)), _bytes(bytes) {}
+  CudaCopy(int ordinal, CudaEvent event, std::uint64_t bytes)
+      : _ordinal(ordinal), _event(std::move(event)), _bytes(bytes) {}
   ~CudaCopy() override {
+    _release.enter(_ordinal);
     // The copy reads a staging slot: never let the slot go while the DMA may still read it.
     if (!_done) detail::log_cuda_release(cudaEventSynchronize(_event.get()), "cudaEventSynchronize");
   }
@@ -162,6 +170,7 @@ class CudaCopy final : public Pending {
   CudaCopy& operator=(const CudaCopy&) = delete;
 
   bool test() override {
+    const CudaDeviceScope device_scope(_ordinal);
     const cudaError_t status = cudaEventQuery(_event.get());
     if (status == cudaErrorNotReady) return false;
     _done = true;  // failed or not, nothing waits for it any more
@@ -173,6 +182,8 @@ class CudaCopy final : public Pending {
   }
 
  private:
+  CudaReleaseScope _release;  // first: released last
+  int _ordinal;
   CudaEvent _event;
   std::uint64_t _bytes;
   bool _done = false;
@@ -183,7 +194,10 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int ordinal)
       : _ordinal(ordinal), _name(fmt::format("cuda:{}", ordinal)), _copy_stream(make_stream(ordinal)) {}
   // Members release in reverse order: the events, then the stream (which waits for its
-  // copies first).
+  // copies first), on this device whichever thread drops the device.
+  ~CudaDevice() override { _release.enter(_ordinal); }
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
 
   [[nodiscard]] std::string_view name() const noexcept override { return _name; }
 
@@ -194,7 +208,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Pending> upload(const std::byte* source, std::byte* destination,
                                   std::uint64_t bytes) override {
     if (bytes == 0) return nullptr;
-    set_cuda_device(_ordinal);
+    const CudaDeviceScope device_scope(_ordinal);
     CudaEvent done;
     WEIGHTCAST_CUDA_TRY(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyHostToDevice,
                                         _copy_stream.get()));
@@ -208,7 +222,7 @@ class CudaDevice final : public Device {
                                "cudaStreamSynchronize (after a failed upload)");
       throw;
     }
-    return std::make_unique<CudaCopy>(std::move(done), bytes);
+    return std::make_unique<CudaCopy>(_ordinal, std::move(done), bytes);
   }
 
   // Every copy on the copy stream, one event after the last: stream order completes them
@@ -217,7 +231,7 @@ class CudaDevice final : public Device {
     std::uint64_t bytes = 0;
     for (const Copy& copy : copies) bytes += copy.bytes;
     if (bytes == 0) return nullptr;
-    set_cuda_device(_ordinal);
+    const CudaDeviceScope device_scope(_ordinal);
     CudaEvent done;
     bool queued = false;
     try {
@@ -237,13 +251,13 @@ class CudaDevice final : public Device {
       }
       throw;
     }
-    return std::make_unique<CudaCopy>(std::move(done), bytes);
+    return std::make_unique<CudaCopy>(_ordinal, std::move(done), bytes);
   }
 
   [[nodiscard]] bool wants_pinned_staging() const noexcept override { return true; }
 
   void pin(std::byte* host, std::uint64_t bytes) override {
-    set_cuda_device(_ordinal);
+    const CudaDeviceScope device_scope(_ordinal);
     // Portable: the registration is valid for every device of the process, not only this one.
     const cudaError_t status = cudaHostRegister(host, bytes, cudaHostRegisterPortable);
     if (status != cudaSuccess) {
@@ -256,26 +270,26 @@ class CudaDevice final : public Device {
   }
 
   void unpin(std::byte* host) noexcept override {
+    const CudaDeviceScope device_scope(_ordinal, std::nothrow);
     detail::log_cuda_release(cudaHostUnregister(host), "cudaHostUnregister");
   }
 
   [[nodiscard]] void* upload_event() const noexcept override { return _last_upload.get(); }
 
-  void order_after(void* cuda_stream) override {
-    if (cuda_stream == nullptr) return;
-    set_cuda_device(_ordinal);
+  void order_after(const CallerStream& stream) override {
+    if (stream.is_none()) return;
+    const CudaDeviceScope device_scope(_ordinal);
     CudaEvent queued;
-    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), detail::cuda_handle(stream)));
     WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(_copy_stream.get(), queued.get(), 0));
   }
 
-  void order_before(void* cuda_stream) override {
-    if (cuda_stream == nullptr) return;
-    set_cuda_device(_ordinal);
+  void order_before(const CallerStream& stream) override {
+    if (stream.is_none()) return;
+    const CudaDeviceScope device_scope(_ordinal);
     CudaEvent written;
     WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), _copy_stream.get()));
-    WEIGHTCAST_CUDA_TRY(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(detail::cuda_handle(stream), written.get(), 0));
   }
 
   void read_back(const std::byte* data, std::uint64_t bytes,
@@ -287,10 +301,11 @@ class CudaDevice final : public Device {
 
  private:
   static CudaStream make_stream(int ordinal) {
-    set_cuda_device(ordinal);
+    const CudaDeviceScope device_scope(ordinal);
     return CudaStream();
   }
 
+  CudaReleaseScope _release;  // first: released last
   int _ordinal;
   std::string _name;
   CudaStream _copy_stream;

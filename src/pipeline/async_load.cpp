@@ -12,6 +12,8 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include <exception>
 #include <optional>
 
@@ -23,6 +25,18 @@ using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Leaks @p memory, saying so: device work the load cannot end (NCCL kernels on a
+// communicator handed in, which only its owner can abort) may still write or read it, and
+// freeing it would let the next allocation receive those writes.
+void keep_forever(std::shared_ptr<Arena> memory, const char* what) noexcept {
+  if (!memory || memory->bytes() == 0) return;
+  spdlog::warn("{} ({} bytes of {}) is left allocated: NCCL work on the communicator handed in "
+               "may still touch it until its owner aborts the communicator",
+               what, memory->bytes(), memory->kind() == MemoryKind::cuda ? "device memory"
+                                                                          : "host memory");
+  static_cast<void>(new std::shared_ptr<Arena>(std::move(memory)));
+}
 
 // The load on the calling coroutine's executor, which must run one handler at a time (the
 // stages share the pipeline's state without locks): `load`'s own io_context, or a strand.
@@ -50,8 +64,10 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   device.order_after(options.cuda_stream);
   transport.order_after(options.cuda_stream);
   const auto start = Clock::now();
-  detail::Pipeline pipeline(executor, result.catalogue, plan, result.layout, *result.arena, device,
-                    transport, options);
+  std::optional<detail::Pipeline> running;
+  detail::Pipeline& pipeline =
+      running.emplace(executor, result.catalogue, plan, result.layout, *result.arena, device,
+                      transport, options);
   if (options.placement) pipeline.use_destinations(std::move(want_data));
   std::exception_ptr failure;
   try {
@@ -69,7 +85,18 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
     result.received_hashed = pipeline.received_hashed();
   }
   pipeline.shut_down();
-  if (failure) std::rethrow_exception(failure);
+  if (failure) {
+    // The pipeline's operations in flight end with it (an abandoned nccl group aborts its
+    // communicator and drains the comm stream); only then is it known whether device work
+    // may still touch the arena and the send regions.
+    std::shared_ptr<Arena> device_sends = pipeline.take_device_sends();
+    running.reset();
+    if (transport.may_still_touch_memory()) {
+      keep_forever(std::move(result.arena), "the arena");
+      keep_forever(std::move(device_sends), "rank 0's send regions");
+    }
+    std::rethrow_exception(failure);
+  }
   // The data is ready on the caller's stream (its later work runs after every write).
   device.order_before(options.cuda_stream);
   transport.order_before(options.cuda_stream);

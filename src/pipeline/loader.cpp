@@ -44,6 +44,11 @@ void check_load_options(const LoadOptions& options) {
   WEIGHTCAST_EXPECT(std::has_single_bit(options.tensor_alignment), Errc::config,
                     fmt::format("LoadOptions::tensor_alignment is {}: must be a power of two",
                                 options.tensor_alignment));
+  WEIGHTCAST_EXPECT(options.cuda_stream.kind() != CallerStream::Kind::per_thread_default,
+                    Errc::config,
+                    "LoadOptions::cuda_stream is cudaStreamPerThread, the default stream of "
+                    "whichever thread uses it, and the load orders itself from its own thread: "
+                    "pass the handle of a created stream, or CUDA's default stream (0)");
 }
 
 TensorView LoadResult::tensor(std::size_t index) const {

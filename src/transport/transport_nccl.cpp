@@ -19,6 +19,7 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -131,11 +132,24 @@ class Communicator {
 /// destroys the transport first) still holds what its destructor aborts and waits on.
 struct CommState {
   CommState(int ordinal, std::chrono::milliseconds timeout) : ordinal(ordinal), timeout(timeout) {
-    detail::set_cuda_device(ordinal);
+    const detail::CudaDeviceScope device_scope(ordinal);
     stream.emplace();
   }
   // Members release in reverse order: the communicator (finalise or abort) before the stream
-  // (which waits for what is left on it).
+  // (which waits for what is left on it), on this device whichever thread drops the last
+  // reference. A comm stream that did not drain (`busy`) is left as it is: destroying it
+  // would wait for kernels that only the communicator's owner can end.
+  ~CommState() {
+    release.enter(ordinal);
+    if (busy && stream) {
+      spdlog::warn("nccl: leaving the comm stream on cuda:{} and what its NCCL work touches "
+                   "allocated: that work still runs on the communicator handed in",
+                   ordinal);
+      static_cast<void>(stream->release());
+    }
+  }
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
 
   /// After any NCCL or CUDA error on this communicator the only valid call is
   /// ncclCommAbort (NCCL docs, "Error handling and communicator abort"): abort it, which
@@ -146,6 +160,7 @@ struct CommState {
   /// until the owner aborts. Idempotent; never throws.
   /// @return whether the comm stream drained.
   bool abort_and_drain() noexcept {
+    const detail::CudaDeviceScope device_scope(ordinal, std::nothrow);
     const bool owned = comm.owned();
     comm.abort();
     if (!stream) return true;
@@ -164,6 +179,7 @@ struct CommState {
       spdlog::warn("nccl: the comm stream still runs NCCL work on the communicator handed in "
                    "after {} ms: its owner must abort the communicator (ncclCommAbort)",
                    timeout.count());
+      busy = true;
       return false;
     }
     detail::log_cuda_release(status, "cudaStreamQuery (comm stream, after a failure)");
@@ -186,8 +202,13 @@ struct CommState {
       "does not own; its owner must abort it before using or destroying it: ncclCommAbort, or "
       "with torch, abort the process group / destroy_process_group())";
 
+  detail::CudaReleaseScope release;  // first: released last
   int ordinal;
   std::chrono::milliseconds timeout;
+  /// The comm stream did not drain after a failure (a borrowed communicator): its kernels may
+  /// still write the arena and read the send buffers, which the load then keeps
+  /// (`Transport::may_still_touch_memory`).
+  std::atomic<bool> busy{false};
   std::optional<CudaStream> stream;  // the comm stream; created after cudaSetDevice
   Communicator comm;
 };
@@ -200,6 +221,7 @@ class NcclGroup final : public Pending {
             const char* what)
       : _state(std::move(state)), _event(std::move(event)), _bytes(bytes), _what(what) {}
   ~NcclGroup() override {
+    _release.enter(_state->ordinal);
     if (_done) return;
     // Abandoned in flight (a stage failed, the watchdog fired): a collective may wait on a
     // peer forever, so abort the communicator (which ends its kernels), then wait for the
@@ -216,6 +238,7 @@ class NcclGroup final : public Pending {
 
   bool test() override {
     if (_done) return true;
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     try {
       if (_state->comm.get() == nullptr) {
         throw Error(Errc::unavailable,
@@ -244,6 +267,7 @@ class NcclGroup final : public Pending {
   }
 
  private:
+  detail::CudaReleaseScope _release;  // first: released last, after the event
   std::shared_ptr<CommState> _state;
   CudaEvent _event;
   std::uint64_t _bytes;
@@ -265,6 +289,8 @@ class NcclTransport final : public Transport {
     std::memcpy(id.internal, unique_id.data(), unique_id.size());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    // NCCL creates the communicator on the calling thread's current device.
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     try {
       const ncclResult_t init =
           ncclCommInitRankConfig(_state->comm.out(), world_size, id, rank, &config);
@@ -297,22 +323,23 @@ class NcclTransport final : public Transport {
 
   // A CUDA event may be waited on from another stream once recorded; destroying it after
   // the wait is queued is allowed (CUDA Runtime API, cudaEventDestroy).
-  void order_after(void* cuda_stream) override {
-    if (cuda_stream == nullptr) return;
-    detail::set_cuda_device(_state->ordinal);
+  void order_after(const CallerStream& caller) override {
+    if (caller.is_none()) return;
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     CudaEvent queued;
-    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), static_cast<cudaStream_t>(cuda_stream)));
+    WEIGHTCAST_CUDA_TRY(cudaEventRecord(queued.get(), detail::cuda_handle(caller)));
     WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(stream(), queued.get(), 0));
   }
 
-  void order_before(void* cuda_stream) override {
-    if (cuda_stream == nullptr) return;
-    detail::set_cuda_device(_state->ordinal);
+  void order_before(const CallerStream& caller) override {
+    if (caller.is_none()) return;
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     CudaEvent written;
     WEIGHTCAST_CUDA_TRY(cudaEventRecord(written.get(), stream()));
-    WEIGHTCAST_CUDA_TRY(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), written.get(), 0));
+    WEIGHTCAST_CUDA_TRY(cudaStreamWaitEvent(detail::cuda_handle(caller), written.get(), 0));
   }
+
+  [[nodiscard]] bool may_still_touch_memory() const noexcept override { return _state->busy; }
 
   // Placement's deliveries: NCCL's documented scatter (NCCL docs, "Point-to-point
   // communication": ncclSend/ncclRecv fused in ncclGroupStart/End, sizes free per rank).
@@ -380,8 +407,8 @@ class NcclTransport final : public Transport {
     WEIGHTCAST_EXPECT(comm() != nullptr, Errc::unavailable,
                       "nccl: the communicator was aborted (one handed in: let go of) after an "
                       "earlier failure");
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     try {
-      detail::set_cuda_device(_state->ordinal);
       // Non-blocking communicator: no NCCL call and no CUDA work on the comm stream while
       // the previous group is still being enqueued (ncclInProgress). wait_ready below
       // leaves the communicator ready after every group, so this normally returns at once.
@@ -430,6 +457,7 @@ class NcclTransport final : public Transport {
   // failing out of memory. Broadcast runs only the ring algorithm (NCCL docs, "Collective
   // Operations"), so this connects every channel it uses. Bounded by the timeout.
   void connect() {
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     detail::DeviceMemory byte(1);
     std::uint64_t bytes = 0;
     auto pending = enqueue_group("ncclBroadcast (connecting the ranks)", nullptr, bytes, [&] {
@@ -448,6 +476,7 @@ class NcclTransport final : public Transport {
     if (_world_size < 2) return;
     WEIGHTCAST_EXPECT(root >= 0 && root < _world_size, Errc::internal,
                       fmt::format("nccl: connect_exchange: root {} of {}", root, _world_size));
+    const detail::CudaDeviceScope device_scope(_state->ordinal);
     detail::DeviceMemory bytes(static_cast<std::uint64_t>(_world_size));
     std::uint64_t total = 0;
     auto pending = enqueue_group("ncclSend/ncclRecv (connecting the root to each rank)", nullptr,

@@ -14,6 +14,7 @@
 
 #include "weightcast/core/settings.hpp"
 #include "weightcast/core/memory_kind.hpp"
+#include "weightcast/device/cuda_stream.hpp"
 #include "weightcast/core/pending.hpp"
 
 #include <cstddef>
@@ -143,17 +144,19 @@ class Device {
 
   /**
    * @brief Orders this device's later uploads after the work queued so far on the caller's
-   *        @p cuda_stream (a `cudaStream_t` on this device): the copy stream waits on an event
-   *        recorded on it (`cudaStreamWaitEvent`, no host wait). `host`: nothing to order.
+   *        @p stream (on this device; the legacy default stream included): the copy stream
+   *        waits on an event recorded on it (`cudaStreamWaitEvent`, no host wait). Nothing
+   *        when @p stream is none; `host`: nothing to order.
    * @throws Error as `detail::throw_cuda_error` when the event cannot be recorded or waited.
    */
-  virtual void order_after(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  virtual void order_after(const CallerStream& stream) { static_cast<void>(stream); }
   /**
-   * @brief Makes the caller's @p cuda_stream wait for every upload issued so far (an event
-   *        recorded on the copy stream after them). `host`: nothing to order.
+   * @brief Makes the caller's @p stream wait for every upload issued so far (an event
+   *        recorded on the copy stream after them). Nothing when @p stream is none; `host`:
+   *        nothing to order.
    * @throws Error as `order_after`.
    */
-  virtual void order_before(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  virtual void order_before(const CallerStream& stream) { static_cast<void>(stream); }
 
   /**
    * @brief Hands @p bytes of this device's memory at @p data (an arena's, or a caller's

@@ -30,8 +30,9 @@ CudaProbe probe_cuda() noexcept;
  * process per GPU of the node, all GPUs visible: torchrun, mpirun). A local rank past the last
  * visible device is refused rather than wrapped (`local_rank % visible`): wrapping would put
  * two ranks on one GPU, which NCCL refuses later with a less clear error ("Duplicate GPU
- * detected", NCCL docs, "Creating a Communicator") and which doubles the memory a GPU holds
- * under the mpi transport.
+ * detected" before 2.30, NCCL docs, "Creating a Communicator"; from 2.30 "Multiple Ranks are
+ * using the same GPU/Partition", unless NCCL_MULTI_RANK_GPU_ENABLE=1) and which doubles the
+ * memory a GPU holds under the mpi transport.
  * @param local_rank this process's rank on its node (`World::local_rank`), ≥ 0.
  * @param visible_devices `cudaGetDeviceCount` (after `CUDA_VISIBLE_DEVICES`), ≥ 0.
  * @return the ordinal, 0 ≤ ordinal < @p visible_devices.

@@ -159,15 +159,19 @@ struct LoadOptions {
   /// slices of the (at most three) chunks in flight; other ranks hold their own wants
   /// only, plus a receive window of a chunk's bytes for a cast.
   std::shared_ptr<const LoadPlacement> placement;
-  /// The caller's CUDA stream (a `cudaStream_t` on the load's device; null: none), for a
-  /// load into memory the caller's GPU work also uses (torch's current stream: kernels still
-  /// queued on the destinations, such as `init_weights()` after `to_empty()`, or an
-  /// allocator block just freed by such work). The device's copy stream and the nccl
+  /// The caller's CUDA stream on the load's device (`CallerStream::none()`, the default:
+  /// order nothing), for a load into memory the caller's GPU work also uses (torch's current
+  /// stream: kernels still queued on the destinations, such as `init_weights()` after
+  /// `to_empty()`, or an allocator block just freed by such work). Set it with
+  /// `CallerStream::from_handle(stream)`: a handle of 0 is CUDA's default stream, which is
+  /// ordered too (the legacy default stream). The device's copy stream and the nccl
   /// transport's comm stream wait on an event recorded on it before the load's first write,
   /// and, once the load succeeded, it waits on an event recorded on each of them after their
   /// last write (DLPack's stream contract: the data is ready on the caller's stream). Ignored
-  /// by the host device and the local and mpi transports.
-  void* cuda_stream = nullptr;
+  /// by the host device and the local and mpi transports. `cudaStreamPerThread` is refused
+  /// (78, `check_load_options`): it names the default stream of whichever thread uses it,
+  /// and the load orders itself from its own thread.
+  CallerStream cuda_stream;
 
   /// @return the options a `Config` asks for (defined in the config layer, which reads
   /// `Config`: src/config/load_options.cpp).

@@ -12,6 +12,7 @@
  */
 #pragma once
 
+#include "weightcast/device/cuda_stream.hpp"
 #include "weightcast/transport/communicators.hpp"
 #include "weightcast/core/pending.hpp"
 
@@ -42,14 +43,21 @@ class Transport {
   ///         network stack may have to register it for writing, and `false` says not to.
   [[nodiscard]] virtual bool receivers_read_sender_memory() const noexcept { return false; }
   /// Orders this transport's later device writes after the work queued so far on the
-  /// caller's @p cuda_stream (a `cudaStream_t`), as `Device::order_after` does for uploads:
-  /// `nccl`'s comm stream waits on an event recorded on it. Others: nothing to order.
+  /// caller's @p stream, as `Device::order_after` does for uploads: `nccl`'s comm stream
+  /// waits on an event recorded on it. Nothing when @p stream is none; others: nothing to
+  /// order.
   /// @throws Error as `detail::throw_cuda_error` (`nccl`).
-  virtual void order_after(void* cuda_stream) { static_cast<void>(cuda_stream); }
-  /// Makes the caller's @p cuda_stream wait for every collective issued so far (`nccl`: an
-  /// event recorded on the comm stream). Others: nothing to order.
+  virtual void order_after(const CallerStream& stream) { static_cast<void>(stream); }
+  /// Makes the caller's @p stream wait for every collective issued so far (`nccl`: an event
+  /// recorded on the comm stream). Others: nothing to order.
   /// @throws Error as `order_after`.
-  virtual void order_before(void* cuda_stream) { static_cast<void>(cuda_stream); }
+  virtual void order_before(const CallerStream& stream) { static_cast<void>(stream); }
+  /// @return true when device work this transport issued may still write (or read) memory
+  ///         after a failure: `nccl` on a communicator handed in, whose comm stream did not
+  ///         drain within `timeout` because weightcast does not abort a communicator it does
+  ///         not own. The load then keeps the memory that work touches alive (it leaks it,
+  ///         with a warning) instead of freeing it under running kernels.
+  [[nodiscard]] virtual bool may_still_touch_memory() const noexcept { return false; }
   /// Connects @p root to every other rank for `exchange` now, where the transport would do
   /// it lazily at the first message and allocate device memory then (`nccl`: a 1-byte
   /// ncclSend from the root to each rank, so NCCL's point-to-point buffers are taken before

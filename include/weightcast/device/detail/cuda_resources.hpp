@@ -10,12 +10,16 @@
  */
 #pragma once
 
+#include "weightcast/device/cuda_stream.hpp"
 #include "weightcast/device/detail/cuda_check.hpp"
 
+#include <cuda.h>
 #include <spdlog/spdlog.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <optional>
 #include <utility>
 
 namespace weightcast::detail {
@@ -28,9 +32,102 @@ inline void log_cuda_release(cudaError_t status, const char* call) noexcept {
   }
 }
 
-/// Makes @p ordinal the calling thread's current CUDA device (the runtime's current device
-/// is per host thread, and `load_async` runs the loader on a thread of its own).
-inline void set_cuda_device(int ordinal) { WEIGHTCAST_CUDA_TRY(cudaSetDevice(ordinal)); }
+/// @return the `cudaStream_t` for @p stream: `cudaStreamLegacy` for the legacy default stream
+///         (never 0, whose meaning depends on how the code naming it was compiled).
+inline cudaStream_t cuda_handle(const CallerStream& stream) noexcept {
+  return reinterpret_cast<cudaStream_t>(stream.handle());
+}
+
+/**
+ * @brief Makes @p ordinal the calling thread's CUDA device for the scope's life, and gives the
+ *        thread back the context it had current before (none included) at the end.
+ *
+ * Every CUDA or NCCL call weightcast makes runs inside one. The runtime's current device is
+ * per host thread, and weightcast calls CUDA on threads it does not own: the caller's (the
+ * blocking `load`, `read_back`), or whichever thread drops the last reference to an arena
+ * (a torch tensor's deleter). Without a device set, the runtime's implicit initialisation
+ * makes a context on GPU 0 there (about 0.5 GiB on every rank) and the call acts on the
+ * wrong device; a bare `cudaSetDevice` would change the caller's device under it. Saving and
+ * restoring the driver's current context (`cuCtxGetCurrent`/`cuCtxSetCurrent`, reached
+ * through `cudaGetDriverEntryPointByVersion`, so nothing links libcuda) leaves a thread that
+ * had no context with none, where restoring a device number would make one on GPU 0 (since
+ * CUDA 12, `cudaSetDevice` initialises the device's primary context).
+ */
+class CudaDeviceScope {
+ public:
+  /// @throws Error as `throw_cuda_error` when @p ordinal cannot be made current.
+  explicit CudaDeviceScope(int ordinal) {
+    save();
+    const cudaError_t status = cudaSetDevice(ordinal);
+    if (status != cudaSuccess) {
+      restore();
+      throw_cuda_error(status, "cudaSetDevice");
+    }
+  }
+  /// For destructors: never throws; a failure is logged and the scope does nothing.
+  CudaDeviceScope(int ordinal, std::nothrow_t) noexcept {
+    save();
+    log_cuda_release(cudaSetDevice(ordinal), "cudaSetDevice");
+  }
+  ~CudaDeviceScope() { restore(); }
+  CudaDeviceScope(const CudaDeviceScope&) = delete;
+  CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
+
+ private:
+  struct ContextCalls {
+    CUresult (*get)(CUcontext*) = nullptr;
+    CUresult (*set)(CUcontext) = nullptr;
+  };
+  static const ContextCalls& context_calls() noexcept {
+    static const ContextCalls calls = [] {
+      ContextCalls found;
+      void* get = nullptr;
+      void* set = nullptr;
+      cudaDriverEntryPointQueryResult got{};
+      cudaDriverEntryPointQueryResult put{};
+      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault,
+                                           &got) == cudaSuccess &&
+          cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
+                                           &put) == cudaSuccess &&
+          got == cudaDriverEntryPointSuccess && put == cudaDriverEntryPointSuccess) {
+        found.get = reinterpret_cast<CUresult (*)(CUcontext*)>(get);
+        found.set = reinterpret_cast<CUresult (*)(CUcontext)>(set);
+      } else {
+        static_cast<void>(cudaGetLastError());
+      }
+      return found;
+    }();
+    return calls;
+  }
+  void save() noexcept {
+    const ContextCalls& calls = context_calls();
+    _saved = calls.get != nullptr && calls.get(&_previous) == CUDA_SUCCESS;
+  }
+  void restore() noexcept {
+    if (!_saved) return;
+    _saved = false;
+    if (context_calls().set(_previous) != CUDA_SUCCESS) {
+      spdlog::warn("cuCtxSetCurrent failed: the thread's CUDA context was not given back");
+    }
+  }
+
+  CUcontext _previous = nullptr;
+  bool _saved = false;
+};
+
+/// For an owner of CUDA resources whose destructor may run on any thread: its first member.
+/// The owner's destructor calls `enter(ordinal)`; the members after this one are then
+/// released on that device, and this one, released last, gives the thread its context back.
+class CudaReleaseScope {
+ public:
+  CudaReleaseScope() = default;
+  CudaReleaseScope(const CudaReleaseScope&) = delete;
+  CudaReleaseScope& operator=(const CudaReleaseScope&) = delete;
+  void enter(int ordinal) noexcept { _scope.emplace(ordinal, std::nothrow); }
+
+ private:
+  std::optional<CudaDeviceScope> _scope;
+};
 
 /// A non-blocking CUDA stream: it does not synchronise with the legacy default stream.
 class CudaStream {
@@ -49,6 +146,9 @@ class CudaStream {
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
   [[nodiscard]] cudaStream_t get() const noexcept { return _stream; }
+  /// Gives up the stream without waiting for it or destroying it (a deliberate leak, for a
+  /// stream whose work may never end).
+  [[nodiscard]] cudaStream_t release() noexcept { return std::exchange(_stream, nullptr); }
 
  private:
   cudaStream_t _stream = nullptr;

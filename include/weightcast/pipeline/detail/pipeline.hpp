@@ -123,6 +123,12 @@ class Pipeline {
 
   /// Frees the reader before the ring: in-flight reads must finish before slots go away.
   void shut_down() noexcept { _reader.reset(); }
+  /// Hands over the device memory the transport's sends read (rank 0's send regions of a
+  /// placed load over nccl; null otherwise), so the caller can keep it past the pipeline when
+  /// the transport may still touch it after a failure (`Transport::may_still_touch_memory`).
+  [[nodiscard]] std::shared_ptr<Arena> take_device_sends() noexcept {
+    return std::move(_device_sends);
+  }
 
   // ---- placement (a placed plan): each rank receives exactly its wants ----
 
