@@ -170,29 +170,31 @@ NB_MODULE(_weightcast, m) {
       "load",
       [](const PyCatalogue& catalogue, const std::string& device, int ordinal,
          const PySettings& settings, nb::object progress, double progress_interval_s,
-         std::uintptr_t cuda_stream) {
+         std::optional<std::uintptr_t> cuda_stream) {
         return py_load(catalogue, device, ordinal, settings.config, cuda_stream,
                        std::move(progress), progress_interval_s);
       },
       "catalogue"_a, "device"_a, "ordinal"_a, "settings"_a, "progress"_a.none(),
-      "progress_interval_s"_a, "cuda_stream"_a = 0,
+      "progress_interval_s"_a, "cuda_stream"_a.none() = nb::none(),
       "Loads a catalogue into a host or CUDA arena on this process (world size 1); the load "
-      "writes after the work queued on cuda_stream (a cudaStream_t, 0: none) and that stream "
-      "waits for the load's writes.");
+      "writes after the work queued on cuda_stream (a cudaStream_t as an int: 0 is CUDA's "
+      "default stream, ordered like any other; None: no stream) and that stream waits for the "
+      "load's writes. cudaStreamPerThread (2) is refused (78).");
 
   m.def(
       "run_job",
       [](const nb::bytes& checkpoint, const std::string& device, int ordinal,
          const PySettings& settings, std::optional<std::string> placement,
          std::optional<int> rendezvous_port, nb::object plan, nb::object progress,
-         double progress_interval_s, bool alone, std::uintptr_t cuda_stream, bool pieces) {
+         double progress_interval_s, bool alone, std::optional<std::uintptr_t> cuda_stream,
+         bool pieces) {
         return py_run_job(fs_path(checkpoint), device, ordinal, settings.config, cuda_stream,
                           std::move(placement), rendezvous_port, std::move(plan),
                           std::move(progress), progress_interval_s, alone, pieces);
       },
       "checkpoint"_a, "device"_a, "ordinal"_a, "settings"_a, "placement"_a.none(),
       "rendezvous_port"_a.none(), "plan"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
-      "alone"_a = false, "cuda_stream"_a = 0, "pieces"_a = false,
+      "alone"_a = false, "cuda_stream"_a.none() = nb::none(), "pieces"_a = false,
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
       "alone reads the checkpoint. cuda_stream: as for load. pieces: a directory of tensor "
       "pieces opens as CheckpointPieces::separate (the DCP reader's).");

@@ -39,6 +39,12 @@
 namespace weightcast::python {
 namespace {
 
+/// The caller's stream as Python hands it over: None is no stream; an int is a
+/// `cudaStream_t`, 0 (torch's default stream) the legacy default stream, never "none".
+CallerStream caller_stream(std::optional<std::uintptr_t> handle) {
+  return handle ? CallerStream::from_handle(*handle) : CallerStream::none();
+}
+
 /// The caller's progress callback, called on a thread of its own: the load's hook only
 /// records the latest update (every @p interval_s, and the last chunk) and returns, so a slow
 /// callback neither throttles the pipeline nor keeps its stall timeout from firing; updates
@@ -141,17 +147,17 @@ auto with_progress(ProgressRelay& relay, Work work) {
 }  // namespace
 
 PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
-                     int device_ordinal, const Config& config, std::uintptr_t cuda_stream,
+                     int device_ordinal, const Config& config, std::optional<std::uintptr_t> cuda_stream,
                      nb::object progress, double progress_interval_s) {
   LoadOptions options = LoadOptions::from_config(config);
   const DeviceKind kind = parse_device_kind(device_kind);
   // Element-aligned host tensors at no cost for files whose offsets are aligned (the
   // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
   options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  options.cuda_stream = caller_stream(cuda_stream);
   check_load_options(options);
   ProgressRelay relay(std::move(progress), progress_interval_s);
   options.on_progress = relay.hook();
-  options.cuda_stream = reinterpret_cast<void*>(cuda_stream);
 
   Catalogue copy = catalogue.catalogue;
   auto result = with_progress(relay, [&] {
@@ -297,7 +303,7 @@ TensorWant want_of(const nb::handle& item) {
 }  // namespace
 
 PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device_kind,
-                        int device_ordinal, const Config& settings, std::uintptr_t cuda_stream,
+                        int device_ordinal, const Config& settings, std::optional<std::uintptr_t> cuda_stream,
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
                         nb::object progress, double progress_interval_s, bool alone,
@@ -313,6 +319,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   job.pieces = pieces ? CheckpointPieces::separate : CheckpointPieces::refuse;
   job.device = kind;
   job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  job.load.cuda_stream = caller_stream(cuda_stream);
   check_load_options(job.load);
   // Every rank names the checkpoint it was given (never opened but on rank 0): two loads at
   // once, paired across ranks in the wrong order, then fail on every rank instead of
@@ -323,7 +330,6 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   if (several) one_at_a_time.emplace();
   ProgressRelay relay(std::move(progress), progress_interval_s);
   job.load.on_progress = relay.hook();
-  job.load.cuda_stream = reinterpret_cast<void*>(cuda_stream);
   if (placement) {
     if (*placement == "replicate") {
       job.placement = PlacementSpec{};

@@ -18,9 +18,10 @@ namespace weightcast::python {
 /// not None, is called as progress(bytes_done, bytes_total, chunks_done, chunks_total,
 /// seconds, shard) at most every @p progress_interval_s seconds and after the last chunk.
 /// @p config: the call's (`PySettings`); @p cuda_stream the caller's (torch's current
-/// stream), 0 for none: LoadOptions::cuda_stream.
+/// stream's `cudaStream_t`; 0 is CUDA's default stream), nullopt for none:
+/// LoadOptions::cuda_stream.
 PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
-                     int device_ordinal, const Config& config, std::uintptr_t cuda_stream,
+                     int device_ordinal, const Config& config, std::optional<std::uintptr_t> cuda_stream,
                      nb::object progress, double progress_interval_s);
 
 /// One rank's part of a job (weightcast::run_job), from the Python keywords.
@@ -31,7 +32,7 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
 /// rank receives what `placement` gives it, in the arena) or this rank's wants (in place).
 /// @p pieces: rank 0 opens a directory of tensor pieces as `CheckpointPieces::separate`.
 PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device_kind,
-                        int device_ordinal, const Config& settings, std::uintptr_t cuda_stream,
+                        int device_ordinal, const Config& settings, std::optional<std::uintptr_t> cuda_stream,
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
                         nb::object progress, double progress_interval_s, bool alone,

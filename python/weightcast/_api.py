@@ -11,7 +11,7 @@ from . import _weightcast as _core
 from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
 from ._options import (_PROGRESS_INTERVAL_S, PathLike, _caller_stream, _check_placement,
                        _fs_path, _Options, _own_world, _port, _progress_hook, _ranked,
-                       _resolve_device, _run_job, _world)
+                       _resolve_device, _run_job, _stream_handle, _world)
 
 if TYPE_CHECKING:
     import torch
@@ -184,9 +184,10 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
         return _tensors(result)
     catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
-    result = _core.load(catalogue, dev[0], dev[1], options.settings,
-                        _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
-                        cuda_stream=_caller_stream(dev))
+    with _caller_stream(dev) as stream:
+        result = _core.load(catalogue, dev[0], dev[1], options.settings,
+                            _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
+                            cuda_stream=_stream_handle(stream))
     return _tensors(result)
 
 

@@ -4,13 +4,14 @@ they resolve to; and the call that runs this rank's part of a job with them."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import numbers
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Iterator, Mapping, Union
 
 from . import _progress
 from . import _weightcast as _core
@@ -268,19 +269,59 @@ class _Options:
             _reader_text(reader), _verify_text(verify)))
 
 
-def _caller_stream(device: tuple[str, int]) -> int:
-    """torch's current stream on the load's GPU (a ``cudaStream_t`` as an int), 0 for host.
+# CUDA's handle for the per-thread default stream (cudaStreamPerThread).
+_PER_THREAD_STREAM = 2
+
+
+@contextlib.contextmanager
+def _caller_stream(device: tuple[str, int]) -> Iterator[Any]:
+    """The stream the load is ordered with: torch's current stream on the load's GPU (a
+    ``torch.cuda.Stream``), None for host memory or a CPU-only torch.
+
     The load's writes come after the work queued on it (``init_weights()`` after
     ``to_empty()``, FSDP2's copies, an allocator block just reused) and it waits for them
     before ``load``/``load_into`` return: DLPack's stream contract, the data is ready on the
-    caller's current stream."""
+    caller's current stream. torch's default stream has the handle 0, which is CUDA's legacy
+    default stream and is ordered like any other (``None``, not 0, means no stream). The
+    per-thread default stream names the stream of whichever thread uses it, and the library
+    orders itself from its own thread: a stream of torch's stands in for it, ordered after it
+    here and before it once the load is done."""
     if device[0] != "cuda":
-        return 0
+        yield None
+        return
     import torch
 
     if not torch.cuda.is_available():
-        return 0  # a CPU-only torch: there is no stream of torch's to order with
-    return int(torch.cuda.current_stream(device[1]).cuda_stream)
+        yield None  # a CPU-only torch: there is no stream of torch's to order with
+        return
+    current = torch.cuda.current_stream(device[1])
+    if current.cuda_stream != _PER_THREAD_STREAM:
+        yield current
+        return
+    bridge = torch.cuda.Stream(device[1])
+    bridge.wait_stream(current)
+    yield bridge
+    current.wait_stream(bridge)
+
+
+def _stream_handle(stream: Any) -> int | None:
+    """The ``cudaStream_t`` the library is handed for ``stream`` (0: the default stream)."""
+    return None if stream is None else int(stream.cuda_stream)
+
+
+def _on_stream(plan: Callable[..., Any] | None, stream: Any) -> Callable[..., Any] | None:
+    """``plan``, run with ``stream`` current: the tensors it allocates (a staged destination
+    on the GPU) come from torch's allocator for the caller's stream, which the load is ordered
+    after and before, instead of the default stream of the library's thread."""
+    if plan is None or stream is None:
+        return plan
+    import torch
+
+    def planned(*args: Any) -> Any:
+        with torch.cuda.stream(stream):
+            return plan(*args)
+
+    return planned
 
 
 def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
@@ -291,7 +332,9 @@ def _run_job(checkpoint: object, options: _Options, *, device: tuple[str, int],
     the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
     ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
     sharded save), each piece its own catalogue entry."""
-    return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
-                         options.settings, placement, rendezvous_port, plan,
-                         _progress_hook(progress, rank), _PROGRESS_INTERVAL_S, alone,
-                         cuda_stream=_caller_stream(device), pieces=pieces)
+    with _caller_stream(device) as stream:
+        return _core.run_job(_fs_path(checkpoint, "checkpoint"), device[0], device[1],
+                             options.settings, placement, rendezvous_port,
+                             _on_stream(plan, stream), _progress_hook(progress, rank),
+                             _PROGRESS_INTERVAL_S, alone, cuda_stream=_stream_handle(stream),
+                             pieces=pieces)

@@ -59,16 +59,18 @@ def settings(config: bytes | None, chunk_size: str | None, buffer_depth: str | N
 
 def load(catalogue: Catalogue, device: str, ordinal: int, settings: Settings,
          progress: Callable[..., None] | None, progress_interval_s: float,
-         cuda_stream: int = 0) -> LoadResult:
+         cuda_stream: int | None = None) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1). The load
-    writes after the work queued on ``cuda_stream`` (a ``cudaStream_t`` as an int, 0: none)
-    and that stream waits for the load's writes (LoadOptions::cuda_stream)."""
+    writes after the work queued on ``cuda_stream`` (a ``cudaStream_t`` as an int; 0 is CUDA's
+    default stream, ordered like any other; None: no stream) and that stream waits for the
+    load's writes (LoadOptions::cuda_stream). ``cudaStreamPerThread`` (2) is refused (78)."""
 
 def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
             placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float,
-            alone: bool = False, cuda_stream: int = 0, pieces: bool = False) -> LoadResult:
+            alone: bool = False, cuda_stream: int | None = None,
+            pieces: bool = False) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
     alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
     environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given,

@@ -435,3 +435,27 @@ def test_an_int_device_is_an_accelerator_index(tmp_path):
         with pytest.raises(weightcast.Error) as e:
             weightcast.load(path, device=bad)
         assert e.value.status == 78 and "device" in str(e.value), bad
+
+
+def test_no_stream_and_cudas_default_stream_are_different_values(tmp_path):
+    # torch's default stream has the handle 0: CUDA's legacy default stream, which the load
+    # must order with (issue 38: 0 was taken for "no stream"). None is "no stream";
+    # cudaStreamPerThread (2) names another stream on the library's thread and is refused.
+    from weightcast import _weightcast as core
+    from weightcast._options import _caller_stream, _Options, _stream_handle
+
+    with _caller_stream(("host", 0)) as stream:
+        assert stream is None and _stream_handle(stream) is None
+    path = tmp_path / "c.safetensors"
+    ref = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+    save_file(ref, str(path))
+    options = _Options.of(config=None, chunk_size=None, buffer_depth=None, io_depth=None,
+                          direct_io=None, timeout=None, reader=None, verify=None)
+    catalogue = core.open_checkpoint(str(path).encode())
+    for handle in (None, 0):  # accepted (a host arena has nothing to order)
+        result = core.load(catalogue, "host", 0, options.settings, None, 1.0, cuda_stream=handle)
+        assert result.stats["bytes"] == 48
+    with pytest.raises(weightcast.Error) as raised:
+        core.load(catalogue, "host", 0, options.settings, None, 1.0, cuda_stream=2)
+    assert raised.value.status == 78
+    assert "LoadOptions::cuda_stream is cudaStreamPerThread" in str(raised.value)
