@@ -50,6 +50,7 @@ using detail::linger_most;
 using detail::reader_stop_most;
 using detail::resolve_world;
 using detail::root_grace;
+using detail::planned_tensor_alignment;
 using detail::shared_settings;
 using detail::Watchdog;
 
@@ -224,7 +225,9 @@ class Job {
     }
     if (several()) {
       const std::string settings =
-          shared_settings(_options.load.chunk_bytes, _host, _kind, _options.verify);
+          shared_settings(_options.load.chunk_bytes,
+                          planned_tensor_alignment(_options.load.tensor_alignment, _host), _host,
+                          _kind, _options.verify);
       if (rank() == 0) {
         _control->share(settings);
       } else {
@@ -237,8 +240,7 @@ class Job {
   // ---- step 3: the plan's options ---------------------------------------------------------
   LoadOptions plan() {
     LoadOptions options = _options.load;
-    // 256 B: cudaMalloc's own alignment, so every tensor view suits vectorised kernels.
-    if (!_host) options.tensor_alignment = std::max<std::uint64_t>(options.tensor_alignment, 256);
+    options.tensor_alignment = planned_tensor_alignment(options.tensor_alignment, _host);
     options.stop = _stop.get_token();
     if (several()) {
       // The control plane's heartbeat carries this rank's progress, so that a stall's message

@@ -41,15 +41,22 @@ World resolve_world(const JobOptions& options) {
   return world;
 }
 
-// One `key: value` per line: the plan (chunk_size), the data plane (device kind, transport)
-// and the verdict (verify). Ranks can be started with different configs (MPMD, a config per
-// node); a plan that differs between ranks makes the broadcasts disagree on their sizes,
-// which MPI does not detect (wrong bytes, or a hang).
-std::string shared_settings(std::uint64_t chunk_bytes, bool host_device, TransportKind transport,
-                            Verify verify) {
-  return fmt::format("chunk_size: {}\ndevice: {}\ntransport: {}\nverify: {}\n",
-                     format_bytes(chunk_bytes) + fmt::format(" ({} B)", chunk_bytes),
-                     host_device ? "host" : "cuda", to_string(transport), to_string(verify));
+// One `key: value` per line: the plan (chunk_size; tensor_alignment, which decides where
+// tensors sit in the arena and so which arena ranges a chunk's broadcast covers), the data
+// plane (device kind, transport) and the verdict (verify). Ranks can be started with
+// different configs (MPMD, a config per node) or entry points (the Python package and a C++
+// embedder align differently); a plan that differs between ranks makes the broadcasts
+// disagree on their sizes, which MPI does not detect (wrong bytes, or a hang).
+std::string shared_settings(std::uint64_t chunk_bytes, std::uint64_t tensor_alignment,
+                            bool host_device, TransportKind transport, Verify verify) {
+  return fmt::format(
+      "chunk_size: {}\ntensor_alignment: {} B\ndevice: {}\ntransport: {}\nverify: {}\n",
+      format_bytes(chunk_bytes) + fmt::format(" ({} B)", chunk_bytes), tensor_alignment,
+      host_device ? "host" : "cuda", to_string(transport), to_string(verify));
+}
+
+std::uint64_t planned_tensor_alignment(std::uint64_t asked, bool host_device) {
+  return host_device ? asked : std::max<std::uint64_t>(asked, 256);
 }
 
 // Ranks other than 0: this rank's shared settings against rank 0's.

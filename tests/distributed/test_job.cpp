@@ -4,6 +4,7 @@
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/distributed/job.hpp"
+#include "weightcast/distributed/detail/job_setup.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
 
 #include "support/mpirun.hpp"
@@ -472,3 +473,27 @@ TEST_CASE("job: under mpirun, settings that differ throw on every rank and MPI s
                                                 "ranks: this rank has 128 KiB"));
 }
 #endif
+
+TEST_CASE("job: ranks that plan different tensor alignments are refused with 78",
+          "[job][settings]") {
+  using weightcast::detail::check_shared_settings;
+  using weightcast::detail::planned_tensor_alignment;
+  using weightcast::detail::shared_settings;
+  // The cuda device's floor: the Python package asks 256 there, 8 on host; an embedder 1.
+  CHECK(planned_tensor_alignment(1, /*host_device=*/false) == 256);
+  CHECK(planned_tensor_alignment(4096, false) == 4096);
+  CHECK(planned_tensor_alignment(1, true) == 1);
+  const auto settings = [](std::uint64_t alignment) {
+    return shared_settings(64 << 20, alignment, true, weightcast::TransportKind::mpi,
+                           weightcast::Verify::digest);
+  };
+  CHECK_NOTHROW(check_shared_settings(settings(8), settings(8)));
+  try {
+    check_shared_settings(settings(1), settings(8));
+    FAIL("different tensor alignments accepted");
+  } catch (const weightcast::Error& e) {
+    CHECK(e.code() == weightcast::Errc::config);
+    CHECK_THAT(e.what(), Catch::Contains("tensor_alignment differs between ranks: this rank has 1 B, "
+                                         "rank 0 has 8 B"));
+  }
+}
