@@ -46,6 +46,7 @@ namespace {
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir,
                                        const std::vector<std::uint64_t>& sizes,
                                        std::uint64_t seed) {
+  std::filesystem::create_directories(dir);
   return write_random_checkpoint(dir / "gpu.safetensors", sizes, seed);
 }
 
@@ -55,6 +56,15 @@ std::vector<std::uint64_t> mixed_sizes() {
   std::vector<std::uint64_t> sizes{0, 1, 255, 256, 257, 4096, (20ull << 20) + 3};
   std::mt19937_64 rng(7);
   for (int i = 0; i < 40; ++i) sizes.push_back(rng() % 70000);
+  return sizes;
+}
+
+// The same kinds of tensor (empty, one byte, around 256, several per chunk) in ~20 KB, for
+// loads in tiny chunks.
+std::vector<std::uint64_t> small_sizes() {
+  std::vector<std::uint64_t> sizes{0, 1, 255, 256, 257, 4096};
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 12; ++i) sizes.push_back(rng() % 1500);
   return sizes;
 }
 
@@ -417,17 +427,24 @@ TEST_CASE("cuda: every real corpus file lands bit-exact in device memory", "[gpu
 TEST_CASE("cuda: device digests copied back equal the host digests", "[gpu][digest]") {
   WEIGHTCAST_REQUIRE_GPU();
   TempDir dir;
-  const auto path = write_checkpoint(dir.path(), mixed_sizes(), 5);
-  const auto reference = host_digests(path);
+  // Tiny chunks on a tiny checkpoint (a few hundred chunks, each several CUDA calls): the
+  // ~21 MB one in 61-byte chunks would be ~700k chunks and overrun the GPU check's cap.
+  const auto small = write_checkpoint(dir.path() / "small", small_sizes(), 5);
+  const auto mixed = write_checkpoint(dir.path() / "mixed", mixed_sizes(), 5);
   auto device = make_cuda_device(0);
   auto transport = make_local_transport();
-  for (std::uint64_t chunk : {61ull, 65536ull, 16ull << 20}) {
+  struct Case {
+    std::filesystem::path checkpoint;
+    std::uint64_t chunk;
+  };
+  for (const Case& c : {Case{small, 61}, Case{mixed, 65536}, Case{mixed, 16ull << 20}}) {
+    const auto reference = host_digests(c.checkpoint);
     for (std::uint64_t alignment : {1ull, 256ull}) {
-      INFO("chunk " << chunk << " alignment " << alignment);
+      INFO(c.checkpoint.filename().string() << ": chunk " << c.chunk << " alignment " << alignment);
       LoadOptions options;
-      options.chunk_bytes = chunk;
+      options.chunk_bytes = c.chunk;
       options.tensor_alignment = alignment;
-      const LoadResult result = load(open_checkpoint(path), *device, *transport, options);
+      const LoadResult result = load(open_checkpoint(c.checkpoint), *device, *transport, options);
       CHECK(tensor_digests(result) == reference);
     }
   }
