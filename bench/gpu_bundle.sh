@@ -12,7 +12,11 @@
 #             libnccl.so.2, gpu_check.sh finds it and reports the version that ran)
 #   lib/compat/  this build's libstdc++ and libgcc_s, used only where the host's are older
 #   python/weightcast/  the Python package with an abi3 extension (Python >= 3.12; see below)
-#   bench/    gpu_check.sh and what it runs;  BUNDLE.txt: what was built, from which commit
+#   pydeps/   what the check's Python rows import that torch's wheel does not bring: the
+#             safetensors wheel (abi3, manylinux x86_64) unpacked; gpu_check.sh puts it on
+#             sys.path only where the host's python3 has no safetensors
+#   bench/    gpu_check.sh and its Python helpers (gpu_check_*.py);  BUNDLE.txt: what was
+#             built, from which commit
 #
 # No kernels: weightcast calls the CUDA runtime and NCCL from plain C++ (g++ builds it, no
 # nvcc), so there is no device code to compile for sm_90; what runs on the H200 is NCCL's and
@@ -120,12 +124,33 @@ elif [ -f python/CMakeLists.txt ]; then
   fi
 fi
 
+# ---- the Python rows' own imports that torch does not bring: safetensors -------------------
+# Downloaded once (pip's own client) into $WORK/wheels and reused; the abi3 wheel serves any
+# Python >= 3.10 on x86_64 (the GPU host's is 3.12). Only safetensors: its torch module needs
+# nothing but torch to load, and the rows write their files with gpu_check_st.py (no numpy).
+WHEELS=$WORK/wheels
+mkdir -p "$WHEELS"
+if ! ls "$WHEELS"/safetensors-*.whl >/dev/null 2>&1; then
+  note "downloading the safetensors wheel (abi3, manylinux x86_64) into $WHEELS"
+  pip_py=python3
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    pip_py=$PWD/out/gpu-bundle-venv/bin/python
+    [ -x "$pip_py" ] || python3 -m venv "$PWD/out/gpu-bundle-venv" ||
+      { note "python3 has no pip and no venv (Debian: apt-get install python3-venv)"; exit 69; }
+  fi
+  "$pip_py" -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+    --python-version 3.12 --implementation cp -d "$WHEELS" 'safetensors>=0.4' ||
+    { note "pip could not download the safetensors wheel"; exit 69; }
+fi
+
 # ---- pack --------------------------------------------------------------------------------
 note "packing $BUNDLE"
 rm -rf "$BUNDLE"
-mkdir -p "$BUNDLE"/{bin,lib/compat,bench,python}
+mkdir -p "$BUNDLE"/{bin,lib/compat,bench,python,pydeps}
 cp "$BUILD/weightcast" "$BUILD/tests/weightcast_tests" "$BUILD/h2d_bench" "$BUNDLE/bin/"
-cp bench/gpu_check.sh "$BUNDLE/bench/"
+cp bench/gpu_check.sh bench/gpu_check_*.py "$BUNDLE/bench/"
+wheel=$(ls "$WHEELS"/safetensors-*.whl | sort -V | tail -1)
+python3 -m zipfile -e "$wheel" "$BUNDLE/pydeps"
 if [ -n "$PY_MODULE" ]; then
   cp -r python/weightcast "$BUNDLE/python/"
   find "$BUNDLE/python" -name __pycache__ -prune -exec rm -rf {} +
@@ -179,6 +204,7 @@ strip --strip-unneeded "$BUNDLE"/bin/* "$BUNDLE"/lib/*.so* 2>/dev/null || true
   glibc=${newest%% *}
   echo "needs on the host: glibc >= ${glibc#GLIBC_} (for ${newest##* }), libcudart.so.13, libnccl.so.2, a CUDA 13 driver"
   echo "python: $PY_STATUS"
+  echo "pydeps: ${wheel##*/} (used where the host's python3 has no safetensors)"
   echo "libraries: $(cd "$BUNDLE/lib" && ls *.so* | tr '\n' ' ')"
   echo "compat (host's used when new enough): $(cd "$BUNDLE/lib/compat" && ls | tr '\n' ' ')"
 } >"$BUNDLE/BUNDLE.txt"

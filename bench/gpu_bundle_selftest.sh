@@ -136,16 +136,19 @@ results=$ROOT/out/results.tsv
 [ -s "$results" ] || { say "FAIL: gpu_check.sh wrote no results"; exit 1; }
 if awk -F'\t' '$2 == "fail" || $2 == "timeout" {bad = 1; print "  failed: " $1 ": " $5} END {exit bad}' "$results"; then :; else status=1; fi
 row_of() { awk -F'\t' -v row="$1" '$1 == row' "$results"; }
-for row in "bundle runs here" "[gpu] tests" "synth $PARAMS"; do
+# The host digests need no GPU: the host load, and every digest recomputed from the files
+# with the bundle's libxxhash under the root's python3 (gpu_check_digests.py).
+for row in "bundle runs here" "[gpu] tests" "synth $PARAMS" "host digests from the files"; do
   if [ "$(row_of "$row" | cut -f2)" != pass ]; then
     say "FAIL: '$row' did not pass: $(row_of "$row")"
     status=1
   fi
 done
 for row in "pinned H2D (h2d_bench)" "weightcast cuda, page cache" "weightcast cuda, O_DIRECT" \
-  "safetensors load_file(cuda)" "nccl broadcast, 2 ranks one GPU" \
-  "nccl fsdp send/recv, 2 ranks one GPU" "nccl rank 1 killed mid-load" \
-  "python weightcast.load(device=cuda); DCP reader" "python load_into(FSDP2), 2 ranks one GPU"; do
+  "nccl broadcast, 2 ranks one GPU" "nccl fsdp send/recv, 2 ranks one GPU" \
+  "nccl rank 1 killed mid-load" "python weightcast.load(device=cuda); DCP reader" \
+  "python load_into vs load_state_dict(load_file(cuda))" \
+  "python load_into(FSDP2) after queued work, 2 ranks one GPU" "python prerequisites"; do
   line=$(row_of "$row")
   if [ "$(cut -f2 <<<"$line")" != skip ] || [ -z "$(cut -f5 <<<"$line")" ]; then
     say "FAIL: GPU step '$row' did not skip with a reason: ${line:-missing}"

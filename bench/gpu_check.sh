@@ -9,34 +9,45 @@
 #
 # --dry-run runs nothing and needs no GPU, bundle or torch: it prints every command the check
 # would run, each with its time cap, and the sum of the caps against the budget, and writes
-# them to OUT_DIR/commands.tsv (step, cap in seconds, the command as bash would quote it) with
-# the scripts the check generates under OUT_DIR/work. tests/bench/gpu_check_dry_run.sh checks it.
-# WEIGHTCAST_GPU_CHECK_DRY_NCCL (default 2.28.9) is the NCCL version the dry run assumes.
+# them to OUT_DIR/commands.tsv (step, cap in seconds, the command as bash would quote it),
+# OUT_DIR/digests.tsv (each step that moves tensor bytes and what its bytes are compared
+# with) and the scripts the check generates under OUT_DIR/work.
+# tests/bench/gpu_check_dry_run.sh checks it. WEIGHTCAST_GPU_CHECK_DRY_NCCL (default 2.28.9)
+# is the NCCL version the dry run assumes.
 #
 # Runs nothing it has to build: the bundle's weightcast, weightcast_tests and h2d_bench, its
-# Python package on the host's python3 + torch, the host's CUDA runtime and NCCL (torch's
-# nvidia wheels first). Falls back to building from the source tree beside the script only
-# when the bundle is missing or cannot run here, saying why (that needs the build's -dev
-# packages, which a bare GPU host lacks).
+# Python package (and the safetensors wheel it carries, used when the host has none) on the
+# host's python3 + torch, the host's CUDA runtime and NCCL (torch's nvidia wheels first).
+# Falls back to building from the source tree beside the script only when the bundle is
+# missing or cannot run here, saying why (that needs the build's -dev packages, which a bare
+# GPU host lacks).
 #
-# Steps: the [gpu] tests (WEIGHTCAST_REQUIRE_GPU=1 where nvidia-smi sees a GPU: "no usable
-# GPU" fails them); a synthetic checkpoint from the bundled `weightcast synth`; pinned H2D
-# bandwidth and the upload, nccl-group and read-back costs (h2d_bench); weightcast loads to
-# the GPU from page cache and with O_DIRECT; safetensors.torch.load_file(device="cuda") on
-# the same files; then two ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1 from NCCL 2.30,
-# else a distinct NCCL_HOSTID per rank over loopback sockets): a replicated load over NCCL
-# broadcast, an fsdp placement over ncclSend/ncclRecv, the [placement][gpu] tests, rank 1
-# killed mid-load (rank 0 must end 69 within its timeout); Python load(device=cuda), and
-# load_into of an FSDP2 model on 2 ranks after init_weights-like work queued on the
-# destinations, bit-exact.
+# Every row that moves tensor bytes is judged against the files, never against another GPU
+# load (a bug that corrupts every upload alike would pass that): one `weightcast run --set
+# device=host --report` gives the reference digests, themselves recomputed from the files;
+# each GPU load's per-rank --report is compared with them (gpu_check_digests.py); the Python
+# rows compare with torch.equal against safetensors.torch.load_file; h2d_bench compares what
+# it reads back with the XXH3-64 of its source computed on the host.
+#
+# Rows, most valuable first (a row cut short by the budget leaves the ones before it):
+# the checkpoint (bundled `weightcast synth`) and its host digests; Python load_into of an
+# FSDP2 model on 2 ranks, after a GPU sleep and a NaN fill queued on the default stream and on
+# a side stream (gpu_check_fsdp2.py: it must wait, and equal the file); two ranks on the one
+# GPU over NCCL (NCCL_MULTI_RANK_GPU_ENABLE=1 from NCCL 2.30, else a distinct NCCL_HOSTID per
+# rank over loopback sockets): broadcast, fsdp send/recv, rank 1 killed at rank 0's first
+# progress line; Python load(cuda), the DCP reader and the benchmark load_into against
+# load_state_dict(load_file(cuda)) (gpu_check_cuda.py); weightcast run to the GPU from page
+# cache and with O_DIRECT; the [gpu] tests (WEIGHTCAST_REQUIRE_GPU=1 where nvidia-smi sees a
+# GPU); the [placement][gpu] tests; h2d_bench (pinned H2D, uploads, nccl groups, read-back).
 #
 # One table (GB/s, 1 GB = 1e9 B, and peak RSS) in OUT_DIR/table.md and on stdout; OUT_DIR
 # also gets results.tsv and each step's log tail. A hard budget, WEIGHTCAST_GPU_CHECK_BUDGET
-# seconds (default 280): every step's cap is listed in CAPS below, their sum is checked
-# against the budget at start, and a step is cut to what is left; a step that fails or times
-# out is recorded and the next one runs, so the table always comes out.
+# seconds (default 280): every command runs under a cap listed in CAPS below, the caps must
+# leave SPARE (20 s) beside RESERVE (the table) within the budget (checked at start), and a
+# step is cut to what is left; a step that fails or times out is recorded and the next one
+# runs, so the table always comes out.
 # Exit status: 0 when every step that ran passed; 1 when a step failed; 69 without a bundle
-# that runs and without what a fallback build needs.
+# that runs and without what a fallback build needs; 70 when the caps do not fit the budget.
 set -uo pipefail
 
 DRY=0
@@ -52,28 +63,37 @@ BUDGET=${WEIGHTCAST_GPU_CHECK_BUDGET:-280}
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
 RESERVE=8  # seconds kept for the table
+SPARE=20   # seconds the caps leave unused: `timeout -k` grace, process start-up, slow disks
 WORK=${WEIGHTCAST_GPU_CHECK_WORK:-${TMPDIR:-/tmp}/weightcast-gpu-check}
 ((DRY)) && WORK=$OUT/work
 PARAMS=${WEIGHTCAST_GPU_CHECK_PARAMS:-1B}  # BF16: ~2 GB (whole layers: synth rounds)
 RESULTS=$OUT/results.tsv
 COMMANDS=$OUT/commands.tsv
+DIGESTS=$OUT/digests.tsv
 FAILED=0
 mkdir -p "$WORK"
 : >"$RESULTS"
+: >"$DIGESTS"
 ((DRY)) && : >"$COMMANDS"
 
-# Each step's cap, seconds. Their sum must fit the budget less the reserve (checked below).
-# probe bounds step 0's own timeouts (nvidia-smi, the library search, --version, torch).
-# The two-rank steps run over loopback sockets on NCCL < 2.30 (correctness, not speed).
+# Each command's cap, seconds; NAME.digests is the comparison of step NAME's reports with the
+# host digests. probe bounds step 0's own commands (nvidia-smi, the library search,
+# --version, the Python import probe). The two-rank steps run over loopback sockets on
+# NCCL < 2.30 (correctness, not speed). Their sum must leave RESERVE + SPARE (checked below).
 declare -A CAPS=(
-  [probe]=20 [tests]=28 [synth]=18 [h2d]=8 [pieces]=10 [nccl_groups]=10 [readback]=8
-  [prewarm]=5 [warm]=15 [direct]=18 [torch]=16 [nccl2]=20 [nccl2_fsdp]=20 [scatter]=20
-  [nccl2_kill]=18 [py_load]=13 [py_fsdp2]=25
+  [probe]=18 [synth]=18 [host]=8 [host.digests]=5
+  [py_fsdp2]=30
+  [nccl2]=14 [nccl2.digests]=2 [nccl2_fsdp]=14 [nccl2_fsdp.digests]=5 [nccl2_kill]=16
+  [py_cuda]=35
+  [warm]=10 [warm.digests]=2 [direct]=12 [direct.digests]=2
+  [tests]=20 [scatter]=15
+  [h2d]=6 [pieces]=7 [nccl_groups]=6 [readback]=5
 )
 caps_sum=0
 for k in "${!CAPS[@]}"; do caps_sum=$((caps_sum + CAPS[$k])); done
-if ((caps_sum > BUDGET - RESERVE)); then
-  echo "gpu_check: the step caps add up to ${caps_sum} s, more than the budget ${BUDGET} s less ${RESERVE} s for the table" >&2
+spare=$((BUDGET - RESERVE - caps_sum))
+if ((spare < SPARE)); then
+  echo "gpu_check: the caps add up to ${caps_sum} s: the ${BUDGET} s budget less ${RESERVE} s for the table leaves ${spare} s spare, under ${SPARE} s" >&2
   exit 70
 fi
 
@@ -94,6 +114,9 @@ record() {
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "${3:--}" "${4:--}" "${5:--}" >>"$RESULTS"
   case "$2" in fail | timeout) FAILED=1 ;; esac
 }
+# checked_against STEP HOW: what STEP's bytes are compared with (OUT/digests.tsv; the dry-run
+# test requires a line for every step that moves tensor bytes).
+checked_against() { printf '%s\t%s\n' "$1" "$2" >>"$DIGESTS"; }
 # Keeps the tail of a log in OUT (only small files come back from the GPU machine).
 keep_log() { [ -f "$WORK/$1.log" ] && tail -c 12000 "$WORK/$1.log" >"$OUT/$1.log"; }
 
@@ -108,6 +131,8 @@ dry() {
 
 # measure NAME SECONDS CMD...: runs CMD under `timeout`, output to $WORK/NAME.log, peak RSS
 # (bytes) to $WORK/NAME.rss. Returns CMD's status (124: timed out). The dry run prints it.
+# `timeout` signals its whole process group on expiry, so ranks started in the background
+# by two_ranks.sh end with it.
 measure() {
   local name=$1 seconds=$2 status=0
   shift 2
@@ -148,20 +173,66 @@ print_table() {
 }
 trap print_table EXIT
 
-# ---- 0: the machine, the bundle, the host's CUDA runtime and NCCL -------------------------
-step "0 machine, bundle, CUDA runtime and NCCL"
+# What every Python row imports: a GPU host that lacks one fails the rows, naming it.
+PY_NEEDS="torch torch.cuda torch.distributed torch.distributed.fsdp torch.distributed.checkpoint safetensors.torch weightcast weightcast.dcp"
+
+# ---- 0: the machine, the bundle, the host's CUDA runtime and NCCL, python3 ------------------
+step "0 machine, bundle, CUDA runtime and NCCL, Python prerequisites"
+PROBE_END=$((START + CAPS[probe]))
+# probe_t WANT: a timeout for one probe command: WANT, cut to what is left of the probe's cap
+# (at least 1 s, so every probe command still runs under a cap).
+probe_t() {
+  local l=$((PROBE_END - $(date +%s)))
+  ((l < 1)) && l=1
+  ((l < $1)) && echo "$l" || echo "$1"
+}
+# The Python import probe (step 0): prints `notes: ...` and `missing: ...` (empty when every
+# module imports, CUDA is available to torch and its NCCL backend is built).
+cat >"$WORK/py_probe.py" <<'PY'
+import importlib, os, sys
+deps, needs = sys.argv[1], sys.argv[2:]
+missing, notes = [], []
+try:
+    import safetensors  # noqa: F401
+except ImportError:
+    if deps and os.path.isdir(deps):
+        sys.path.append(deps)  # after the host's own: the bundle's wheel only fills the gap
+        notes.append("safetensors from the bundle's pydeps/")
+for name in needs:
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any failure to import is the prerequisite missing
+        missing.append(f"{name} ({type(e).__name__}: {str(e)[:80]})")
+if not missing:
+    import safetensors
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+    if not torch.cuda.is_available():
+        missing.append(f"torch.cuda.is_available() (torch {torch.__version__}, CUDA "
+                       f"{torch.version.cuda})")
+    if not dist.is_nccl_available():
+        missing.append("torch.distributed's NCCL backend")
+    notes.insert(0, f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA "
+                 f"{torch.version.cuda}), safetensors {safetensors.__version__}")
+print("notes:", "; ".join(notes))
+print("missing:", "; ".join(missing))
+PY
 if ((DRY)); then
   # What the real run would find on a GPU host, assumed: the commands come out as they would
   # run there (the bundle's paths; the NCCL version picks the two-rank setting).
   BUNDLE=$(cd "$HERE/.." && pwd)
   [ -x "$BUNDLE/out/gpu-bundle/bin/weightcast" ] && BUNDLE=$BUNDLE/out/gpu-bundle
   WC=$BUNDLE/bin/weightcast TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench
-  GPUS_SEEN=1 PROBE_GPUS=1 HAVE_GPU=1 HAVE_TORCH=1 TORCH_CUDA=1
+  XXHASH=$BUNDLE/lib/libxxhash.so.0
+  GPUS_SEEN=1 PROBE_GPUS=1 HAVE_GPU=1
+  PY_OK=1 PY_WHY="dry run" PYPATH=$BUNDLE/python
   NCCL_RAN="NCCL ${WEIGHTCAST_GPU_CHECK_DRY_NCCL:-2.28.9}"
   gpu_skip_reason="dry run"
-  note "dry run: nothing runs. Assumed: a GPU, python3 with torch and CUDA, the bundle at $BUNDLE, $NCCL_RAN (run time)"
-  note "budget: the step caps add up to $caps_sum s, within the $BUDGET s budget less $RESERVE s for the table"
-  record "dry run" dry - - "step caps $caps_sum s of the $BUDGET s budget less $RESERVE s; $NCCL_RAN assumed"
+  note "dry run: nothing runs. Assumed: a GPU, python3 with $PY_NEEDS, the bundle at $BUNDLE, $NCCL_RAN (run time)"
+  note "budget: the caps add up to $caps_sum s; the $BUDGET s budget less $RESERVE s for the table leaves $spare s spare (at least $SPARE)"
+  dry probe "${CAPS[probe]}" python3 "$WORK/py_probe.py" "$BUNDLE/pydeps" $PY_NEEDS
+  record "dry run" dry - - "caps $caps_sum s of the $BUDGET s budget less $RESERVE s: $spare s spare; $NCCL_RAN assumed"
 else
 BUNDLE=
 for candidate in "$HERE/.." "$HERE/../out/gpu-bundle"; do
@@ -170,8 +241,8 @@ done
 cat "$BUNDLE/BUNDLE.txt" 2>/dev/null | sed 's/^/  /'
 GPUS_SEEN=0
 if command -v nvidia-smi >/dev/null; then
-  timeout 5 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/  nvidia-smi: /'
-  GPUS_SEEN=$(timeout 5 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  timeout "$(probe_t 5)" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/  nvidia-smi: /'
+  GPUS_SEEN=$(timeout "$(probe_t 5)" nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 else
   note "nvidia-smi: not found"
 fi
@@ -179,7 +250,7 @@ fi
 # CUDA toolkit's, then the loader's default path.
 HOST_LIBS=
 if command -v python3 >/dev/null; then
-  HOST_LIBS=$(timeout 5 python3 -c '
+  HOST_LIBS=$(timeout "$(probe_t 5)" python3 -c '
 import glob, os, site
 dirs = []
 for base in site.getsitepackages() + [site.getusersitepackages()]:
@@ -198,12 +269,12 @@ note "host library path: ${HOST_LIBS:-none found, the dynamic loader defaults}"
 WC= TESTS= H2D=
 bundle_runs() {
   local why
-  why=$(timeout 5 "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
+  why=$(timeout "$(probe_t 5)" "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
   if echo "$why" | grep -q 'GLIBCXX\|libstdc++\|libgcc_s'; then
     # The host's C++ runtime is older than the build's: use the bundled one.
     export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$BUNDLE/lib/compat
     note "the host's libstdc++ is older than the build's: using the bundle's lib/compat"
-    why=$(timeout 5 "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
+    why=$(timeout "$(probe_t 5)" "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
   fi
   BUNDLE_WHY=$why
   return 1
@@ -235,7 +306,7 @@ else
     exit 69
   fi
 fi
-"$WC" --version | sed 's/^/  /' | tee "$WORK/version.log"
+timeout "$(probe_t 5)" "$WC" --version 2>&1 | sed 's/^/  /' | tee "$WORK/version.log"
 keep_log version
 PROBE_GPUS=$(grep -o 'run time: .*' "$WORK/version.log" | grep -o '[0-9]* CUDA device' | grep -o '^[0-9]*' || echo 0)
 NCCL_RAN=$(grep -o 'NCCL [0-9.]*$' "$WORK/version.log" | tail -1)
@@ -249,26 +320,46 @@ else
 fi
 HAVE_GPU=$(( ${PROBE_GPUS:-0} > 0 ))
 gpu_skip_reason="no usable CUDA device: $(sed -n 's/.*no CUDA device (\(.*\)), NCCL.*/\1/p' "$WORK/version.log" | head -1)"
+# libxxhash for recomputing digests from the files: the one weightcast loads (the bundle's).
+XXHASH=$(ldd "$WC" 2>/dev/null | awk '$1 ~ /^libxxhash/ && $3 ~ /^\// {print $3; exit}')
 
-HAVE_TORCH=0
-TORCH_CUDA=0
-t=$((START + CAPS[probe] - $(date +%s)))
-((t < 5)) && t=5
-if torch_info=$(timeout "$t" python3 -c '
-import sys, torch, safetensors.torch
-print(sys.version.split()[0], torch.__version__, int(torch.cuda.is_available()))' 2>/dev/null); then
-  HAVE_TORCH=1
-  TORCH_CUDA=${torch_info##* }
-  note "python3 ${torch_info% *} (python, torch), torch.cuda.is_available(): $TORCH_CUDA"
+# Python: every module a Python row imports, with the bundle's package (python/) and, where
+# the host's python3 has no safetensors (torch does not bring it), the bundle's wheel
+# (pydeps/). On a host where nvidia-smi sees a GPU a missing one is a failure naming it,
+# never a skip: a Python row that cannot run proves nothing.
+PYDIR=${BUNDLE:+$BUNDLE/python}
+PYDEPS=${BUNDLE:+$BUNDLE/pydeps}
+PY_OK=0 PY_WHY= PY_NOTES=
+PYPATH=$PYDIR
+t=$(probe_t 15)
+if ! command -v python3 >/dev/null; then
+  PY_WHY="no python3"
+elif py_info=$(PYTHONPATH=$PYDIR timeout "$t" python3 "$WORK/py_probe.py" "$PYDEPS" $PY_NEEDS 2>&1); then
+  PY_MISSING=$(sed -n 's/^missing: //p' <<<"$py_info")
+  PY_NOTES=$(sed -n 's/^notes: //p' <<<"$py_info")
+  grep -q 'from the bundle' <<<"$PY_NOTES" && PYPATH=$PYDIR:$PYDEPS
+  if [ -z "$PY_MISSING" ]; then
+    PY_OK=1
+  else
+    PY_WHY="python3 lacks what the Python rows import: $PY_MISSING"
+  fi
 else
-  note "python3 cannot import torch and safetensors (or not within ${t} s): the torch and Python rows skip"
+  PY_WHY="the import probe (py_probe.py: $PY_NEEDS) failed or did not finish within $t s: $(tail -1 <<<"$py_info")"
 fi
+if ((PY_OK)); then
+  record "python prerequisites" pass - - "$PY_NOTES"
+elif ((GPUS_SEEN > 0)); then
+  record "python prerequisites" fail - - "$PY_WHY"
+else
+  record "python prerequisites" skip - - "no GPU; $PY_WHY"
+fi
+note "python: ${PY_NOTES:-$PY_WHY}"
 fi
 
-# Two ranks on the one GPU. NCCL refuses two ranks on one GPU of one host ("Duplicate GPU
-# detected", NCCL's init.cc) unless, from 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1 (experimental, up
-# to 2 ranks per GPU); before 2.30 a distinct NCCL_HOSTID per rank makes them two hosts, which
-# then talk over sockets (NCCL_IB_DISABLE=1, the loopback interface): correctness, not speed.
+# Two ranks on the one GPU. NCCL refuses two ranks on one GPU of one host unless, from 2.30,
+# NCCL_MULTI_RANK_GPU_ENABLE=1 (experimental, up to 2 ranks per GPU); before 2.30 a distinct
+# NCCL_HOSTID per rank makes them two hosts, which then talk over sockets (NCCL_IB_DISABLE=1,
+# the loopback interface): correctness, not speed.
 nccl_version=$(grep -o '[0-9][0-9.]*' <<<"${NCCL_RAN:-}" | head -1)
 if [ -n "$nccl_version" ] && printf '2.30\n%s\n' "$nccl_version" | sort -V -C; then
   TWO_RANKS=multi
@@ -285,18 +376,27 @@ for r in 0 1; do
     note "  rank $r: RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 NCCL_HOSTID=weightcast-gpu-check-rank$r NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
   fi
 done
-# NCCL's refusal of two ranks on one GPU, word for word: only this is a refusal; any other
-# failure of a two-rank step (a pairing bug in weightcast's groups too) fails the step.
-NCCL_REFUSAL='Duplicate GPU detected : rank [0-9]+ and rank [0-9]+ both on CUDA device [0-9a-fA-F]+'
+# NCCL's refusal of two ranks on one GPU, word for word, as each version words it (init.cc's
+# WARN): before 2.30 "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000";
+# from 2.30 (without NCCL_MULTI_RANK_GPU_ENABLE) "Multiple Ranks are using the same
+# GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.". Only these
+# are a refusal; any other failure of a two-rank step (a pairing bug in weightcast's groups
+# too) fails the step, and so does a refusal where NCCL_MULTI_RANK_GPU_ENABLE=1 was set.
+NCCL_REFUSAL='Duplicate GPU detected : rank [0-9]+ and rank [0-9]+ both on CUDA device [0-9a-fA-F]+|Multiple Ranks are using the same GPU/Partition\. Set NCCL_MULTI_RANK_GPU_ENABLE=1'
 
-# two_ranks.sh MODE KILL_AFTER_S CMD...: CMD as ranks 0 and 1 of 2 on the one GPU, with
-# torchrun's variables; rank 1 killed (SIGKILL) KILL_AFTER_S seconds after the start when that
-# is not 0. Exit status: rank 0's when rank 1 was killed, else the first nonzero one.
+# two_ranks.sh MODE KILL CMD...: CMD as ranks 0 and 1 of 2 on the one GPU, with torchrun's
+# variables. KILL `progress`: rank 1 gets SIGKILL as soon as rank 0 prints its first progress
+# line (`weightcast[rank 0]: NN%`: chunks are flowing), polled every 50 ms; `0`: no kill.
+# Exit status: rank 0's when rank 1 was to be killed (1 when rank 0 ended before any
+# progress line, so the kill never landed mid-load), else the first nonzero one.
 cat >"$WORK/two_ranks.sh" <<'SH'
-mode=$1 kill_after=$2
+mode=$1 kill_on=$2
 shift 2
 logs=$(mktemp -d)
 pids=()
+# gpu_check.sh's `timeout` signals the whole process group; the trap ends the ranks at once
+# on a signal sent to this script alone.
+trap 'kill -9 "${pids[@]}" 2>/dev/null; exit 124' TERM INT
 for r in 0 1; do
   if [ "$mode" = multi ]; then
     nccl=(NCCL_MULTI_RANK_GPU_ENABLE=1)
@@ -308,15 +408,26 @@ for r in 0 1; do
     >"$logs/rank$r" 2>&1 &
   pids+=($!)
 done
-statuses=()
-if [ "$kill_after" != 0 ]; then
-  sleep "$kill_after"
-  kill -0 "${pids[1]}" 2>/dev/null && killed=1 || killed=0
-  kill -9 "${pids[1]}" 2>/dev/null
+if [ "$kill_on" = progress ]; then
   start=$(date +%s.%N)
+  killed=0
+  while kill -0 "${pids[0]}" 2>/dev/null; do
+    if grep -qE 'weightcast\[rank 0\]: +[0-9]+%' "$logs/rank0"; then
+      kill -9 "${pids[1]}" 2>/dev/null && killed=1
+      break
+    fi
+    sleep 0.05
+  done
+  at=$(date +%s.%N)
   wait "${pids[0]}"
   status=$?
-  echo "rank 1 killed: $killed; rank 0 ended with $status $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s after the kill"
+  since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
+  if ((killed)); then
+    echo "rank 1 killed at rank 0's first progress line, $(awk -v a="$start" -v b="$at" 'BEGIN {printf "%.1f", b - a}') s in ($(grep -m1 -oE 'weightcast\[rank 0\]: +[0-9]+%' "$logs/rank0")); rank 0 ended with $status $(since "$at") s after the kill"
+  else
+    echo "rank 1 not killed: rank 0 ended with $status before printing any progress line (a load under 2 s prints none)"
+    ((status == 0)) && status=1
+  fi
   wait "${pids[1]}" 2>/dev/null
 else
   status=0
@@ -327,32 +438,8 @@ rm -rf "$logs"
 exit "$status"
 SH
 
-# ---- 1: the [gpu] tests --------------------------------------------------------------------
-step "1 [gpu] tests"
-if [ -d "${WEIGHTCAST_CORPUS:-/nonexistent}/real" ]; then
-  # The [placement][gpu] tests run in a row of their own, with 2 ranks.
-  filter="[gpu]~[placement],[pinned],[gpu-info]"
-  why_filter="with the corpus at $WEIGHTCAST_CORPUS"
-else
-  # Without the corpus (it does not travel): the tests that read it are left out.
-  filter="[gpu]~[corpus]~[placement],[pinned],[gpu-info]~[run]"
-  why_filter="the corpus tests left out (no WEIGHTCAST_CORPUS)"
-fi
-require=0
-((GPUS_SEEN > 0)) && require=1
-t=$(cap tests)
-if ((t == 0)); then
-  record "[gpu] tests" skip - - "no time left"
-else
-  measure tests "$t" env WEIGHTCAST_REQUIRE_GPU=$require WEIGHTCAST_CLI="$WC" "$TESTS" "$filter" --durations yes
-  status=$?
-  summary=$(grep -E '^(All tests passed|test cases:)' "$WORK/tests.log" | tail -1)
-  skipped=$(grep -c 'skipped: ' "$WORK/tests.log" || true)
-  record "[gpu] tests" "$(outcome $status)" - "$(rss_of tests)" "$filter: ${summary:-exit $status}; $skipped skip warning(s); REQUIRE_GPU=$require; $why_filter"
-fi
-
-# ---- 2: a synthetic checkpoint ----------------------------------------------------------
-step "2 synthetic checkpoint: $PARAMS params (BF16) in $WORK"
+# ---- 1: a synthetic checkpoint ----------------------------------------------------------
+step "1 synthetic checkpoint: $PARAMS params (BF16) in $WORK"
 CKPT=$WORK/ckpt-$PARAMS
 SHARDS=()
 BYTES=0
@@ -381,20 +468,282 @@ else
   fi
 fi
 
-# ---- 3: h2d_bench: pinned H2D, uploads by piece, nccl groups, read-back -----------------
-step "3 h2d_bench: pinned H2D, uploads, nccl group cost, read-back"
-# Each row names h2d_bench's mode word (bench/h2d_bench.cpp): without it the arguments read as
-# the plain H2D mode's BYTES ITERATIONS.
-bench_row() {  # NAME ROW MODE ARGS...
-  local name=$1 row=$2 t
-  shift 2
+# ---- 2: the reference: digests computed on the host from the files -----------------------
+# One host load (no GPU) writes every tensor's XXH3-64; gpu_check_digests.py recomputes each
+# from the files with libxxhash, so the reference is the files' own. Every GPU row's report
+# is compared with it. Needs no GPU: it runs (and is checked) on any host. It also leaves
+# the checkpoint in the page cache for the GPU rows.
+step "2 host digests of the checkpoint (weightcast run --set device=host --report)"
+HOST_REPORT=$WORK/host.report.json
+HAVE_HOST=0
+DIGESTS_PY=$HERE/gpu_check_digests.py
+if ((${#SHARDS[@]} == 0)); then
+  record "host digests from the files" fail - - "no checkpoint"
+else
+  rm -f "$HOST_REPORT"
+  measure host "$(cap host)" "$WC" run --set "checkpoint=$CKPT" --set device=host --set transport=local \
+    --set chunk_size=16MiB --report "$HOST_REPORT"
+  status=$?
+  if ((DRY == 0 && status != 0)); then
+    record "host digests from the files" "$(outcome $status)" - "$(rss_of host)" "the host load failed (exit $status): see host.log"
+  else
+    host_gbps=$(grep -o '[0-9.]* GB/s' "$WORK/host.log" | head -1 | cut -d' ' -f1)
+    measure host.digests "$(cap host.digests)" python3 "$DIGESTS_PY" --checkpoint "$CKPT" \
+      --xxhash "${XXHASH:-none}" host "$HOST_REPORT"
+    status=$?
+    cat "$WORK/host.digests.log" | sed 's/^/  /' | head -12
+    ((DRY || status == 0)) && HAVE_HOST=1
+    record "host digests from the files" "$(outcome $status)" "${host_gbps:--}" "$(rss_of host)" "$(head -1 "$WORK/host.digests.log" | head -c 240)"
+  fi
+fi
+# compare_digests STEP ROW REPORT...: STEP's per-rank reports against the host digests (whole
+# tensors) and the files (shards), capped as STEP.digests. Returns 0 when equal; records
+# nothing (the caller's row says it).
+DIGEST_NOTE=
+compare_digests() {
+  local name=$1 status
+  shift
+  checked_against "$name" "host digests: $name.digests compares its --report with $HOST_REPORT"
+  if ((DRY)); then
+    DIGEST_NOTE="bytes compared with the host digests"
+  elif ((HAVE_HOST == 0)); then
+    DIGEST_NOTE="no host digests to compare with"
+    return 1
+  fi
+  measure "$name.digests" "$(cap "$name.digests")" python3 "$DIGESTS_PY" --checkpoint "$CKPT" \
+    --xxhash "${XXHASH:-none}" rows "$HOST_REPORT" "$@"
+  status=$?
+  sed 's/^/  /' "$WORK/$name.digests.log" | head -12
+  ((DRY)) && return 0
+  DIGEST_NOTE=$(head -1 "$WORK/$name.digests.log" | head -c 200)
+  [ -n "$DIGEST_NOTE" ] || DIGEST_NOTE="the digest comparison ended with $status"
+  return "$status"
+}
+
+# two_rank_row NAME ROW KILL EXPECT CMD...: CMD on 2 ranks (two_ranks.sh); the row passes
+# when rank 0 (KILL progress: rank 0; else both) ends with EXPECT and, where CMD wrote
+# reports ($WORK/NAME.r0.json, .r1.json), they equal the host digests. NCCL's refusal of two
+# ranks on one GPU is a skip where the setting is NCCL_HOSTID (it did not take), a failure
+# under NCCL_MULTI_RANK_GPU_ENABLE=1; anything else that fails, fails.
+two_rank_row() {
+  local name=$1 row=$2 kill_on=$3 expect=$4 t status refusal reports=()
+  shift 4
   t=$(cap "$name")
   if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
   if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
+  rm -f "$WORK/$name".r*.json
+  measure "$name" "$t" bash "$WORK/two_ranks.sh" "$TWO_RANKS" "$kill_on" "$@"
+  status=$?
+  tail -4 "$WORK/$name.log" | sed 's/^/  /'
+  refusal=$(grep -oE -m1 "$NCCL_REFUSAL" "$WORK/$name.log")
+  if [[ "$*" == *"--report $WORK/$name.r{rank}.json"* ]]; then
+    reports=("$WORK/$name.r0.json" "$WORK/$name.r1.json")
+  fi
+  if ((DRY)); then
+    ((${#reports[@]})) && compare_digests "$name" "${reports[@]}"
+    record "$row" dry - - "$two_ranks_why; expects exit $expect"
+  elif [ -n "$refusal" ] && [ "$TWO_RANKS" = multi ]; then
+    record "$row" fail - - "NCCL refused two ranks on one GPU although NCCL_MULTI_RANK_GPU_ENABLE=1 was set: $refusal"
+  elif [ -n "$refusal" ]; then
+    record "$row" skip - - "NCCL refused two ranks on one GPU ($two_ranks_why did not take): $refusal"
+  elif ((status != expect)); then
+    record "$row" "$(outcome $status)" - - "exit $status, expected $expect ($two_ranks_why): $(grep -m1 -E 'FAIL|error|rank 1 (not )?killed' "$WORK/$name.log" | head -c 200)"
+  elif ((${#reports[@]})) && ! compare_digests "$name" "${reports[@]}"; then
+    record "$row" fail - "$(rss_of "$name")" "$two_ranks_why; bytes differ from the files: $DIGEST_NOTE"
+  else
+    record "$row" pass "$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | head -1 | cut -d' ' -f1)" "$(rss_of "$name")" "$two_ranks_why; $(grep -m1 -o 'rank 0 ended with [^;]*\|load_into(FSDP2) ordered[^;]*\|bit-exact[^;]*\|All tests passed[^;]*' "$WORK/$name.log" | head -c 160)${DIGEST_NOTE:+; $DIGEST_NOTE}"
+  fi
+  DIGEST_NOTE=
+}
+# py_ready ROW: whether the Python rows can run; records the row's skip or failure if not.
+py_ready() {
+  if ((HAVE_GPU == 0)); then record "$1" skip - - "$gpu_skip_reason"; return 1; fi
+  ((PY_OK)) && return 0
+  # nvidia-smi sees a GPU here: a missing prerequisite fails the row, naming it.
+  record "$1" fail - - "$PY_WHY"
+  return 1
+}
+
+# ---- 3: Python load_into of an FSDP2 model, ordered after the caller's queued work --------
+step "3 Python load_into(FSDP2), 2 ranks on the one GPU, after queued GPU work ($two_ranks_why)"
+mkdir -p "$WORK/fsdp2"
+row="python load_into(FSDP2) after queued work, 2 ranks one GPU"
+checked_against py_fsdp2 "torch.equal of every full_tensor() against safetensors.torch.load_file of the file"
+if py_ready "$row"; then
+  two_rank_row py_fsdp2 "$row" 0 0 \
+    env PYTHONPATH="$PYPATH" python3 "$HERE/gpu_check_fsdp2.py" "$WORK/fsdp2" 29594
+fi
+
+# ---- 4: two ranks on the one GPU over NCCL: broadcast, fsdp send/recv, a rank killed -------
+step "4 nccl transport, 2 ranks on the one GPU ($two_ranks_why)"
+if ((${#SHARDS[@]} == 0)); then
+  for row in "nccl broadcast, 2 ranks one GPU" "nccl fsdp send/recv, 2 ranks one GPU" \
+    "nccl rank 1 killed mid-load"; do record "$row" fail - - "no checkpoint"; done
+else
+  two_rank_row nccl2 "nccl broadcast, 2 ranks one GPU" 0 0 \
+    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=15s \
+    --set rendezvous.port=29591 --set chunk_size=16MiB --report "$WORK/nccl2.r{rank}.json"
+  two_rank_row nccl2_fsdp "nccl fsdp send/recv, 2 ranks one GPU" 0 0 \
+    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=15s \
+    --set rendezvous.port=29592 --set placement=fsdp --set chunk_size=16MiB \
+    --report "$WORK/nccl2_fsdp.r{rank}.json"
+  # Small chunks and a shallow ring stretch the load over seconds (progress lines start 2 s
+  # in), so the kill at rank 0's first progress line lands mid-load; rank 0 must end with 69
+  # (a peer gone) within its 8 s timeout, not hang. It fails by design: no digests.
+  two_rank_row nccl2_kill "nccl rank 1 killed mid-load" progress 69 \
+    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=8s \
+    --set rendezvous.port=29593 --set chunk_size=32KiB --set buffer_depth=2
+fi
+
+# ---- 5: Python on one GPU: load(cuda), the DCP reader, load_into against load_state_dict --
+step "5 Python: load(device=cuda), DCP reader, load_into vs load_state_dict(load_file(cuda))"
+rows=("python weightcast.load(device=cuda); DCP reader" "python load_into vs load_state_dict(load_file(cuda))")
+checked_against py_cuda "torch.equal of every tensor against safetensors.torch.load_file of the same shard"
+if ((${#SHARDS[@]} == 0)); then
+  for row in "${rows[@]}"; do record "$row" fail - - "no checkpoint"; done
+elif ! py_ready "${rows[0]}"; then
+  py_ready "${rows[1]}"  # records the same skip or failure for the second row
+else
+  t=$(cap py_cuda)
+  if ((t == 0)); then
+    for row in "${rows[@]}"; do record "$row" skip - - "no time left"; done
+  else
+    mkdir -p "$WORK/dcp"
+    measure py_cuda "$t" env PYTHONPATH="$PYPATH" python3 "$HERE/gpu_check_cuda.py" "$CKPT" "$WORK/dcp"
+    status=$?
+    grep -E '^(PASS|FAIL|  )' "$WORK/py_cuda.log" | sed 's/^/  /'
+    # A row per part: PASS/FAIL lines; a part with neither did not run (the process died or
+    # timed out before it).
+    part_row() {  # ROW GBPS_PATTERN PART...
+      local row=$1 pattern=$2 p line verdict=pass notes=()
+      shift 2
+      for p in "$@"; do
+        line=$(grep -m1 -E "^(PASS|FAIL) $p: " "$WORK/py_cuda.log")
+        if ((DRY)); then verdict=dry notes=("$p: torch.equal against safetensors.load_file"); continue; fi
+        if [ -z "$line" ]; then
+          verdict=$(outcome "$status")
+          [ "$verdict" = pass ] && verdict=fail
+          notes+=("$p did not run (exit $status)")
+        else
+          [[ "$line" == FAIL* ]] && verdict=fail
+          notes+=("${line#* }")
+        fi
+      done
+      # Notes joined with "; ": a "|" would open a new column of the table.
+      local joined
+      joined=$(printf '%s; ' "${notes[@]}")
+      record "$row" "$verdict" "$(grep -m1 -oE "$pattern" "$WORK/py_cuda.log" | grep -oE '[0-9.]+ GB/s' | cut -d' ' -f1)" "$(rss_of py_cuda)" "$(printf '%s' "${joined%; }" | head -c 400)"
+    }
+    part_row "${rows[0]}" "weightcast.load\(device='cuda'\): .* GB/s" load dcp
+    part_row "${rows[1]}" 'load_into [0-9.]+ GB/s' bench
+  fi
+fi
+
+# ---- 6: weightcast run to the GPU, world size 1: page cache, then O_DIRECT ----------------
+step "6 weightcast run, device cuda, world size 1: page cache, then O_DIRECT"
+# The page cache is warm: synth wrote the files and the host load read them.
+run_weightcast() {  # NAME ROW SETS...
+  local name=$1 row=$2 t status
+  shift 2
+  local sets=()
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  t=$(cap "$name")
+  if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
+  if ((${#SHARDS[@]} == 0)); then record "$row" fail - - "no checkpoint"; return; fi
+  if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
+  rm -f "$WORK/$name.report.json"
+  measure "$name" "$t" "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=local \
+    --set chunk_size=16MiB --set buffer_depth=8 "${sets[@]}" --report "$WORK/$name.report.json"
+  status=$?
+  grep '^# ' "$WORK/$name.log" | tail -4 | sed 's/^/  /'
+  local gbps reader
+  gbps=$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | head -1 | cut -d' ' -f1)
+  reader=$(grep -o '# reader [^,]*' "$WORK/$name.log" | head -1 | cut -c3-)
+  # The device digests (read back from GPU memory) against the files'.
+  if ((DRY == 0 && status != 0)); then
+    record "$row" "$(outcome $status)" "${gbps:--}" "$(rss_of "$name")" "exit $status: see $name.log"
+  elif ! compare_digests "$name" "$WORK/$name.report.json"; then
+    record "$row" fail "${gbps:--}" "$(rss_of "$name")" "bytes differ from the files: $DIGEST_NOTE"
+  else
+    record "$row" "$(outcome 0)" "${gbps:--}" "$(rss_of "$name")" "$BYTES B; ${reader:-}; $(grep -o 'upload [0-9.]* GB/s' "$WORK/$name.log" | head -1); $DIGEST_NOTE"
+  fi
+  DIGEST_NOTE=
+}
+run_weightcast warm "weightcast cuda, page cache" direct_io=off
+run_weightcast direct "weightcast cuda, O_DIRECT" direct_io=on
+
+# ---- 7: the [gpu] tests --------------------------------------------------------------------
+step "7 [gpu] tests"
+if [ -d "${WEIGHTCAST_CORPUS:-/nonexistent}/real" ]; then
+  # The [placement][gpu] tests run in a row of their own, with 2 ranks.
+  filter="[gpu]~[placement],[pinned],[gpu-info]"
+  why_filter="with the corpus at $WEIGHTCAST_CORPUS"
+else
+  # Without the corpus (it does not travel): the tests that read it are left out.
+  filter="[gpu]~[corpus]~[placement],[pinned],[gpu-info]~[run]"
+  why_filter="the corpus tests left out (no WEIGHTCAST_CORPUS)"
+fi
+require=0
+((GPUS_SEEN > 0)) && require=1
+t=$(cap tests)
+if ((t == 0)); then
+  record "[gpu] tests" skip - - "no time left"
+else
+  measure tests "$t" env WEIGHTCAST_REQUIRE_GPU=$require WEIGHTCAST_CLI="$WC" "$TESTS" "$filter" --durations yes
+  status=$?
+  summary=$(grep -E '^(All tests passed|test cases:)' "$WORK/tests.log" | tail -1)
+  skipped=$(grep -c 'skipped: ' "$WORK/tests.log" || true)
+  record "[gpu] tests" "$(outcome $status)" - "$(rss_of tests)" "$filter: ${summary:-exit $status}; $skipped skip warning(s); REQUIRE_GPU=$require; $why_filter"
+fi
+
+# ---- 8: the [placement][gpu] tests, 2 ranks through `weightcast launch` -------------------
+# `launch` cannot give each rank its own NCCL_HOSTID: they take two ranks on one GPU only
+# where NCCL 2.30's setting does.
+step "8 [placement][gpu] tests"
+# The step's cap covers --list-tags (5 s at most; `scatter.tags` in the dry run) and the run.
+has_placement=1
+if ((DRY)); then
+  dry scatter.tags 5 "$TESTS" --list-tags
+elif ((HAVE_GPU)) && ! timeout 5 "$TESTS" --list-tags 2>/dev/null | grep -q '\[placement\]'; then
+  has_placement=0
+fi
+t=$(cap scatter)
+((t > 5)) && t=$((t - 5))
+if ((HAVE_GPU == 0)); then
+  record "placement [placement][gpu] tests" skip - - "$gpu_skip_reason"
+elif ((has_placement == 0)); then
+  record "placement [placement][gpu] tests" skip - - "not in this build (no [placement] tests)"
+elif ((t == 0)); then
+  record "placement [placement][gpu] tests" skip - - "no time left"
+else
+  two=()
+  [ "$TWO_RANKS" = multi ] && two=(NCCL_MULTI_RANK_GPU_ENABLE=1 WEIGHTCAST_TEST_TWO_RANKS_PER_GPU=1)
+  measure scatter "$t" env WEIGHTCAST_REQUIRE_GPU=1 WEIGHTCAST_CLI="$WC" "${two[@]}" "$TESTS" "[placement][gpu]" --durations yes
+  status=$?
+  summary=$(grep -E '^(All tests passed|test cases:)' "$WORK/scatter.log" | tail -1)
+  skipped=$(grep -o 'skipped: needs 2 CUDA devices[^;]*' "$WORK/scatter.log" | head -1)
+  refusal=$(grep -oE -m1 "$NCCL_REFUSAL" "$WORK/scatter.log")
+  record "placement [placement][gpu] tests" "$(outcome $status)" - "$(rss_of scatter)" "[placement][gpu]: ${summary:-exit $status}${skipped:+; fsdp between ranks $skipped}${refusal:+; NCCL refused two ranks on one GPU: $refusal}"
+fi
+
+# ---- 9: h2d_bench: pinned H2D, uploads by piece, nccl groups, read-back -----------------
+step "9 h2d_bench: pinned H2D, uploads, nccl group cost, read-back"
+# Each row names h2d_bench's mode word (bench/h2d_bench.cpp): without it the arguments read as
+# the plain H2D mode's BYTES ITERATIONS. h2d, pieces and readback read the device bytes back
+# and compare their XXH3-64 with the source's, computed on the host (`verify ... equal`
+# lines; a difference exits 70). nccl moves no bytes at world size 1 (rank 0 to itself).
+bench_row() {  # NAME ROW MODE ARGS...
+  local name=$1 row=$2 mode=$3 t status
+  shift 2
+  t=$(cap "$name")
+  [ "$mode" = nccl ] || checked_against "$name" "h2d_bench $mode: the device bytes read back against the XXH3-64 of the source computed on the host"
+  if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
+  if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
   measure "$name" "$t" "$H2D" "$@"
-  local status=$?
+  status=$?
   sed 's/^/  /' "$WORK/$name.log" | tail -8
-  local gbps=- extra
+  local gbps=- extra verify
+  verify=$(grep -m1 '^verify ' "$WORK/$name.log")
   if [ "$name" = h2d ]; then
     gbps=$(awk '/^h2d_gbps/ {print $2}' "$WORK/$name.log")
     extra="256 MiB cudaMemcpyAsync from cudaHostAlloc"
@@ -406,282 +755,20 @@ bench_row() {  # NAME ROW MODE ARGS...
   else
     extra=$(grep '^readback' "$WORK/$name.log" | tr '\n' ';')
   fi
-  record "$row" "$(outcome $status)" "${gbps:--}" "$(rss_of "$name")" "$extra"
+  if ((DRY == 0 && status == 0)) && [ "$mode" != nccl ] && [[ "$verify" != *" equal"* ]]; then
+    status=1
+    verify="no 'verify ... equal' line: the device bytes were not checked"
+  fi
+  record "$row" "$(outcome $status)" "${gbps:--}" "$(rss_of "$name")" "$extra${verify:+; $verify}"
 }
 bench_row h2d "pinned H2D (h2d_bench)" h2d $((256 << 20)) 20
 bench_row pieces "Device::upload 16 MiB chunks, 64 pieces" pieces $((16 << 20)) 64 64
 bench_row nccl_groups "nccl group enqueue, world size 1" nccl 200 $((16 << 20))
 bench_row readback "Arena::read_back, 1000 x 64 KiB" readback 1000 65536
 
-# ---- 4: weightcast loads to the GPU ------------------------------------------------------
-step "4 weightcast run, device cuda, world size 1: page cache, then O_DIRECT"
-run_weightcast() {  # NAME ROW SETS...
-  local name=$1 row=$2 t
-  shift 2
-  local sets=()
-  for kv in "$@"; do sets+=(--set "$kv"); done
-  t=$(cap "$name")
-  if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
-  if ((${#SHARDS[@]} == 0)); then record "$row" skip - - "no checkpoint"; return; fi
-  if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
-  rm -f "$WORK/$name.report.json"
-  measure "$name" "$t" "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=local \
-    --set chunk_size=16MiB --set buffer_depth=8 "${sets[@]}" --report "$WORK/$name.report.json"
-  local status=$?
-  grep '^# ' "$WORK/$name.log" | tail -4 | sed 's/^/  /'
-  local gbps reader
-  gbps=$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | head -1 | cut -d' ' -f1)
-  reader=$(grep -o '# reader [^,]*' "$WORK/$name.log" | head -1 | cut -c3-)
-  record "$row" "$(outcome $status)" "${gbps:--}" "$(rss_of "$name")" "$BYTES B; ${reader:-}; $(grep -o 'upload [0-9.]* GB/s' "$WORK/$name.log" | head -1)"
-}
-if ((HAVE_GPU)) && ((${#SHARDS[@]})); then
-  if ((DRY)); then
-    dry prewarm "$(cap prewarm)" cat "$CKPT/*.safetensors"
-  else
-    timeout "$(cap prewarm)" cat "${SHARDS[@]}" >/dev/null || note "warming the page cache did not finish"
-  fi
-fi
-run_weightcast warm "weightcast cuda, page cache" direct_io=off
-run_weightcast direct "weightcast cuda, O_DIRECT" direct_io=on
-if [ -s "$WORK/warm.report.json" ] && [ -s "$WORK/direct.report.json" ] && command -v python3 >/dev/null; then
-  if python3 - "$WORK/warm.report.json" "$WORK/direct.report.json" <<'PY'; then
-import json, sys
-a, b = (json.load(open(p))["tensors"] for p in sys.argv[1:])
-bad = [n for n in a if a[n]["xxh3"] != b.get(n, {}).get("xxh3")]
-print(f"  -- device digests: {len(a)} tensors, {len(bad)} differ between the two loads")
-sys.exit(1 if bad or not a else 0)
-PY
-    record "same bytes, page cache vs O_DIRECT" pass - - "every tensor's device digest equal"
-  else
-    record "same bytes, page cache vs O_DIRECT" fail - - "digests differ"
-  fi
-fi
-
-# ---- 5: safetensors.torch.load_file(device="cuda") on the same files ----------------------
-step "5 safetensors.torch.load_file(device=\"cuda\") on the same shards (page cache)"
-cat >"$WORK/torch_load.py" <<'PY'
-import sys, time
-import torch
-from safetensors.torch import load_file
-files = sys.argv[1:]
-torch.zeros(1, device="cuda")  # the CUDA context outside the timed part, as weightcast's is
-torch.cuda.synchronize()
-start = time.perf_counter()
-total = 0
-for f in files:
-    part = load_file(f, device="cuda")
-    total += sum(t.numel() * t.element_size() for t in part.values())
-    del part
-torch.cuda.synchronize()
-seconds = time.perf_counter() - start
-print(f"torch {torch.__version__}: {total} B in {seconds:.3f} s: {total / seconds / 1e9:.2f} GB/s")
-PY
-t=$(cap torch)
-if ((HAVE_GPU == 0)); then
-  record "safetensors load_file(cuda)" skip - - "$gpu_skip_reason"
-elif ((HAVE_TORCH == 0 || TORCH_CUDA == 0)); then
-  record "safetensors load_file(cuda)" skip - - "python3 has no torch with CUDA"
-elif ((${#SHARDS[@]} == 0 || t == 0)); then
-  record "safetensors load_file(cuda)" skip - - "no checkpoint or no time left"
-else
-  measure torch "$t" python3 "$WORK/torch_load.py" "${SHARDS[@]}"
-  status=$?
-  tail -2 "$WORK/torch.log" | sed 's/^/  /'
-  record "safetensors load_file(cuda)" "$(outcome $status)" "$(grep -o '[0-9.]* GB/s' "$WORK/torch.log" | tail -1 | cut -d' ' -f1)" "$(rss_of torch)" "same shards, page cache; $(grep -o '^torch [^:]*' "$WORK/torch.log")"
-fi
-
-# ---- 6: two ranks on the one GPU: broadcast, fsdp send/recv, [placement][gpu], a rank killed --
-step "6 nccl transport, 2 ranks on the one GPU ($two_ranks_why)"
-# two_rank_row NAME ROW KILL_AFTER EXPECT CMD...: CMD on 2 ranks; the row passes when rank 0
-# (killed: rank 0; else both) ends with EXPECT. NCCL's refusal of two ranks on one GPU is
-# recorded as such (the setting above did not take); anything else that fails, fails.
-two_rank_row() {
-  local name=$1 row=$2 kill_after=$3 expect=$4 t
-  shift 4
-  t=$(cap "$name")
-  if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
-  if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
-  measure "$name" "$t" bash "$WORK/two_ranks.sh" "$TWO_RANKS" "$kill_after" "$@"
-  local status=$?
-  tail -4 "$WORK/$name.log" | sed 's/^/  /'
-  local refusal
-  refusal=$(grep -oE -m1 "$NCCL_REFUSAL" "$WORK/$name.log")
-  if ((DRY)); then
-    record "$row" dry - - "$two_ranks_why; expects exit $expect"
-  elif ((status == expect)) && [ -z "$refusal" ]; then
-    record "$row" pass "$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | head -1 | cut -d' ' -f1)" "$(rss_of "$name")" "$two_ranks_why; $(grep -m1 -o 'rank 0 ended with [^;]*\|local shards bit-exact\|bit-exact[^;]*\|All tests passed[^;]*' "$WORK/$name.log" | head -c 160)"
-  elif [ -n "$refusal" ]; then
-    record "$row" skip - - "NCCL refused two ranks on one GPU ($two_ranks_why did not take): $refusal"
-  else
-    record "$row" "$(outcome $status)" - - "exit $status, expected $expect ($two_ranks_why): see $name.log"
-  fi
-}
-if ((${#SHARDS[@]} == 0)); then
-  for row in "nccl broadcast, 2 ranks one GPU" "nccl fsdp send/recv, 2 ranks one GPU" \
-    "nccl rank 1 killed mid-load"; do record "$row" skip - - "no checkpoint"; done
-else
-  two_rank_row nccl2 "nccl broadcast, 2 ranks one GPU" 0 0 \
-    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=15s \
-    --set rendezvous.port=29591 --set chunk_size=16MiB
-  two_rank_row nccl2_fsdp "nccl fsdp send/recv, 2 ranks one GPU" 0 0 \
-    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=15s \
-    --set rendezvous.port=29592 --set placement=fsdp --set chunk_size=16MiB
-  # Small chunks and a shallow ring stretch the load over several seconds, so the kill lands
-  # in it; rank 0 must end with 69 (a peer gone) within its 8 s timeout, not hang.
-  two_rank_row nccl2_kill "nccl rank 1 killed mid-load" 3 69 \
-    "$WC" run --set "checkpoint=$CKPT" --set device=cuda --set transport=nccl --set timeout=8s \
-    --set rendezvous.port=29593 --set chunk_size=64KiB --set buffer_depth=2
-fi
-# The [placement][gpu] tests run 2 ranks through `weightcast launch`, which cannot give each
-# rank its own NCCL_HOSTID: they take two ranks on one GPU only where NCCL 2.30's setting does.
-if ((HAVE_GPU == 0)); then
-  record "placement [placement][gpu] tests" skip - - "$gpu_skip_reason"
-elif ((DRY == 0)) && ! "$TESTS" --list-tags 2>/dev/null | grep -q '\[placement\]'; then
-  record "placement [placement][gpu] tests" skip - - "not in this build (no [placement] tests)"
-else
-  t=$(cap scatter)
-  two=()
-  [ "$TWO_RANKS" = multi ] && two=(NCCL_MULTI_RANK_GPU_ENABLE=1 WEIGHTCAST_TEST_TWO_RANKS_PER_GPU=1)
-  measure scatter "$t" env WEIGHTCAST_REQUIRE_GPU=1 WEIGHTCAST_CLI="$WC" "${two[@]}" "$TESTS" "[placement][gpu]" --durations yes
-  status=$?
-  summary=$(grep -E '^(All tests passed|test cases:)' "$WORK/scatter.log" | tail -1)
-  skipped=$(grep -o 'skipped: needs 2 CUDA devices[^;]*' "$WORK/scatter.log" | head -1)
-  record "placement [placement][gpu] tests" "$(outcome $status)" - "$(rss_of scatter)" "[placement][gpu]: ${summary:-exit $status}${skipped:+; fsdp between ranks $skipped}"
-fi
-
-# ---- 7: Python: load to CUDA; load_into an FSDP2 model on 2 ranks ------------------------
-step "7 Python load to CUDA; load_into an FSDP2 model, 2 ranks on the one GPU"
-PYDIR=${BUNDLE:+$BUNDLE/python}
-py_ok=0
-if ((DRY)); then
-  py_ok=1
-elif [ -n "$PYDIR" ] && [ -d "$PYDIR/weightcast" ] && ((HAVE_TORCH)); then
-  if PYTHONPATH=$PYDIR timeout 30 python3 -c 'import torch, weightcast' >"$WORK/py_import.log" 2>&1; then
-    py_ok=1
-  else
-    keep_log py_import
-  fi
-fi
-py_why="no Python package in the bundle"
-[ -n "$PYDIR" ] && [ -d "$PYDIR/weightcast" ] && py_why="python3 cannot import torch and weightcast: $(tail -1 "$WORK/py_import.log" 2>/dev/null)"
-((HAVE_TORCH == 0)) && py_why="python3 has no torch"
-
-cat >"$WORK/py_load.py" <<'PY'
-import sys, time
-import torch
-import weightcast
-path = sys.argv[1]
-torch.zeros(1, device="cuda")
-start = time.perf_counter()
-tensors = weightcast.load(path, device="cuda")
-torch.cuda.synchronize()
-seconds = time.perf_counter() - start
-total = sum(t.numel() * t.element_size() for t in tensors.values())
-devices = {str(t.device) for t in tensors.values()}
-assert devices == {"cuda:0"}, devices
-line = (f"weightcast.load(device='cuda'): {len(tensors)} tensors, {total} B in {seconds:.3f} s: "
-        f"{total / seconds / 1e9:.2f} GB/s")
-del tensors
-# The DCP reader into CUDA tensors (docs/python.md, "DCP reader"): a BF16 destination lands in
-# place on the GPU, an FP32 one in BF16 first and then copy_; a checkpoint, and the same tensor
-# in two pieces as torch's HuggingFaceStorageWriter(save_distributed=True) writes them.
-import json, os, warnings
-import torch.distributed.checkpoint as dcp
-import weightcast.dcp
-from safetensors.torch import save_file
-work = sys.argv[2]
-whole = torch.randn(300, 70, generator=torch.Generator().manual_seed(0)).bfloat16()
-os.makedirs(f"{work}/one", exist_ok=True)
-os.makedirs(f"{work}/pieces", exist_ok=True)
-save_file({"w": whole}, f"{work}/one/model.safetensors")
-for i, (a, b) in enumerate([(0, 200), (200, 300)], start=1):
-    save_file({"w": whole[a:b].contiguous()},
-              f"{work}/pieces/shard-{i:05d}-model-00001-of-00001.safetensors",
-              metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": [a, 0]}})})
-with warnings.catch_warnings():  # DCP warns that no process group means one process
-    warnings.simplefilter("ignore", UserWarning)
-    for source in ("one", "pieces"):
-        for dtype in (torch.bfloat16, torch.float32):
-            got = {"w": torch.full((300, 70), float("nan"), dtype=dtype, device="cuda")}
-            dcp.load(got, storage_reader=weightcast.dcp.HuggingFaceStorageReader(
-                f"{work}/{source}", timeout=20, progress=False))
-            torch.cuda.synchronize()
-            assert torch.equal(got["w"].cpu(), whole.to(dtype)), (source, dtype)
-print("weightcast.dcp.HuggingFaceStorageReader into CUDA BF16/FP32, whole and in pieces: "
-      "bit-exact")
-print(line)
-PY
-# Rank 0 writes the checkpoint; both ranks build the FSDP2 model on the meta device, to_empty()
-# it, queue init_weights-like writes (NaN) behind a long GPU sleep on the current stream, and
-# load_into: weightcast's streams must wait for that work, or the NaNs land after its bytes.
-cat >"$WORK/py_fsdp2.py" <<'PY'
-import os, sys
-import torch
-import torch.distributed as dist
-import weightcast
-from safetensors.torch import save_file
-from torch.distributed.fsdp import fully_shard
-rank = int(os.environ["RANK"])
-torch.cuda.set_device(0)
-dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
-torch.manual_seed(0)
-def model():
-    return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
-                               torch.nn.Linear(2048, 1024))
-reference = model()
-path = os.path.join(sys.argv[1], "model.safetensors")
-if rank == 0:
-    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, path)
-dist.barrier()
-with torch.device("meta"):
-    target = model()
-for layer in target:
-    if isinstance(layer, torch.nn.Linear):
-        fully_shard(layer)
-fully_shard(target)
-target.to_empty(device="cuda")
-torch.cuda._sleep(2_000_000_000)  # about a second of GPU time before the writes below
-with torch.no_grad():
-    for p in target.parameters():
-        p.to_local().fill_(float("nan"))
-report = weightcast.load_into(target, path, rendezvous_port=29594, timeout=20)
-for name, p in target.state_dict().items():
-    full = p.full_tensor()
-    assert torch.equal(full.cpu(), reference.state_dict()[name]), f"rank {rank}: {name} differs"
-print(f"rank {rank}: load_into(FSDP2 model after queued init work) bit-exact: {report.verdict}")
-dist.destroy_process_group()
-PY
-py_step() {  # NAME ROW ARGS...
-  local name=$1 row=$2 t
-  shift 2
-  t=$(cap "$name")
-  if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
-  if ((py_ok == 0)); then record "$row" skip - - "$py_why"; return; fi
-  if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
-  measure "$name" "$t" env PYTHONPATH="$PYDIR" python3 "$WORK/$name.py" "$@"
-  local status=$?
-  tail -2 "$WORK/$name.log" | sed 's/^/  /'
-  record "$row" "$(outcome $status)" "$(grep -o '[0-9.]* GB/s' "$WORK/$name.log" | tail -1 | cut -d' ' -f1)" "$(rss_of "$name")" "$(tail -1 "$WORK/$name.log" | head -c 200)"
-}
-if ((${#SHARDS[@]} || HAVE_GPU == 0)); then
-  mkdir -p "$WORK/dcp"
-  py_step py_load "python weightcast.load(device=cuda); DCP reader" "$CKPT" "$WORK/dcp"
-else
-  record "python weightcast.load(device=cuda); DCP reader" skip - - "no checkpoint"
-fi
-mkdir -p "$WORK/fsdp2"
-if ((HAVE_GPU == 0)); then
-  record "python load_into(FSDP2), 2 ranks one GPU" skip - - "$gpu_skip_reason"
-elif ((py_ok == 0)); then
-  record "python load_into(FSDP2), 2 ranks one GPU" skip - - "$py_why"
-else
-  two_rank_row py_fsdp2 "python load_into(FSDP2), 2 ranks one GPU" 0 0 \
-    env PYTHONPATH="$PYDIR" python3 "$WORK/py_fsdp2.py" "$WORK/fsdp2"
-fi
-
 # ---- the table -------------------------------------------------------------------------------
 if ((DRY)); then
-  step "dry run: $(wc -l <"$COMMANDS") commands in $COMMANDS; the caps add up to $caps_sum s of the ${BUDGET} s budget (less $RESERVE s for the table)"
+  step "dry run: $(wc -l <"$COMMANDS") commands in $COMMANDS; the caps add up to $caps_sum s of the ${BUDGET} s budget (less $RESERVE s for the table): $spare s spare"
   exit 0
 fi
 step "results: $BYTES B checkpoint, 1 GB = 1e9 B; $(( $(date +%s) - START )) s of the ${BUDGET} s budget used"
@@ -691,7 +778,7 @@ ratio() {  # ROW_A ROW_B
 }
 {
   ratio "weightcast cuda, page cache" "pinned H2D (h2d_bench)"
-  ratio "weightcast cuda, page cache" "safetensors load_file(cuda)"
-  ratio "weightcast cuda, O_DIRECT" "safetensors load_file(cuda)"
+  ratio "weightcast cuda, O_DIRECT" "pinned H2D (h2d_bench)"
+  grep -o 'load_into [0-9.]* GB/s, load_state_dict(load_file(cuda)) [0-9.]* GB/s ([0-9.]*x)' "$WORK/py_cuda.log" 2>/dev/null
 } | tee "$OUT/ratios.txt"
 exit "$FAILED"

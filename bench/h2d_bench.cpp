@@ -4,9 +4,10 @@
 //       cudaMemcpyAsync from cudaHostAlloc memory into cudaMalloc memory on a non-blocking
 //       stream, after a warm-up, timed with CUDA events. Last line `h2d_gbps <value>`.
 //   h2d_bench pieces CHUNK PIECES CHUNKS    weightcast's cuda Device::upload, as the loader's
-//       upload stage drives it: CHUNKS chunks of CHUNK bytes, each as one copy or as PIECES
-//       copies, each chunk's copies waited (polled) before the next is issued, against all
-//       chunks queued at once. Lines `upload_gbps <mode> <value>`.
+//       upload stage drives it: CHUNKS chunks of CHUNK bytes, each as one copy, as PIECES
+//       copies, or as PIECES copies in one Device::upload_all (the loader's own call), each
+//       chunk's copies waited (polled) before the next is issued, against all chunks queued
+//       at once. Lines `upload_gbps <mode> <value>`.
 //   h2d_bench nccl GROUPS BYTES             world size 1: GROUPS grouped broadcasts of BYTES
 //       through weightcast's nccl transport (a non-blocking communicator: NCCL runs each
 //       ncclGroupEnd on a thread of its own), against the same calls on a blocking
@@ -15,17 +16,24 @@
 //   h2d_bench readback TENSORS BYTES        Arena::read_back of TENSORS ranges of BYTES from a
 //       cuda arena, one call per range as tensor digests do. Line `readback_us_per_call`.
 //
+// h2d, pieces and readback then check the bytes they moved: the device memory is read back
+// and its XXH3-64 compared with the source's, computed on the host (a pattern that differs at
+// every 8 bytes, so a misplaced copy shows). Line `verify <mode> host <hex> device <hex>
+// equal` (or `DIFFER`, exit 70).
+//
 // Every mode starts with its word; an unknown word, a count that is not a whole number above 0
 // or an argument too many is refused with the usage (a dropped word used to read the next
 // mode's counts as BYTES ITERATIONS and time something else). 1 GB = 1e9 B. Exit 69 when CUDA
 // or NCCL is unusable, 64 for bad arguments.
 #include "weightcast/device/device.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/pipeline/digest.hpp"
 #include "weightcast/transport/transport.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -60,6 +68,26 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Fills @p bytes at @p data with a pattern that differs at every 8 bytes (splitmix64 of the
+// offset), so a copy landing at the wrong offset, or twice, changes the digest.
+void fill_pattern(std::byte* data, std::uint64_t bytes, std::uint64_t seed) {
+  for (std::uint64_t i = 0; i < bytes; i += 8) {
+    std::uint64_t z = seed * 0x100000000ull + i + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(data + i, &z, std::min<std::uint64_t>(8, bytes - i));
+  }
+}
+
+// Prints the verify line; @return 0 when the digests are equal, 70 when they differ.
+int verdict(const char* mode, std::uint64_t host, std::uint64_t device) {
+  const bool equal = host == device;
+  std::printf("verify %s host %s device %s %s\n", mode, weightcast::digest_hex(host).c_str(),
+              weightcast::digest_hex(device).c_str(), equal ? "equal" : "DIFFER");
+  return equal ? 0 : 70;
+}
+
 // Polls a Pending as the loader does: 10 µs first, doubling up to 100 µs (upload_poll_cap).
 void wait(std::unique_ptr<weightcast::Pending> pending) {
   if (!pending) return;
@@ -77,7 +105,7 @@ int pinned_h2d(unsigned long long bytes, int iterations) {
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
   check(cudaHostAlloc(&host, bytes, cudaHostAllocDefault), "cudaHostAlloc");
-  std::memset(host, 0x5a, bytes);  // fault the pages in before timing
+  fill_pattern(static_cast<std::byte*>(host), bytes, 1);  // faults the pages in before timing
   check(cudaMalloc(&device, bytes), "cudaMalloc");
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   check(cudaEventCreate(&start), "cudaEventCreate");
@@ -99,12 +127,17 @@ int pinned_h2d(unsigned long long bytes, int iterations) {
   std::printf("%14s %12s %10s\n", "size(B)", "time(us)", "algbw(GB/s)");
   std::printf("%14llu %12.1f %10.2f\n", bytes, seconds_per_copy * 1e6, gbps);
   std::printf("h2d_gbps %.2f\n", gbps);
+  // The copies' bytes: the device buffer read back against the host source.
+  const std::uint64_t want = weightcast::xxh3_64(host, bytes);
+  std::vector<std::byte> back(bytes);
+  check(cudaMemcpy(back.data(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  const int status = verdict("h2d", want, weightcast::xxh3_64(back.data(), bytes));
   cudaEventDestroy(stop);
   cudaEventDestroy(start);
   cudaStreamDestroy(stream);
   cudaFree(device);
   cudaFreeHost(host);
-  return 0;
+  return status;
 }
 
 int pieces(std::uint64_t chunk, std::uint64_t piece_count, std::uint64_t chunks) {
@@ -115,18 +148,26 @@ int pieces(std::uint64_t chunk, std::uint64_t piece_count, std::uint64_t chunks)
   std::unique_ptr<std::byte, decltype(&std::free)> staging_memory(
       static_cast<std::byte*>(std::aligned_alloc(4096, staging_bytes)), &std::free);
   if (!staging_memory) return 69;
-  std::memset(staging_memory.get(), 0x5a, staging_bytes);
+  fill_pattern(staging_memory.get(), staging_bytes, 2);
   std::span<std::byte> staging(staging_memory.get(), staging_bytes);
   device->pin(staging.data(), staging.size());
   const std::uint64_t piece = chunk / piece_count;
-  const auto run = [&](const char* mode, bool split, bool serial) {
+  const auto run = [&](const char* mode, bool split, bool serial, bool grouped = false) {
     const auto start = Clock::now();
     std::vector<std::unique_ptr<weightcast::Pending>> queued;
     for (std::uint64_t c = 0; c < chunks; ++c) {
       const std::byte* source = staging.data() + (c % 2) * chunk;
       std::byte* target = arena->data() + c * chunk;
       std::vector<std::unique_ptr<weightcast::Pending>> copies;
-      if (split) {
+      if (split && grouped) {
+        // The loader's upload stage: a chunk's pieces as one Device::upload_all.
+        std::vector<weightcast::Device::Copy> group;
+        for (std::uint64_t p = 0; p < piece_count; ++p) {
+          const std::uint64_t n = p + 1 == piece_count ? chunk - p * piece : piece;
+          group.push_back({source + p * piece, target + p * piece, n});
+        }
+        copies.push_back(device->upload_all(group));
+      } else if (split) {
         for (std::uint64_t p = 0; p < piece_count; ++p) {
           const std::uint64_t n = p + 1 == piece_count ? chunk - p * piece : piece;
           copies.push_back(device->upload(source + p * piece, target + p * piece, n));
@@ -149,10 +190,24 @@ int pieces(std::uint64_t chunk, std::uint64_t piece_count, std::uint64_t chunks)
   run("warmup", false, true);
   run("one_copy_per_chunk_waited", false, true);
   run("pieces_per_chunk_waited", true, true);
+  run("pieces_upload_all_waited", true, true, true);
   run("one_copy_per_chunk_queued", false, false);
   run("pieces_per_chunk_queued", true, false);
+  run("pieces_upload_all_queued", true, false, true);
+  // Chunk c of the arena holds staging chunk c % 2 (every run writes all of it): the arena
+  // read back against the same sequence hashed on the host.
+  std::vector<std::byte> expected(chunk * chunks);
+  for (std::uint64_t c = 0; c < chunks; ++c) {
+    std::memcpy(expected.data() + c * chunk, staging.data() + (c % 2) * chunk, chunk);
+  }
+  std::vector<std::byte> back;
+  back.reserve(chunk * chunks);
+  arena->read_back(0, chunk * chunks, [&](const std::byte* data, std::size_t n) {
+    back.insert(back.end(), data, data + n);
+  });
   device->unpin(staging.data());
-  return 0;
+  return verdict("pieces", weightcast::xxh3_64(expected.data(), expected.size()),
+                 weightcast::xxh3_64(back.data(), back.size()));
 }
 
 int nccl(int groups, std::uint64_t bytes) {
@@ -209,7 +264,10 @@ int nccl(int groups, std::uint64_t bytes) {
 int readback(std::uint64_t tensors, std::uint64_t bytes) {
   auto device = weightcast::make_cuda_device(0);
   auto arena = device->allocate_arena(tensors * bytes);
-  check(cudaMemset(arena->data(), 0x5a, tensors * bytes), "cudaMemset");
+  std::vector<std::byte> source(tensors * bytes);
+  fill_pattern(source.data(), source.size(), 3);
+  check(cudaMemcpy(arena->data(), source.data(), source.size(), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::uint64_t sum = 0;
   const auto start = Clock::now();
@@ -223,7 +281,16 @@ int readback(std::uint64_t tensors, std::uint64_t bytes) {
               static_cast<unsigned long long>(tensors), static_cast<unsigned long long>(bytes),
               seconds, static_cast<unsigned long long>(sum));
   std::printf("readback_us_per_call %.1f\n", seconds / tensors * 1e6);
-  return 0;
+  // Untimed: every range read back again, its bytes kept, against the source's digest.
+  std::vector<std::byte> back;
+  back.reserve(source.size());
+  for (std::uint64_t t = 0; t < tensors; ++t) {
+    arena->read_back(t * bytes, bytes, [&](const std::byte* data, std::size_t n) {
+      back.insert(back.end(), data, data + n);
+    });
+  }
+  return verdict("readback", weightcast::xxh3_64(source.data(), source.size()),
+                 weightcast::xxh3_64(back.data(), back.size()));
 }
 
 constexpr const char* usage =

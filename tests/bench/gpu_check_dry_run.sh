@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # CPU test of bench/gpu_check.sh: its dry run (no GPU, bundle or torch) lists every command the
-# check would run with its cap; this checks those commands' arguments, the budget, the four
-# two-rank rows and the setting that puts two ranks on one GPU for each NCCL version, and that
-# only NCCL's own refusal text counts as a refusal. ctest runs it (label `bench`).
+# check would run with its cap; this checks those commands' arguments, the budget (every
+# command capped, at least 20 s spare), the two-rank rows and the setting that puts two ranks
+# on one GPU for each NCCL version, that every row moving tensor bytes is compared with
+# digests computed on the host from the files, and that only NCCL's own refusal texts (before
+# and from 2.30) count as a refusal. ctest runs it (label `bench`).
 # Usage: bash tests/bench/gpu_check_dry_run.sh [SOURCE_DIR]
 set -uo pipefail
 SRC=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -19,20 +21,58 @@ for nccl in 2.28.9 2.30.7; do
   fi
   commands=$out/commands.tsv
   [ -s "$commands" ] || { fail "NCCL $nccl: no $commands"; continue; }
-  # Every step the check runs: each with a cap > 0, the sum within the budget less the reserve.
-  for name in tests synth h2d pieces nccl_groups readback prewarm warm direct torch nccl2 \
-    nccl2_fsdp nccl2_kill scatter py_load py_fsdp2; do
+  # Every command the check runs: each with a cap > 0; the sum leaves >= 20 s of the budget
+  # less the reserve for the table.
+  for name in probe synth host host.digests py_fsdp2 nccl2 nccl2.digests nccl2_fsdp \
+    nccl2_fsdp.digests nccl2_kill py_cuda warm warm.digests direct direct.digests tests \
+    scatter.tags scatter h2d pieces nccl_groups readback; do
     [ "$(awk -F'\t' -v n="$name" '$1 == n' "$commands" | wc -l)" = 1 ] ||
       fail "NCCL $nccl: step '$name' is not listed exactly once in commands.tsv"
   done
   sum=$(awk -F'\t' '{ if ($2 !~ /^[0-9]+$/ || $2 == 0) bad = 1; s += $2 } END { print bad ? "bad" : s }' "$commands")
   if [ "$sum" = bad ]; then
     fail "NCCL $nccl: a step without a cap > 0"
-  elif ((sum > 280 - 8)); then
-    fail "NCCL $nccl: the caps add up to $sum s, over the 280 s budget less 8 s"
+  elif ((280 - 8 - sum < 20)); then
+    fail "NCCL $nccl: the caps add up to $sum s: under 20 s spare of the 280 s budget less 8 s"
   fi
+  grep -q "leaves $((280 - 8 - sum)) s spare" "$TMP/$nccl.log" ||
+    fail "NCCL $nccl: the dry run does not show the spare the commands leave ($((280 - 8 - sum)) s)"
+  # Order: the most valuable rows first (Python FSDP2 load_into, then the NCCL rows).
+  order=$(cut -f1 "$commands" | grep -nxE 'py_fsdp2|nccl2|nccl2_fsdp|nccl2_kill|tests|h2d' | cut -d: -f2 | tr '\n' ' ')
+  [ "$order" = "py_fsdp2 nccl2 nccl2_fsdp nccl2_kill tests h2d " ] || fail "NCCL $nccl: rows out of order: $order"
   grep -q "cap *[0-9]* s\] h2d: " "$TMP/$nccl.log" || fail "NCCL $nccl: the dry run does not print each step's cap"
   grep -q 'caps add up to [0-9]* s of the 280 s budget' "$TMP/$nccl.log" || fail "NCCL $nccl: the dry run does not show the budget"
+
+  # Every row that moves tensor bytes is compared with what the host computed from the files:
+  # its --report against the host digests (NAME.digests), torch.equal against
+  # safetensors.load_file (Python), or h2d_bench's read-back against the source's XXH3-64.
+  digests=$out/digests.tsv
+  line_of() { awk -F'\t' -v n="$1" '$1 == n {print $3}' "$commands"; }
+  host=$(line_of host)
+  [[ "$host" == *" run "*"device=host"*"--report "*"/host.report.json" ]] || fail "no host load writing host.report.json: $host"
+  [[ "$(line_of host.digests)" == *"gpu_check_digests.py"*" host "*"/host.report.json" ]] ||
+    fail "the host digests are not recomputed from the files: $(line_of host.digests)"
+  for name in warm direct nccl2 nccl2_fsdp; do
+    grep -q "^$name"$'\t'"host digests" "$digests" || fail "step $name: no digest comparison in digests.tsv"
+    report=$(line_of "$name" | grep -oE -- '--report [^ ]+' | cut -d' ' -f2)
+    [ -n "$report" ] || { fail "step $name writes no --report"; continue; }
+    compare=$(line_of "$name.digests")
+    [[ "$compare" == *"gpu_check_digests.py"*" rows "*"/host.report.json "* ]] ||
+      fail "step $name: its digests are not compared with the host's: $compare"
+    want=${report//\\\{rank\\\}/0}
+    [[ "$compare" == *"$want"* ]] || fail "step $name: $name.digests does not read its report ($want): $compare"
+  done
+  for name in py_fsdp2 py_cuda; do
+    grep -q "^$name"$'\t'"torch.equal .*safetensors.torch.load_file" "$digests" || fail "step $name: not compared with safetensors.load_file"
+  done
+  for py in gpu_check_fsdp2.py gpu_check_cuda.py; do
+    grep -q 'torch.equal' "$SRC/bench/$py" && grep -q 'load_file' "$SRC/bench/$py" || fail "$py does not compare with torch.equal against load_file"
+  done
+  for name in h2d pieces readback; do
+    grep -q "^$name"$'\t'"h2d_bench" "$digests" || fail "step $name: its bytes are not checked"
+  done
+  grep -q 'verify %s host %s device %s' "$SRC/bench/h2d_bench.cpp" || fail "h2d_bench prints no verify line"
+  grep -q '"verify ... equal"\|verify ... equal' "$CHECK" || fail "gpu_check.sh does not require h2d_bench's verify line"
 
   # h2d_bench: each row starts with its mode word, the rest whole numbers > 0, as many as the
   # mode takes (bench/h2d_bench.cpp's main).
@@ -66,11 +106,18 @@ for nccl in 2.28.9 2.30.7; do
   done
   awk -F'\t' '$1 == "nccl2" {print $3}' "$commands" | grep -q 'transport=nccl' || fail "nccl2 is not over nccl"
   awk -F'\t' '$1 == "nccl2_fsdp" {print $3}' "$commands" | grep -q 'placement=fsdp' || fail "nccl2_fsdp has no placement=fsdp"
-  awk -F'\t' '$1 == "nccl2_kill" {print $3}' "$commands" | grep -qE "two_ranks.sh $setting [1-9][0-9]* .*timeout=[0-9]+s" ||
-    fail "nccl2_kill kills no rank, or has no timeout"
-  awk -F'\t' '$1 == "py_fsdp2" {print $3}' "$commands" | grep -q 'py_fsdp2.py' || fail "py_fsdp2 runs no py_fsdp2.py"
-  grep -q '_sleep' "$out/work/py_fsdp2.py" && grep -q 'fully_shard' "$out/work/py_fsdp2.py" &&
-    grep -q 'torch.equal' "$out/work/py_fsdp2.py" || fail "py_fsdp2.py does not queue work before load_into and compare bit-exact"
+  # The kill lands at rank 0's first progress line, not at a fixed time.
+  awk -F'\t' '$1 == "nccl2_kill" {print $3}' "$commands" | grep -qE "two_ranks.sh $setting progress .*timeout=[0-9]+s" ||
+    fail "nccl2_kill kills no rank at rank 0's progress, or has no timeout"
+  grep -qF "grep -qE 'weightcast\[rank 0\]: +[0-9]+%'" "$out/work/two_ranks.sh" || fail "two_ranks.sh does not poll rank 0's progress line"
+  awk -F'\t' '$1 == "py_fsdp2" {print $3}' "$commands" | grep -q 'gpu_check_fsdp2.py' || fail "py_fsdp2 runs no gpu_check_fsdp2.py"
+  # The ordering row: a calibrated sleep then a NaN fill, on the default stream and a side
+  # stream, then load_into; bit-exact and the load's wall time at least the sleep.
+  fsdp2=$SRC/bench/gpu_check_fsdp2.py
+  for want in '_sleep' 'elapsed_time' 'torch.cuda.stream(' 'fully_shard' 'torch.equal' \
+    'fill_(float("nan"))' 'wall >= slept'; do
+    grep -qF "$want" "$fsdp2" || fail "gpu_check_fsdp2.py lacks '$want'"
+  done
   if [ "$setting" = multi ]; then
     grep -q 'NCCL_MULTI_RANK_GPU_ENABLE=1' "$out/work/two_ranks.sh" || fail "two_ranks.sh lacks NCCL_MULTI_RANK_GPU_ENABLE=1"
     awk -F'\t' '$1 == "scatter" {print $3}' "$commands" | grep -q 'NCCL_MULTI_RANK_GPU_ENABLE=1' ||
@@ -83,13 +130,19 @@ for nccl in 2.28.9 2.30.7; do
   grep -q 'nccl rank 1 killed mid-load' "$out/results.tsv" || fail "no 'rank killed' row in results.tsv"
 done
 
-# Only NCCL's own words are its refusal of two ranks on one GPU (init.cc's WARN).
+# Only NCCL's own words are its refusal of two ranks on one GPU (init.cc's WARN), as NCCL
+# before 2.30 and from 2.30 word it.
 refusal=$(sed -n "s/^NCCL_REFUSAL='\(.*\)'$/\1/p" "$CHECK")
 [ -n "$refusal" ] || fail "gpu_check.sh has no NCCL_REFUSAL pattern"
 echo 'init.cc:738 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000' |
-  grep -qE "$refusal" || fail "NCCL_REFUSAL does not match NCCL's refusal text"
+  grep -qE "$refusal" || fail "NCCL_REFUSAL does not match NCCL < 2.30's refusal text"
+echo 'init.cc:1141 (initTransportsRank) NCCL WARN Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.' |
+  grep -qE "$refusal" || fail "NCCL_REFUSAL does not match NCCL 2.30's refusal text"
+# Under NCCL_MULTI_RANK_GPU_ENABLE=1 a refusal fails the row (the setting was there).
+grep -q 'record "$row" fail - - "NCCL refused two ranks on one GPU although NCCL_MULTI_RANK_GPU_ENABLE=1' "$CHECK" ||
+  fail "a refusal under NCCL_MULTI_RANK_GPU_ENABLE=1 is not a failure"
 for other in 'ncclGroupEnd (ncclSend/ncclRecv) failed: invalid usage' 'ncclInvalidUsage' \
-  'duplicate GPU'; do
+  'duplicate GPU' 'multiple ranks are using the same GPU'; do
   echo "$other" | grep -qE "$refusal" && fail "NCCL_REFUSAL matches '$other', which is not the refusal"
 done
 grep -n -i "invalid usage" "$CHECK" | grep -v '^ *#' | grep -q 'grep' && fail "gpu_check.sh still greps for 'invalid usage'"
