@@ -1,4 +1,4 @@
-// h2d_bench: the GPU-side ceilings and costs bench/gpu_check.sh reports beside a load.
+// h2d_bench: the GPU-side ceilings and costs tests/gpu/gpu_check.sh reports beside a load.
 //
 //   h2d_bench h2d [BYTES] [ITERATIONS]      pinned H2D bandwidth (defaults: 256 MiB, 20):
 //       cudaMemcpyAsync from cudaHostAlloc memory into cudaMalloc memory on a non-blocking

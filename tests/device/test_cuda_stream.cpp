@@ -1,7 +1,7 @@
 // The caller's CUDA stream as a value: "no stream" and CUDA's default stream (handle 0) are
 // different all the way from the Python binding to the CUDA calls (issue 38: torch's default
 // stream arrived as 0 and was taken for "none", so the load never waited for init kernels).
-// What only a GPU can show (the load waits for work queued on each) is bench/gpu_check.sh's.
+// What only a GPU can show (the load waits for work queued on each) is tests/gpu/gpu_check.sh's.
 #include "weightcast/core/error.hpp"
 #include "weightcast/device/cuda_stream.hpp"
 #include "weightcast/pipeline/loader.hpp"

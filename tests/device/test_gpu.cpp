@@ -2,7 +2,7 @@
 //
 // Tests tagged [gpu] need a CUDA device: where `cudaGetDeviceCount` finds none (or the build
 // has no CUDA) they WARN the reason and return — never a fake pass, never a mock of CUDA.
-// WEIGHTCAST_REQUIRE_GPU=1 (bench/gpu_check.sh sets it on a GPU host) makes that a failure:
+// WEIGHTCAST_REQUIRE_GPU=1 (tests/gpu/gpu_check.sh sets it on a GPU host) makes that a failure:
 // a driver too old for the toolkit (cudaErrorInsufficientDriver) must not pass as "no GPU".
 // The others run everywhere: --version, the errors and fallbacks of a machine without a GPU,
 // and the staging ring's pinning fallback driven through the Device interface.

@@ -3,10 +3,10 @@
 // nccl between GPUs.
 //
 // Tagged [gpu]: where no CUDA device is usable (or the build has no CUDA) each test WARNs the
-// reason and returns; WEIGHTCAST_REQUIRE_GPU=1 (bench/gpu_check.sh on a GPU host) makes that
+// reason and returns; WEIGHTCAST_REQUIRE_GPU=1 (tests/gpu/gpu_check.sh on a GPU host) makes that
 // a failure. NCCL refuses two ranks on one GPU, so the multi-rank test needs two devices and
 // says so where there are fewer, unless WEIGHTCAST_TEST_TWO_RANKS_PER_GPU=1 says NCCL takes
-// two ranks on one (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1: bench/gpu_check.sh sets
+// two ranks on one (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1: tests/gpu/gpu_check.sh sets
 // both); on one GPU the exchange is tested rank 0 to itself, which NCCL allows inside a group.
 #include "weightcast/device/device.hpp"
 #include "weightcast/pipeline/digest.hpp"

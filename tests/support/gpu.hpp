@@ -1,5 +1,5 @@
 // The [gpu] tests' guard: run where a CUDA device is usable, else skip saying why, or fail
-// where WEIGHTCAST_REQUIRE_GPU=1 says this machine has a GPU to use (bench/gpu_check.sh sets
+// where WEIGHTCAST_REQUIRE_GPU=1 says this machine has a GPU to use (tests/gpu/gpu_check.sh sets
 // it, so a driver too old for the toolkit is a failure there, not a pass).
 #pragma once
 

@@ -99,7 +99,7 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 std::filesystem::path cli_path() {
-  // A relocated test binary (bench/gpu_bundle.sh's bundle) names the launcher beside it.
+  // A relocated test binary (tests/gpu/gpu_bundle.sh's bundle) names the launcher beside it.
   if (const char* env = std::getenv("WEIGHTCAST_CLI"); env != nullptr && *env != '\0') return env;
   return WEIGHTCAST_CLI_PATH;
 }

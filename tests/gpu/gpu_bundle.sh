@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA-on weightcast here (no GPU needed) and packs a relocatable bundle for a bare
-# GPU host: bench/gpu_check.sh runs from it with no compiler, headers or package registry.
+# GPU host: tests/gpu/gpu_check.sh runs from it with no compiler, headers or package registry.
 #
-# Usage: bash bench/gpu_bundle.sh [BUNDLE_DIR]        (default: out/gpu-bundle, git-ignored)
+# Usage: bash tests/gpu/gpu_bundle.sh [BUNDLE_DIR]        (default: out/gpu-bundle, git-ignored)
 #
 # The bundle (at most 64 MiB, all the device tool carries to a GPU machine):
 #   bin/      weightcast, weightcast_tests, h2d_bench; RPATH $ORIGIN/../lib
@@ -15,7 +15,7 @@
 #   pydeps/   what the check's Python rows import that torch's wheel does not bring: the
 #             safetensors wheel (abi3, manylinux x86_64) unpacked; gpu_check.sh puts it on
 #             sys.path only where the host's python3 has no safetensors
-#   bench/    gpu_check.sh and its Python helpers (gpu_check_*.py);  BUNDLE.txt: what was
+#   tests/gpu/ gpu_check.sh and its Python helpers (gpu_check_*.py);  BUNDLE.txt: what was
 #             built, from which commit
 #
 # No kernels: weightcast calls the CUDA runtime and NCCL from plain C++ (g++ builds it, no
@@ -29,7 +29,7 @@
 # Without python/CMakeLists.txt (the package not merged yet) or with
 # WEIGHTCAST_BUNDLE_PYTHON=0 the bundle has no Python package and says so in BUNDLE.txt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SRC=$PWD
 BUNDLE=${1:-out/gpu-bundle}
 BUILD=${WEIGHTCAST_BUNDLE_BUILD:-build-cuda}
@@ -146,9 +146,9 @@ fi
 # ---- pack --------------------------------------------------------------------------------
 note "packing $BUNDLE"
 rm -rf "$BUNDLE"
-mkdir -p "$BUNDLE"/{bin,lib/compat,bench,python,pydeps}
+mkdir -p "$BUNDLE"/{bin,lib/compat,tests/gpu,python,pydeps}
 cp "$BUILD/weightcast" "$BUILD/tests/weightcast_tests" "$BUILD/h2d_bench" "$BUNDLE/bin/"
-cp bench/gpu_check.sh bench/gpu_check_*.py "$BUNDLE/bench/"
+cp tests/gpu/gpu_check.sh tests/gpu/gpu_check_*.py "$BUNDLE/tests/gpu/"
 wheel=$(ls "$WHEELS"/safetensors-*.whl | sort -V | tail -1)
 python3 -m zipfile -e "$wheel" "$BUNDLE/pydeps"
 if [ -n "$PY_MODULE" ]; then

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # GPU check for weightcast's cuda device, pinned staging, nccl transport and Python CUDA path,
-# on one bare GPU host, in at most 5 minutes, from the bundle bench/gpu_bundle.sh packs.
+# on one bare GPU host, in at most 5 minutes, from the bundle tests/gpu/gpu_bundle.sh packs.
 #
-# Usage: bash BUNDLE/bench/gpu_check.sh OUT_DIR
-#        bash bench/gpu_check.sh --dry-run OUT_DIR
+# Usage: bash BUNDLE/tests/gpu/gpu_check.sh OUT_DIR
+#        bash tests/gpu/gpu_check.sh --dry-run OUT_DIR
 #   (on the device tool: carry ["out/gpu-bundle"], command
-#    `bash out/gpu-bundle/bench/gpu_check.sh "$OUT"`, timeout_s 330; docs/gpu.md)
+#    `bash out/gpu-bundle/tests/gpu/gpu_check.sh "$OUT"`, timeout_s 330; docs/gpu.md)
 #
 # --dry-run runs nothing and needs no GPU, bundle or torch: it prints every command the check
 # would run, each with its time cap, and the sum of the caps against the budget, and writes
 # them to OUT_DIR/commands.tsv (step, cap in seconds, the command as bash would quote it),
 # OUT_DIR/digests.tsv (each step that moves tensor bytes and what its bytes are compared
 # with) and the scripts the check generates under OUT_DIR/work.
-# tests/bench/gpu_check_dry_run.sh checks it. WEIGHTCAST_GPU_CHECK_DRY_NCCL (default 2.28.9)
+# tests/gpu/gpu_check_dry_run.sh checks it. WEIGHTCAST_GPU_CHECK_DRY_NCCL (default 2.28.9)
 # is the NCCL version the dry run assumes.
 #
 # Runs nothing it has to build: the bundle's weightcast, weightcast_tests and h2d_bench, its
@@ -59,6 +59,8 @@ OUT=${1:?usage: gpu_check.sh [--dry-run] OUT_DIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
+# The bundle's root (BUNDLE/tests/gpu/gpu_check.sh) or the source tree's (tests/gpu/).
+ROOT=$(cd "$HERE/../.." && pwd)
 BUDGET=${WEIGHTCAST_GPU_CHECK_BUDGET:-280}
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
@@ -221,7 +223,7 @@ PY
 if ((DRY)); then
   # What the real run would find on a GPU host, assumed: the commands come out as they would
   # run there (the bundle's paths; the NCCL version picks the two-rank setting).
-  BUNDLE=$(cd "$HERE/.." && pwd)
+  BUNDLE=$ROOT
   [ -x "$BUNDLE/out/gpu-bundle/bin/weightcast" ] && BUNDLE=$BUNDLE/out/gpu-bundle
   WC=$BUNDLE/bin/weightcast TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench
   XXHASH=$BUNDLE/lib/libxxhash.so.0
@@ -235,7 +237,7 @@ if ((DRY)); then
   record "dry run" dry - - "caps $caps_sum s of the $BUDGET s budget less $RESERVE s: $spare s spare; $NCCL_RAN assumed"
 else
 BUNDLE=
-for candidate in "$HERE/.." "$HERE/../out/gpu-bundle"; do
+for candidate in "$ROOT" "$ROOT/out/gpu-bundle"; do
   [ -x "$candidate/bin/weightcast" ] && BUNDLE=$(cd "$candidate" && pwd) && break
 done
 cat "$BUNDLE/BUNDLE.txt" 2>/dev/null | sed 's/^/  /'
@@ -285,7 +287,7 @@ if [ -n "$BUNDLE" ] && bundle_runs; then
   record "bundle runs here" pass - - "$(ldd "$WC" | grep -o 'libnccl.so.2 => [^ ]*\|libcudart.so.13 => [^ ]*' | tr '\n' ' ')"
 else
   note "the bundle cannot run here: $BUNDLE_WHY"
-  SRC=$(cd "$HERE/.." && pwd)
+  SRC=$ROOT
   if [ -f "$SRC/CMakeLists.txt" ] && command -v cmake >/dev/null && command -v c++ >/dev/null; then
     note "falling back to building from $SRC (needs the build's -dev packages)"
     BUILD=$SRC/build-gpu-check

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares weightcast `--report` digests with the checkpoint's files (bench/gpu_check.sh).
+"""Compares weightcast `--report` digests with the checkpoint's files (tests/gpu/gpu_check.sh).
 
 Every GPU row of the check that moves tensor bytes is judged against the files, not against
 another GPU load: a bug that corrupts every upload alike would pass a GPU-against-GPU check.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/gpu_check.sh's Python rows on one GPU, one process (torch imported and CUDA set up
+"""tests/gpu/gpu_check.sh's Python rows on one GPU, one process (torch imported and CUDA set up
 once for all three): gpu_check_cuda.py CHECKPOINT_DIR WORK_DIR
 
   load   weightcast.load(CHECKPOINT, device="cuda"): seconds and GB/s; every tensor equal
@@ -29,7 +29,7 @@ import warnings
 import torch
 from safetensors.torch import load_file
 
-from gpu_check_st import save_file  # no numpy needed (bench/gpu_check_st.py)
+from gpu_check_st import save_file  # no numpy needed (tests/gpu/gpu_check_st.py)
 
 import weightcast
 

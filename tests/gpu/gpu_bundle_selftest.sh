@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Proves the GPU bundle is self-contained, without a GPU: runs bench/gpu_check.sh from it in
+# Proves the GPU bundle is self-contained, without a GPU: runs tests/gpu/gpu_check.sh from it in
 # a minimal Debian root that has none of the build's packages (no compiler, no -dev packages,
 # no fmt/spdlog/yaml-cpp/liburing/Boost/Open MPI), as a bare GPU host would, and checks that
 # every step that needs no GPU passes and every GPU step is skipped with its reason.
 #
-# Usage: bash bench/gpu_bundle_selftest.sh [BUNDLE_DIR]     (default out/gpu-bundle)
-#   Packs the bundle first (bench/gpu_bundle.sh: builds build-cuda, incremental).
+# Usage: bash tests/gpu/gpu_bundle_selftest.sh [BUNDLE_DIR]     (default out/gpu-bundle)
+#   Packs the bundle first (tests/gpu/gpu_bundle.sh: builds build-cuda, incremental).
 #   The root: $WEIGHTCAST_SELFTEST_ROOT (default out/gpu-selftest-root, git-ignored), made
 #   with `debootstrap --variant=minbase --include=python3 stable` when missing (about 4
 #   minutes; needs root and Debian's mirror) and reused after.
@@ -18,7 +18,7 @@
 #   the abi3 extension is imported without torch under the root's Python 3.13.
 # Exit status: 0 when the check passes; 1 when a step failed or a GPU step did not skip.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUNDLE=${1:-out/gpu-bundle}
 ROOT=${WEIGHTCAST_SELFTEST_ROOT:-out/gpu-selftest-root}
 START=$(date +%s)
@@ -28,9 +28,9 @@ say() { printf 'gpu_bundle_selftest [%4s s]: %s\n' "$(($(date +%s) - START))" "$
 # Packed again every time (seconds when the build is up to date): a stale bundle would test
 # old scripts. WEIGHTCAST_SELFTEST_REPACK=0 tests BUNDLE_DIR as it is.
 if [ "${WEIGHTCAST_SELFTEST_REPACK:-1}" != 0 ] || [ ! -x "$BUNDLE/bin/weightcast" ]; then
-  say "packing the bundle (bench/gpu_bundle.sh $BUNDLE)"
+  say "packing the bundle (tests/gpu/gpu_bundle.sh $BUNDLE)"
   mkdir -p "$(dirname "$BUNDLE")"  # out/ is absent in a fresh clone
-  bash bench/gpu_bundle.sh "$BUNDLE" >"${BUNDLE%/}.pack.log" 2>&1 || { tail -30 "${BUNDLE%/}.pack.log"; exit 1; }
+  bash tests/gpu/gpu_bundle.sh "$BUNDLE" >"${BUNDLE%/}.pack.log" 2>&1 || { tail -30 "${BUNDLE%/}.pack.log"; exit 1; }
   say "packed: $(grep '^size:' "$BUNDLE/BUNDLE.txt")"
 fi
 
@@ -123,12 +123,12 @@ else
   status=1
 fi
 
-say "running bench/gpu_check.sh from the bundle inside the root"
+say "running tests/gpu/gpu_check.sh from the bundle inside the root"
 check_status=0
 # A small checkpoint: this checks that the bundle runs, not how fast (no GPU here anyway).
 rm -rf "$ROOT/tmp/weightcast-gpu-check"
 chroot "$ROOT" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root TMPDIR=/tmp LANG=C.UTF-8 \
-  WEIGHTCAST_GPU_CHECK_PARAMS="$PARAMS" bash /bundle/bench/gpu_check.sh /out || check_status=$?
+  WEIGHTCAST_GPU_CHECK_PARAMS="$PARAMS" bash /bundle/tests/gpu/gpu_check.sh /out || check_status=$?
 cp "$ROOT/out/table.md" "$ROOT.table.md" 2>/dev/null || true
 
 # Every row: CPU rows pass, GPU rows skip with a reason; nothing fails or times out.

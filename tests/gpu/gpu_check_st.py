@@ -1,4 +1,4 @@
-"""A safetensors writer for bench/gpu_check.sh's Python rows that needs no numpy.
+"""A safetensors writer for tests/gpu/gpu_check.sh's Python rows that needs no numpy.
 
 safetensors.torch.save_file converts each tensor through numpy (safetensors 0.8's
 _to_ndarray), and neither torch nor the bundle brings numpy to a bare GPU host; reading

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# CPU test of bench/gpu_check.sh: its dry run (no GPU, bundle or torch) lists every command the
+# CPU test of tests/gpu/gpu_check.sh: its dry run (no GPU, bundle or torch) lists every command the
 # check would run with its cap; this checks those commands' arguments, the budget (every
 # command capped, at least 20 s spare), the two-rank rows and the setting that puts two ranks
 # on one GPU for each NCCL version, that every row moving tensor bytes is compared with
 # digests computed on the host from the files, and that only NCCL's own refusal texts (before
-# and from 2.30) count as a refusal. ctest runs it (label `bench`).
-# Usage: bash tests/bench/gpu_check_dry_run.sh [SOURCE_DIR]
+# and from 2.30) count as a refusal. ctest runs it (gpu.check_dry_run, label `gpu`).
+# Usage: bash tests/gpu/gpu_check_dry_run.sh [SOURCE_DIR]
 set -uo pipefail
 SRC=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
-CHECK=$SRC/bench/gpu_check.sh
+CHECK=$SRC/tests/gpu/gpu_check.sh
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 FAILS=0
@@ -66,7 +66,7 @@ for nccl in 2.28.9 2.30.7; do
     grep -q "^$name"$'\t'"torch.equal .*safetensors.torch.load_file" "$digests" || fail "step $name: not compared with safetensors.load_file"
   done
   for py in gpu_check_fsdp2.py gpu_check_cuda.py; do
-    grep -q 'torch.equal' "$SRC/bench/$py" && grep -q 'load_file' "$SRC/bench/$py" || fail "$py does not compare with torch.equal against load_file"
+    grep -q 'torch.equal' "$SRC/tests/gpu/$py" && grep -q 'load_file' "$SRC/tests/gpu/$py" || fail "$py does not compare with torch.equal against load_file"
   done
   for name in h2d pieces readback; do
     grep -q "^$name"$'\t'"h2d_bench" "$digests" || fail "step $name: its bytes are not checked"
@@ -113,7 +113,7 @@ for nccl in 2.28.9 2.30.7; do
   awk -F'\t' '$1 == "py_fsdp2" {print $3}' "$commands" | grep -q 'gpu_check_fsdp2.py' || fail "py_fsdp2 runs no gpu_check_fsdp2.py"
   # The ordering row: a calibrated sleep then a NaN fill, on the default stream and a side
   # stream, then load_into; bit-exact and the load's wall time at least the sleep.
-  fsdp2=$SRC/bench/gpu_check_fsdp2.py
+  fsdp2=$SRC/tests/gpu/gpu_check_fsdp2.py
   for want in '_sleep' 'elapsed_time' 'torch.cuda.stream(' 'fully_shard' 'torch.equal' \
     'fill_(float("nan"))' 'wall >= slept'; do
     grep -qF "$want" "$fsdp2" || fail "gpu_check_fsdp2.py lacks '$want'"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""bench/gpu_check.sh's ordering row: weightcast.load_into of an FSDP2 model must wait for the
+"""tests/gpu/gpu_check.sh's ordering row: weightcast.load_into of an FSDP2 model must wait for the
 work the caller queued on its current CUDA stream (docs/python.md § CUDA and streams).
 
-Run as one rank of 2 (torchrun's RANK, WORLD_SIZE, MASTER_ADDR; bench/gpu_check.sh's
+Run as one rank of 2 (torchrun's RANK, WORLD_SIZE, MASTER_ADDR; tests/gpu/gpu_check.sh's
 two_ranks.sh): gpu_check_fsdp2.py WORK_DIR RENDEZVOUS_PORT
 
 Deterministic, not by luck: the load is first timed alone (W seconds: rendezvous, NCCL set-up
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.fsdp import fully_shard
 
-from gpu_check_st import save_file  # no numpy needed (bench/gpu_check_st.py)
+from gpu_check_st import save_file  # no numpy needed (tests/gpu/gpu_check_st.py)
 
 import weightcast
 
