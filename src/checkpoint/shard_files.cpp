@@ -16,9 +16,9 @@
 #include <ctime>
 #include <limits>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 namespace weightcast::detail {
@@ -75,17 +75,31 @@ double page_cache_fraction(int fd, std::uint64_t file_bytes) noexcept {
   if (syscall(cachestat_syscall, fd, &range, &stat, 0) == 0) {
     return std::min(1.0, static_cast<double>(stat.nr_cache) / static_cast<double>(pages));
   }
-  // Older kernels: mincore on a mapping (mapping does not fault anything in), sampled.
-  void* map = mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return -1;
-  const std::uint64_t samples = std::min<std::uint64_t>(pages, 4096);
+  // cachestat is missing (before Linux 6.5) or refused: the kernel answers it, as mincore,
+  // only for a caller who may write the file (EPERM otherwise; mincore then reports every
+  // page resident, a lie that made `auto` read a cold, shared read-only model buffered). A
+  // one-byte read with RWF_NOWAIT needs no write access: it fails with EAGAIN where the page
+  // is not in the page cache. It runs on a descriptor of its own, buffered (the shard's may
+  // be O_DIRECT) and advised random, so a miss starts no readahead window.
+  const int probe = ::open(fmt::format("/proc/self/fd/{}", fd).c_str(),
+                           O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (probe < 0) return -1;
+  static_cast<void>(posix_fadvise(probe, 0, 0, POSIX_FADV_RANDOM));
+  const std::uint64_t samples = std::min<std::uint64_t>(pages, 1024);
   std::uint64_t resident = 0;
-  unsigned char vec = 0;
+  std::byte one{};
   for (std::uint64_t s = 0; s < samples; ++s) {
     const std::uint64_t p = s * pages / samples;
-    if (mincore(static_cast<char*>(map) + p * page, 1, &vec) == 0 && (vec & 1) != 0) ++resident;
+    iovec iov{&one, 1};
+    const ssize_t got = preadv2(probe, &iov, 1, static_cast<off_t>(p * page), RWF_NOWAIT);
+    if (got == 1) {
+      ++resident;
+    } else if (got < 0 && errno != EAGAIN) {
+      ::close(probe);
+      return -1;  // RWF_NOWAIT unsupported here (EOPNOTSUPP): unknown
+    }
   }
-  munmap(map, file_bytes);
+  ::close(probe);
   return static_cast<double>(resident) / static_cast<double>(samples);
 }
 

@@ -23,9 +23,11 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <iterator>
 #include <poll.h>
 #include <random>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -321,6 +323,77 @@ TEST_CASE("direct_io: auto reads a cached shard buffered and a cold one with O_D
   const LoadResult cold = load_with(path, 65536, DirectIo::automatic, ReaderKind::automatic);
   CHECK(cold.stats.io_mode == "direct");
   CHECK(tensor_digests(cold) == expected);
+}
+
+namespace {
+
+// page_cache_fraction of @p fd as uid/gid 65534 (nobody), who may read the file but not write
+// it: the kernel answers cachestat and mincore only for a caller who may write the file.
+double fraction_as_nobody(int fd, std::uint64_t bytes) {
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    double value = -2;
+    if (::setresgid(65534, 65534, 65534) == 0 && ::setresuid(65534, 65534, 65534) == 0) {
+      value = detail::page_cache_fraction(fd, bytes);
+    }
+    static_cast<void>(::write(pipe_fds[1], &value, sizeof value));
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  double value = -3;
+  const ssize_t got = ::read(pipe_fds[0], &value, sizeof value);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(got == static_cast<ssize_t>(sizeof value));
+  return value;
+}
+
+}  // namespace
+
+TEST_CASE("direct_io: auto measures the page cache for a user who cannot write the shard",
+          "[direct_io]") {
+  // A shared, read-only model directory: cachestat is refused (EPERM) and mincore reports
+  // every page resident, so `auto` read a cold file buffered. RWF_NOWAIT samples tell.
+  if (::geteuid() != 0) {
+    WARN("not root: cannot run the probe as another user; skipped");
+    return;
+  }
+  TempDir dir;
+  const auto path = dir / "shared.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::string block(1 << 20, 'w');
+    for (int i = 0; i < 8; ++i) out << block;
+  }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_write |
+                                         std::filesystem::perms::group_read |
+                                         std::filesystem::perms::others_read);
+  const std::uint64_t bytes = std::filesystem::file_size(path);
+  evict(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const double cold_root = detail::page_cache_fraction(fd, bytes);
+  if (cold_root > 0.5) {
+    ::close(fd);
+    WARN("posix_fadvise(DONTNEED) left " << cold_root * 100 << "% cached; skipped");
+    return;
+  }
+  const double cold = fraction_as_nobody(fd, bytes);
+  CHECK(cold >= 0);
+  CHECK(cold <= 0.5);
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(all.size() == bytes);
+  }
+  const double warm = fraction_as_nobody(fd, bytes);
+  CHECK(warm > 0.5);
+  ::close(fd);
 }
 
 TEST_CASE("direct_io: the alignment comes from statx and is a power of two", "[direct_io]") {

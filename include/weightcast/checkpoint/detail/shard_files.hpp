@@ -27,8 +27,11 @@ constexpr std::uint32_t fallback_direct_alignment = 4096;
 /**
  * @brief Fraction (0..1) of the first @p file_bytes of @p fd resident in the page cache.
  *
- * Uses the `cachestat` syscall (Linux 6.5+); elsewhere `mincore` on a read-only mapping,
- * sampling at most 4096 pages evenly. @return 1 for an empty file; -1 when neither works.
+ * Uses the `cachestat` syscall (Linux 6.5+). Where it is missing or refused (the kernel
+ * answers it, and `mincore`, only for a caller who may write the file), samples at most 1024
+ * pages evenly with one-byte `preadv2(RWF_NOWAIT)` reads, which fail with EAGAIN on a page
+ * not in the page cache and need only read access. @return 1 for an empty file; -1 when
+ * neither works (then `auto` reads with O_DIRECT).
  */
 double page_cache_fraction(int fd, std::uint64_t file_bytes) noexcept;
 
