@@ -67,8 +67,7 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   std::optional<detail::Pipeline> running;
   detail::Pipeline& pipeline =
       running.emplace(executor, result.catalogue, plan, result.layout, *result.arena, device,
-                      transport, options);
-  if (options.placement) pipeline.use_destinations(std::move(want_data));
+                      transport, options, std::move(want_data));
   std::exception_ptr failure;
   try {
     co_await pipeline.run();
@@ -78,12 +77,7 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   }
   result.stats.reader = pipeline.reader_name();
   result.stats.io_mode = pipeline.io_mode();
-  result.digests = pipeline.digests();
-  if (options.placement) {
-    result.expected_digests = pipeline.expected_digests();
-    result.received_digests = pipeline.received_digests();
-    result.received_hashed = pipeline.received_hashed();
-  }
+  pipeline.report(result);
   pipeline.shut_down();
   if (failure) {
     // The pipeline's operations in flight end with it (an abandoned nccl group aborts its

@@ -1,6 +1,6 @@
 // A placed load's delivery: each rank receives exactly its wants (rank 0's copies, sends and
 // expected digests; every rank's receives, casts and digests of what landed).
-#include "weightcast/pipeline/detail/pipeline.hpp"
+#include "weightcast/pipeline/detail/placed_delivery.hpp"
 
 #include "weightcast/core/error.hpp"
 
@@ -16,27 +16,43 @@ namespace weightcast::detail {
 
 namespace asio = boost::asio;
 using asio::awaitable;
-using asio::use_awaitable;
 
-std::vector<std::vector<std::uint64_t>> Pipeline::expected_digests() const {
+std::unique_ptr<Delivery> make_placed_delivery(LoadContext& load,
+                                               std::vector<std::byte*> want_data) {
+  return std::make_unique<PlacedDelivery>(load, std::move(want_data));
+}
+
+PlacedDelivery::PlacedDelivery(LoadContext& load, std::vector<std::byte*> want_data)
+    : _load(load),
+      _placement(*load.options.placement),
+      _me(load.transport.rank()),
+      _want_data(std::move(want_data)) {}
+
+void PlacedDelivery::report(LoadResult& result) const {
+  result.expected_digests = expected_digests();
+  result.received_digests = received_digests();
+  result.received_hashed = received_hashed();
+}
+
+std::vector<std::vector<std::uint64_t>> PlacedDelivery::expected_digests() const {
   std::vector<std::vector<std::uint64_t>> out;
   if (!_expected) return out;
   const auto& digests = _expected->digests();
-  for (std::size_t r = 0; r < _placement->all.size(); ++r) {
+  for (std::size_t r = 0; r < _placement.all.size(); ++r) {
     out.emplace_back();
-    for (std::size_t w = 0; w < _placement->all[r].tensors.size(); ++w) {
+    for (std::size_t w = 0; w < _placement.all[r].tensors.size(); ++w) {
       out.back().push_back(digests[expected_index(r, w)]);
     }
   }
   return out;
 }
 
-std::vector<std::uint8_t> Pipeline::received_hashed() const {
+std::vector<std::uint8_t> PlacedDelivery::received_hashed() const {
   if (_me == 0 && _expected) return std::vector<std::uint8_t>(_want_data.size(), 1);
   return _hash_received;
 }
 
-std::vector<std::uint64_t> Pipeline::received_digests() const {
+std::vector<std::uint64_t> PlacedDelivery::received_digests() const {
   std::vector<std::uint64_t> out(_want_data.size(), 0);
   if (_me == 0 && _expected) {
     const auto& expected = _expected->digests();
@@ -50,19 +66,20 @@ std::vector<std::uint64_t> Pipeline::received_digests() const {
   return out;
 }
 
-void Pipeline::finish_hashing() {
+void PlacedDelivery::finish_hashing() {
   if (!_hashing) return;
   _hashing->join();
   _hashing.reset();
   if (_hashing_failure) std::rethrow_exception(_hashing_failure);
 }
 
-void Pipeline::set_up_placement() {
-  const LoadPlacement& placement = *_placement;
-  _me = _transport.rank();
+// Who wants what, which wants are cast, and which are hashed where (`verify: digest`);
+// then the wants that have no bytes are ready at once.
+void PlacedDelivery::start() {
+  const LoadPlacement& placement = _placement;
   std::unordered_map<std::string_view, std::uint32_t> index;
-  for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
-    index.emplace(_catalogue.tensors[t].name, t);
+  for (std::uint32_t t = 0; t < _load.catalogue.tensors.size(); ++t) {
+    index.emplace(_load.catalogue.tensors[t].name, t);
   }
   const std::size_t ranks = placement.all.size();
   _want_tensor.assign(ranks, {});
@@ -73,12 +90,12 @@ void Pipeline::set_up_placement() {
     for (const TensorWant& want : placement.all[r].tensors) {
       const std::uint32_t t = index.at(want.tensor);
       _want_tensor[r].push_back(t);
-      _whole[r].push_back(wants_whole(_catalogue.tensors[t], want) ? 1 : 0);
-      if (keep) _runs[r].emplace_back(_catalogue.tensors[t], want);
+      _whole[r].push_back(wants_whole(_load.catalogue.tensors[t], want) ? 1 : 0);
+      if (keep) _runs[r].emplace_back(_load.catalogue.tensors[t], want);
     }
   }
   const RankWants& mine = placement.mine;
-  _want_of_tensor.assign(_catalogue.tensors.size(), -1);
+  _want_of_tensor.assign(_load.catalogue.tensors.size(), -1);
   _want_left.assign(mine.tensors.size(), 0);
   _cast_to.assign(mine.tensors.size(), std::nullopt);
   _cast.assign(mine.tensors.size(), CastState{});
@@ -89,7 +106,7 @@ void Pipeline::set_up_placement() {
   for (std::uint32_t w = 0; w < mine.tensors.size(); ++w) {
     const TensorWant& want = mine.tensors[w];
     const std::uint32_t t = _want_tensor[_me][w];
-    const TensorInfo& info = _catalogue.tensors[t];
+    const TensorInfo& info = _load.catalogue.tensors[t];
     _want_of_tensor[t] = static_cast<std::int32_t>(w);
     _want_left[w] = local_bytes(info, want);
     if (want.destination.dtype && *want.destination.dtype != info.dtype) {
@@ -102,7 +119,7 @@ void Pipeline::set_up_placement() {
     // chunk, while the bytes are still in cache, instead of in a pass over every local
     // shard once the load is done (local_digests).
     const bool host = want.destination.data != nullptr ? !device_in_place
-                                                       : _arena.kind() == MemoryKind::host;
+                                                       : _load.arena.kind() == MemoryKind::host;
     // Rank 0 hashes every rank's expected bytes in its staging ring, its own included, and
     // copies its own from there within its own process: a second hash of that copy would
     // check only memcpy (or the device upload). Its local shards' digests are the expected
@@ -125,8 +142,8 @@ void Pipeline::set_up_placement() {
   if (_me == 0 && placement.expect_digests) {
     // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
     // one per (rank, want) for the slices.
-    _tensor_whole_wanted.assign(_catalogue.tensors.size(), 0);
-    _expected_base.assign(ranks + 1, _catalogue.tensors.size());
+    _tensor_whole_wanted.assign(_load.catalogue.tensors.size(), 0);
+    _expected_base.assign(ranks + 1, _load.catalogue.tensors.size());
     for (std::size_t r = 0; r < ranks; ++r) {
       _expected_base[r + 1] = _expected_base[r] + placement.all[r].tensors.size();
       for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
@@ -135,8 +152,8 @@ void Pipeline::set_up_placement() {
     }
     _expected.emplace(_expected_base.back());
     _expected_left.assign(_expected_base.back(), 0);
-    for (std::uint32_t t = 0; t < _catalogue.tensors.size(); ++t) {
-      _expected_left[t] = _catalogue.tensors[t].bytes;
+    for (std::uint32_t t = 0; t < _load.catalogue.tensors.size(); ++t) {
+      _expected_left[t] = _load.catalogue.tensors[t].bytes;
     }
     for (std::size_t r = 0; r < ranks; ++r) {
       for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
@@ -144,18 +161,46 @@ void Pipeline::set_up_placement() {
       }
     }
   }
+  for (std::uint32_t w = 0; w < _want_left.size(); ++w) {
+    if (_want_left[w] == 0) want_ready(w);
+  }
 }
 
-void Pipeline::expect(std::size_t index, const std::byte* data, std::uint64_t bytes) {
+// A shard in the page cache is sent from it where the receivers copy out of rank 0's memory
+// themselves (Open MPI's single-copy path within one node) and rank 0's memory is the host's.
+// Across nodes a network transport may need to register the memory it sends for writing,
+// which a read-only mapping refuses; `direct_io: on` asks to bypass the page cache.
+ReadPolicy PlacedDelivery::read_policy() const {
+  ReadPolicy policy;
+  policy.send_from_page_cache = _load.transport.world_size() > 1 &&
+                                _load.transport.receivers_read_sender_memory() &&
+                                _load.device.name() == "host" &&
+                                _load.options.direct_io != DirectIo::on;
+  return policy;
+}
+
+// A transport of device memory (nccl) sends from one device region per slot, taken once,
+// before the first read (upload_sends).
+void PlacedDelivery::staging_ready(const StagingRing& ring) {
+  if (_load.device.name() == "host" || _load.transport.world_size() <= 1) return;
+  for (std::size_t c = 0; c < _load.plan.chunks.size(); ++c) {
+    _device_send_slot_bytes = std::max(_device_send_slot_bytes, send_bytes(c));
+  }
+  if (_device_send_slot_bytes > 0) {
+    _device_sends = _load.device.allocate_arena(_device_send_slot_bytes * ring.slots());
+  }
+}
+
+void PlacedDelivery::expect(std::size_t index, const std::byte* data, std::uint64_t bytes) {
   _expected->update(static_cast<std::uint32_t>(index), data, bytes);
   if ((_expected_left[index] -= bytes) == 0) _expected->finish(static_cast<std::uint32_t>(index));
 }
 
 // Delivery `d`'s bytes in local order: straight from the chunk when they are one run, else
 // gathered into `buffer` (a strided slice: one message, never one per row).
-const std::byte* Pipeline::gather(const Delivery& d, const std::byte* source,
+const std::byte* PlacedDelivery::gather(const weightcast::Delivery& d, const std::byte* source,
                                   std::vector<std::byte>& buffer) const {
-  const Piece& piece = _plan.pieces[d.piece];
+  const Piece& piece = _load.plan.pieces[d.piece];
   const detail::ShardRuns& runs = _runs[d.rank][d.want];
   if (d.runs == 1) {
     const std::byte* at = nullptr;
@@ -177,17 +222,17 @@ const std::byte* Pipeline::gather(const Delivery& d, const std::byte* source,
 // Casts received bytes [local_offset, + bytes) of want `w` (checkpoint dtype) into its
 // destination. Bytes arrive in local order; an element cut by a chunk boundary waits in a
 // carry of under 8 bytes for the rest.
-void Pipeline::cast_into(std::uint32_t w, const std::byte* data, std::uint64_t local_offset,
+void PlacedDelivery::cast_into(std::uint32_t w, const std::byte* data, std::uint64_t local_offset,
                          std::uint64_t bytes) {
   CastState& state = _cast[w];
   if (local_offset != state.next) {
     throw Error(Errc::internal, fmt::format("cast of tensor '{}': bytes at {} arrived, {} "
                                             "expected",
-                                            _placement->mine.tensors[w].tensor, local_offset,
+                                            _placement.mine.tensors[w].tensor, local_offset,
                                             state.next));
   }
   state.next += bytes;
-  const Dtype from = _catalogue.tensors[_want_tensor[_me][w]].dtype;
+  const Dtype from = _load.catalogue.tensors[_want_tensor[_me][w]].dtype;
   const Dtype to = *_cast_to[w];
   const std::uint64_t in = dtype_bits(from) / 8;
   const std::uint64_t out = dtype_bits(to) / 8;
@@ -212,7 +257,7 @@ void Pipeline::cast_into(std::uint32_t w, const std::byte* data, std::uint64_t l
 
 // Rank 0: bytes [local_offset, + bytes) of its own want `w`, from the chunk. @return the
 // copy in flight (null when done: a cast, a host device); @p data must stay until it is.
-std::unique_ptr<Pending> Pipeline::copy_to_mine(std::uint32_t w, const std::byte* data,
+std::unique_ptr<Pending> PlacedDelivery::copy_to_mine(std::uint32_t w, const std::byte* data,
                                                 std::uint64_t local_offset, std::uint64_t bytes) {
   // Only without expected digests (verify: none): a cast or device want's report digest,
   // of the source bytes. With them, rank 0's own digests are its expected ones.
@@ -221,59 +266,63 @@ std::unique_ptr<Pending> Pipeline::copy_to_mine(std::uint32_t w, const std::byte
     cast_into(w, data, local_offset, bytes);
     return nullptr;
   }
-  return _device.upload(data, _want_data[w] + local_offset, bytes);
+  return _load.device.upload(data, _want_data[w] + local_offset, bytes);
 }
 
-// Rank 0's upload stage for a placed chunk: its own wants' bytes to their destinations,
-// every rank's expected digests; the slot stays held for the sends.
+// Rank 0: its own wants' bytes to their destinations, every rank's expected digests; the
+// slot stays held for the sends (and, under nccl, what they send goes up to the device).
 // Copies from the slot are all queued, then waited for together; one from the gather
 // scratch is waited for at once, as the next gather reuses (and may reallocate) it.
-awaitable<void> Pipeline::upload_placed(std::size_t c, const std::byte* source) {
-  const Chunk& chunk = _plan.chunks[c];
+awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, const Slot& slot) {
+  const std::byte* source = slot.source;
+  const Chunk& chunk = _load.plan.chunks[c];
   std::vector<std::unique_ptr<Pending>> copies;
   for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
-    const Piece& piece = _plan.pieces[p];
+    const Piece& piece = _load.plan.pieces[p];
     if (_expected && _tensor_whole_wanted[piece.tensor]) {
       expect(piece.tensor, source + piece.chunk_offset, piece.bytes);
     }
-    if (!_plan.chunk_broadcast[c]) continue;
+    if (!_load.plan.chunk_broadcast[c]) continue;
     const std::int32_t w = _want_of_tensor[piece.tensor];
     copies.push_back(copy_to_mine(static_cast<std::uint32_t>(w), source + piece.chunk_offset,
                                   piece.tensor_offset, piece.bytes));
   }
-  if (_plan.chunk_broadcast[c]) {
-    for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
-    co_return;
-  }
-  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-    const Delivery& d = _plan.deliveries[i];
-    if (_expected && !_whole[d.rank][d.want]) {
-      const Piece& piece = _plan.pieces[d.piece];
-      _runs[d.rank][d.want].for_each_stretch(
-          d.local_offset, d.local_offset + d.bytes,
-          [&](std::uint64_t tb, std::uint64_t, std::uint64_t n) {
-            expect(expected_index(d.rank, d.want), source + chunk_offset(piece, tb), n);
-          });
+  if (!_load.plan.chunk_broadcast[c]) {
+    for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1];
+         ++i) {
+      const weightcast::Delivery& d = _load.plan.deliveries[i];
+      if (_expected && !_whole[d.rank][d.want]) {
+        const Piece& piece = _load.plan.pieces[d.piece];
+        _runs[d.rank][d.want].for_each_stretch(
+            d.local_offset, d.local_offset + d.bytes,
+            [&](std::uint64_t tb, std::uint64_t, std::uint64_t n) {
+              expect(expected_index(d.rank, d.want), source + chunk_offset(piece, tb), n);
+            });
+      }
+      if (d.rank != 0) continue;
+      const std::byte* data = gather(d, source, _scratch);
+      auto copy = copy_to_mine(d.want, data, d.local_offset, d.bytes);
+      if (d.runs == 1) {
+        copies.push_back(std::move(copy));
+      } else {
+        co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);
+      }
     }
-    if (d.rank != 0) continue;
-    const std::byte* data = gather(d, source, _scratch);
-    auto copy = copy_to_mine(d.want, data, d.local_offset, d.bytes);
-    if (d.runs == 1) {
-      copies.push_back(std::move(copy));
-    } else {
-      co_await wait(std::move(copy), upload_poll_cap);
-    }
   }
-  for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+  for (auto& copy : copies) co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);
+  HeldSlot held{c, std::move(lease), source};
+  if (_device_sends) co_await upload_sends(c, held);
+  _held.push(std::move(held));
+  co_return Uploading{};
 }
 
 // The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
 // device region holds.
-std::uint64_t Pipeline::send_bytes(std::size_t c) const {
-  if (_plan.chunk_broadcast[c]) return _plan.chunks[c].bytes;
+std::uint64_t PlacedDelivery::send_bytes(std::size_t c) const {
+  if (_load.plan.chunk_broadcast[c]) return _load.plan.chunks[c].bytes;
   std::uint64_t total = 0;
-  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-    if (_plan.deliveries[i].rank != 0) total += _plan.deliveries[i].bytes;
+  for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+    if (_load.plan.deliveries[i].rank != 0) total += _load.plan.deliveries[i].bytes;
   }
   return total;
 }
@@ -282,73 +331,57 @@ std::uint64_t Pipeline::send_bytes(std::size_t c) const {
 // slot into the slot's device region (`_device_sends`) — the whole chunk for a broadcast,
 // else each delivery's bytes (gathered on the host when strided) packed in plan order. The
 // copies complete before the chunk is posted, so the sends need no stream wait.
-awaitable<void> Pipeline::upload_sends(std::size_t c, HeldSlot& held) {
-  if (_transport.world_size() == 1) co_return;
+awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held) {
+  if (_load.transport.world_size() == 1) co_return;
   held.device = _device_sends->data() + held.lease.index() * _device_send_slot_bytes;
-  if (_plan.chunk_broadcast[c]) {
-    co_await wait(_device.upload(held.source, held.device, _plan.chunks[c].bytes),
-                  upload_poll_cap);
+  if (_load.plan.chunk_broadcast[c]) {
+    co_await _load.wait(_load.device.upload(held.source, held.device, _load.plan.chunks[c].bytes),
+                  LoadContext::upload_poll_cap);
     co_return;
   }
   std::uint64_t at = 0;
   std::vector<std::unique_ptr<Pending>> copies;  // from the slot: waited for together
-  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-    const Delivery& d = _plan.deliveries[i];
+  for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+    const weightcast::Delivery& d = _load.plan.deliveries[i];
     if (d.rank == 0) continue;
     const std::byte* data = gather(d, held.source, _scratch);
-    auto copy = _device.upload(data, held.device + at, d.bytes);
+    auto copy = _load.device.upload(data, held.device + at, d.bytes);
     if (d.runs == 1) {
       copies.push_back(std::move(copy));
     } else {
-      co_await wait(std::move(copy), upload_poll_cap);  // the scratch is reused next
+      co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);  // the scratch is reused next
     }
     at += d.bytes;
   }
-  for (auto& copy : copies) co_await wait(std::move(copy), upload_poll_cap);
+  for (auto& copy : copies) co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);
 }
 
 // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
 // 0's sends (each rank's slice of the chunk as one message) and this rank's receives.
-InFlight Pipeline::post_placed(std::size_t c, bool root) {
+InFlight PlacedDelivery::post(std::size_t c, bool root) {
   InFlight posted;
-  const Chunk& chunk = _plan.chunks[c];
+  posted.chunk = c;
+  const Chunk& chunk = _load.plan.chunks[c];
   const std::byte* source = nullptr;
   std::byte* device = nullptr;  // nccl: what rank 0 sends, on the device (upload_sends)
   if (root) {
-    if (_held.empty()) throw Error(Errc::internal, "a placed chunk reached its post unread");
-    posted.lease = std::move(_held.front().lease);
-    source = _held.front().source;
-    device = _held.front().device;
-    _held.pop_front();
+    HeldSlot held = _held.take(c);
+    posted.lease = std::move(held.lease);
+    source = held.source;
+    device = held.device;
   }
   // A cast want lands in a window first; the cast follows once the chunk has landed.
-  // Window memory is reused from chunks that landed (at most `broadcasts_in_flight`
-  // exist): a fresh allocation per chunk would zero and fault in its bytes each time. Sized
-  // to this rank's cast bytes of the chunk, known before any window is handed out.
-  std::uint64_t window_at = 0;
+  // Sized to this rank's cast bytes of the chunk, known before any window is handed out.
   const std::uint64_t window_bytes = root ? 0 : cast_bytes(c);
   auto destination = [&](std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
     if (!_cast_to[w]) return _want_data[w] + local_offset;
-    if (posted.windows.empty()) {
-      if (!_spare_windows.empty()) {
-        posted.window_memory = std::move(_spare_windows.back());
-        _spare_windows.pop_back();
-      }
-      if (posted.window_memory.size() < window_bytes) posted.window_memory.resize(window_bytes);
-    }
-    if (window_at + bytes > posted.window_memory.size()) {
-      throw Error(Errc::internal, fmt::format("chunk {}'s cast windows exceed {} bytes", c,
-                                              window_bytes));
-    }
-    posted.windows.push_back({w, local_offset, bytes, window_at});
-    window_at += bytes;
-    return posted.window_memory.data() + posted.windows.back().at;
+    return posted.add_window(w, local_offset, bytes, window_bytes, _spare_windows);
   };
-  if (_plan.chunk_broadcast[c]) {
-    if (_transport.world_size() == 1) return posted;
+  if (_load.plan.chunk_broadcast[c]) {
+    if (_load.transport.world_size() == 1) return posted;
     _ranges.clear();
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
-      const Piece& piece = _plan.pieces[p];
+      const Piece& piece = _load.plan.pieces[p];
       if (root) {
         std::byte* from = device != nullptr ? device : const_cast<std::byte*>(source);
         _ranges.push_back({from + piece.chunk_offset, piece.bytes});
@@ -357,14 +390,14 @@ InFlight Pipeline::post_placed(std::size_t c, bool root) {
         _ranges.push_back({destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
       }
     }
-    posted.pending = _transport.broadcast_group(_ranges, 0, nullptr);
+    posted.pending = _load.transport.broadcast_group(_ranges, 0, nullptr);
     return posted;
   }
   _sends.clear();
   _receives.clear();
   std::uint64_t device_at = 0;
-  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-    const Delivery& d = _plan.deliveries[i];
+  for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+    const weightcast::Delivery& d = _load.plan.deliveries[i];
     if (root) {
       if (d.rank == 0) continue;
       if (device != nullptr) {
@@ -380,70 +413,70 @@ InFlight Pipeline::post_placed(std::size_t c, bool root) {
       _receives.push_back({0, destination(d.want, d.local_offset, d.bytes), d.bytes});
     }
   }
-  posted.pending = _transport.exchange(_sends, _receives, static_cast<int>(c % 32768));
+  posted.pending = _load.transport.exchange(_sends, _receives, static_cast<int>(c % 32768));
   return posted;
 }
 
 // The bytes of chunk `c` that this rank receives for cast wants (their windows'), as
-// post_placed hands them out.
-std::uint64_t Pipeline::cast_bytes(std::size_t c) const {
+// post hands them out.
+std::uint64_t PlacedDelivery::cast_bytes(std::size_t c) const {
   std::uint64_t total = 0;
-  if (_plan.chunk_broadcast[c]) {
-    const Chunk& chunk = _plan.chunks[c];
+  if (_load.plan.chunk_broadcast[c]) {
+    const Chunk& chunk = _load.plan.chunks[c];
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
-      const Piece& piece = _plan.pieces[p];
+      const Piece& piece = _load.plan.pieces[p];
       const std::int32_t w = _want_of_tensor[piece.tensor];
       if (w >= 0 && _cast_to[static_cast<std::uint32_t>(w)]) total += piece.bytes;
     }
     return total;
   }
-  for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-    const Delivery& d = _plan.deliveries[i];
+  for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+    const weightcast::Delivery& d = _load.plan.deliveries[i];
     if (d.rank == _me && _cast_to[d.want]) total += d.bytes;
   }
   return total;
 }
 
 // A placed chunk has landed on this rank: casts from their windows, wants completed.
-void Pipeline::placed_landed(std::size_t c, InFlight& landed) {
-  if (mapped(_plan.chunks[c])) mapped_chunk_sent(_plan.chunks[c]);
+void PlacedDelivery::landed(InFlight& landed) {
+  const std::size_t c = landed.chunk;
   for (const InFlight::Window& window : landed.windows) {
     const std::byte* data = landed.window_memory.data() + window.at;
     if (_hash_received[window.want]) _received->update(window.want, data, window.bytes);
     cast_into(window.want, data, window.local_offset, window.bytes);
   }
-  if (!landed.window_memory.empty()) _spare_windows.push_back(std::move(landed.window_memory));
-  _last_progress = _running.now();
-  stage_event(Stage::broadcast, c, landed.begin);
-  const Chunk& chunk = _plan.chunks[c];
-  if (_plan.chunk_broadcast[c]) {
+  landed.recycle_windows(_spare_windows);
+  _load.progressed();
+  _load.stage_event(Stage::broadcast, c, landed.begin);
+  const Chunk& chunk = _load.plan.chunks[c];
+  if (_load.plan.chunk_broadcast[c]) {
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
-      const Piece& piece = _plan.pieces[p];
+      const Piece& piece = _load.plan.pieces[p];
       const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
       hash_landed(w, piece.tensor_offset, piece.bytes);
       land(w, piece.bytes);
     }
   } else {
-    for (auto i = _plan.chunk_first_delivery[c]; i < _plan.chunk_first_delivery[c + 1]; ++i) {
-      const Delivery& d = _plan.deliveries[i];
+    for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+      const weightcast::Delivery& d = _load.plan.deliveries[i];
       if (d.rank != _me) continue;
       hash_landed(d.want, d.local_offset, d.bytes);
       land(d.want, d.bytes);
     }
   }
-  report_progress(c);
+  _load.report_progress(c);
 }
 
 // A receiving rank's want is hashed from where it landed: host memory directly
 // (`_hash_landed`), an in-place device want (nccl) read back through the device, as no host
 // copy of it passed this rank. Rank 0 hashed its own from the source (expect or
-// copy_to_mine); a cast want is hashed from its window (placed_landed). Deliveries land in
+// copy_to_mine); a cast want is hashed from its window (landed). Deliveries land in
 // each want's local order, as the streaming digest needs.
 // The read-back runs on `_hashing`'s one thread, in landing order (a want's digest is
 // streamed in its local order); its want's `finish` is queued behind it (want_ready).
 // StreamingDigests' entries are independent, so the loader's thread hashes other wants
 // meanwhile.
-void Pipeline::hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
+void PlacedDelivery::hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes) {
   if (_me == 0 || !_hash_received[w] || _cast_to[w] || bytes == 0) return;
   if (_hash_landed[w]) {
     _received->update(w, _want_data[w] + local_offset, bytes);
@@ -453,7 +486,7 @@ void Pipeline::hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uin
   asio::post(*_hashing, [this, w, data, bytes] {
     if (_hashing_failure) return;
     try {
-      _device.read_back(data, bytes, [&](const std::byte* back, std::size_t n) {
+      _load.device.read_back(data, bytes, [&](const std::byte* back, std::size_t n) {
         _received->update(w, back, n);
       });
     } catch (...) {
@@ -462,11 +495,11 @@ void Pipeline::hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uin
   });
 }
 
-void Pipeline::land(std::uint32_t w, std::uint64_t bytes) {
+void PlacedDelivery::land(std::uint32_t w, std::uint64_t bytes) {
   if ((_want_left[w] -= bytes) == 0) want_ready(w);
 }
 
-void Pipeline::want_ready(std::uint32_t w) {
+void PlacedDelivery::want_ready(std::uint32_t w) {
   if (_received && _hash_received[w]) {
     if (_hashing && _me != 0 && !_cast_to[w] && !_hash_landed[w]) {
       asio::post(*_hashing, [this, w] { _received->finish(w); });
@@ -474,12 +507,12 @@ void Pipeline::want_ready(std::uint32_t w) {
       _received->finish(w);
     }
   }
-  if (!_options.on_tensor_ready) return;
-  const TensorWant& want = _placement->mine.tensors[w];
+  if (!_load.options.on_tensor_ready) return;
+  const TensorWant& want = _placement.mine.tensors[w];
   const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
-                                                             : _arena.kind();
-  _options.on_tensor_ready(
-      TensorView{&_catalogue.tensors[_want_tensor[_me][w]], _want_data[w], memory, &want});
+                                                             : _load.arena.kind();
+  _load.options.on_tensor_ready(
+      TensorView{&_load.catalogue.tensors[_want_tensor[_me][w]], _want_data[w], memory, &want});
 }
 
 }  // namespace weightcast::detail

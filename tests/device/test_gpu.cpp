@@ -20,8 +20,6 @@
 #include "support/report.hpp"
 #include "support/safetensors_writer.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <fmt/core.h>
@@ -271,82 +269,6 @@ TEST_CASE("staging ring: refused pinning retries with fewer slots, then pageable
     detail::StagingRing ring(context.get_executor(), 3, slot, device.get());
     CHECK_FALSE(ring.pinned());
   }
-}
-
-TEST_CASE("staging ring: slots × slot size past 2^64 bytes fails with 69 naming both",
-          "[staging]") {
-  // The page rounding of the slot size and the product with the slot count wrapped: a slot
-  // of 2^64 - 1 bytes rounded to 0 and the ring mapped nothing; 2^20 slots of 2^50 bytes
-  // made 2^70, mapped as 0. Every slot then pointed at memory the ring did not hold.
-  boost::asio::io_context context;
-  const std::vector<std::pair<std::size_t, std::uint64_t>> sizes = {
-      {1, ~std::uint64_t{0}},
-      {2, ~std::uint64_t{0} - 5000},
-      {std::size_t{1} << 20, std::uint64_t{1} << 50},
-      {~std::size_t{0}, 4096},
-  };
-  for (const auto& [slots, slot_bytes] : sizes) {
-    INFO(slots << " slots of " << slot_bytes << " bytes");
-    try {
-      detail::StagingRing ring(context.get_executor(), slots, slot_bytes);
-      FAIL("a ring of " << ring.slots() << " slots of " << ring.slot_bytes() << " bytes");
-    } catch (const Error& e) {
-      CHECK(e.code() == Errc::unavailable);
-      CHECK_THAT(e.what(), Catch::Contains(fmt::format(
-                               "cannot allocate the staging ring ({} slots of {} bytes", slots,
-                               slot_bytes)));
-    }
-  }
-}
-
-TEST_CASE("staging ring: the slot given back last is leased next, and all_given_back waits "
-          "for every lease",
-          "[staging]") {
-  // A read that completes at submit is paced to one slot (the loader's read stage): that
-  // only reuses one buffer, as dd does, if the ring hands back the slot freed last.
-  boost::asio::io_context context;
-  detail::StagingRing ring(context.get_executor(), 3, 4096);
-  auto lease = [&] {
-    std::optional<detail::SlotLease> got;
-    boost::asio::co_spawn(
-        context, [&]() -> boost::asio::awaitable<void> { got = co_await ring.acquire(); },
-        boost::asio::detached);
-    context.restart();
-    context.run();
-    REQUIRE(got.has_value());
-    return std::move(*got);
-  };
-  detail::SlotLease a = lease();
-  detail::SlotLease b = lease();
-  CHECK(a.index() == 0);
-  CHECK(b.index() == 1);
-  const std::size_t first = a.index();
-  const std::size_t second = b.index();
-  a = detail::SlotLease{};
-  b = detail::SlotLease{};
-  CHECK(lease().index() == second);  // back again at once
-  detail::SlotLease c = lease();
-  CHECK(c.index() == second);
-  detail::SlotLease d = lease();
-  CHECK(d.index() == first);
-
-  bool all_back = false;
-  boost::asio::co_spawn(
-      context,
-      [&]() -> boost::asio::awaitable<void> {
-        co_await ring.all_given_back();
-        all_back = true;
-      },
-      boost::asio::detached);
-  context.restart();
-  context.poll();
-  CHECK_FALSE(all_back);  // two leases still held
-  c = detail::SlotLease{};
-  context.poll();
-  CHECK_FALSE(all_back);
-  d = detail::SlotLease{};
-  context.run();
-  CHECK(all_back);
 }
 
 TEST_CASE("a load whose pinning is refused still delivers every byte", "[loader][pinned]") {
