@@ -271,8 +271,11 @@ std::unique_ptr<Pending> PlacedDelivery::copy_to_mine(std::uint32_t w, const std
 
 // Rank 0: its own wants' bytes to their destinations, every rank's expected digests; the
 // slot stays held for the sends (and, under nccl, what they send goes up to the device).
-// Copies from the slot are all queued, then waited for together; one from the gather
-// scratch is waited for at once, as the next gather reuses (and may reallocate) it.
+// Copies from the slot are queued and handed to the upload completion stage, which waits
+// for them while the next chunk's are queued behind them (as a broadcast load's are): the
+// slot stays held in `_held` until the chunk's sends complete, which come after. One from
+// the gather scratch is waited for at once, as the next gather reuses (and may reallocate)
+// it.
 awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, const Slot& slot) {
   const std::byte* source = slot.source;
   const Chunk& chunk = _load.plan.chunks[c];
@@ -309,11 +312,12 @@ awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, cons
       }
     }
   }
-  for (auto& copy : copies) co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);
   HeldSlot held{c, std::move(lease), source};
-  if (_device_sends) co_await upload_sends(c, held);
+  if (_device_sends) co_await upload_sends(c, held, copies);
   _held.push(std::move(held));
-  co_return Uploading{};
+  Uploading uploading;
+  uploading.copies = std::move(copies);
+  co_return uploading;
 }
 
 // The bytes chunk `c` sends per rank, and under nccl the most of any chunk: what each slot's
@@ -330,17 +334,17 @@ std::uint64_t PlacedDelivery::send_bytes(std::size_t c) const {
 // Rank 0 under nccl, which sends device memory only: what chunk `c` sends goes up from the
 // slot into the slot's device region (`_device_sends`) — the whole chunk for a broadcast,
 // else each delivery's bytes (gathered on the host when strided) packed in plan order. The
-// copies complete before the chunk is posted, so the sends need no stream wait.
-awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held) {
+// copies (those from the slot added to @p copies, waited for by the upload completion
+// stage) complete before the chunk is posted, so the sends need no stream wait.
+awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held,
+                                             std::vector<std::unique_ptr<Pending>>& copies) {
   if (_load.transport.world_size() == 1) co_return;
   held.device = _device_sends->data() + held.lease.index() * _device_send_slot_bytes;
   if (_load.plan.chunk_broadcast[c]) {
-    co_await _load.wait(_load.device.upload(held.source, held.device, _load.plan.chunks[c].bytes),
-                  LoadContext::upload_poll_cap);
+    copies.push_back(_load.device.upload(held.source, held.device, _load.plan.chunks[c].bytes));
     co_return;
   }
   std::uint64_t at = 0;
-  std::vector<std::unique_ptr<Pending>> copies;  // from the slot: waited for together
   for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
     const weightcast::Delivery& d = _load.plan.deliveries[i];
     if (d.rank == 0) continue;
@@ -353,7 +357,6 @@ awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held) {
     }
     at += d.bytes;
   }
-  for (auto& copy : copies) co_await _load.wait(std::move(copy), LoadContext::upload_poll_cap);
 }
 
 // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank

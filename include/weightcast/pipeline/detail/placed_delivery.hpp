@@ -66,7 +66,8 @@ class PlacedDelivery final : public Delivery {
   std::unique_ptr<Pending> copy_to_mine(std::uint32_t w, const std::byte* data,
                                         std::uint64_t local_offset, std::uint64_t bytes);
   [[nodiscard]] std::uint64_t send_bytes(std::size_t c) const;
-  boost::asio::awaitable<void> upload_sends(std::size_t c, HeldSlot& held);
+  boost::asio::awaitable<void> upload_sends(std::size_t c, HeldSlot& held,
+                                           std::vector<std::unique_ptr<Pending>>& copies);
   [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const;
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes);
   void land(std::uint32_t w, std::uint64_t bytes);
