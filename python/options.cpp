@@ -16,8 +16,7 @@
 namespace weightcast::python {
 
 DeviceKind parse_device_kind(const std::string& kind) {
-  if (kind == "host" || kind == "cpu") return DeviceKind::host;
-  if (kind == "cuda") return DeviceKind::cuda;
+  if (const auto parsed = device_kind(kind)) return *parsed;
   throw Error(Errc::config, "device: '" + kind + "' is not a device (cpu, cuda, cuda:N)");
 }
 
