@@ -66,17 +66,17 @@ def resolve_device(device: object, options: Options,
     if device is None:
         if options.config is None:
             return ("host", 0)
-        kind = _core.config_device(options.settings)
-        device = "cpu" if kind == "host" else kind
+        device = _core.config_device(options.settings)
     if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
         # An accelerator index, as torch.device(0) and safetensors' load_file(device=0) read it.
         device = f"cuda:{device}"
     text = str(device)  # a torch.device prints as "cuda:1" / "cpu"
     if text == "auto":
         text = "cuda" if _core.cuda_device_count() > 0 else "cpu"
-    if text in ("cpu", "host"):
+    kind = _core.device_kind(text)  # the registry's names, and torch's "cpu"
+    if kind == "host":
         return ("host", 0)
-    if text == "cuda":
+    if kind == "cuda":
         import torch
 
         current = torch.cuda.current_device() if torch.cuda.is_initialized() else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import numbers
 import operator
@@ -33,67 +34,85 @@ def integer(value: object) -> int | None:
         return None
 
 
-# The keywords that are config keys are checked here for their Python type only, and given to
-# the extension as the text of the key's value: the value's range and spellings are the
-# config's (the settings registry), with the config's message ("keyword chunk_size=0: '0' is
-# out of range (must be more than 0 and at most 4GiB)"), as from a file or `--set`.
+# The keywords that are config keys, in the order they are checked. Each is checked here for
+# its Python type only, by the type of its setting in the registry, and handed to the
+# extension as the text of the key's value: the value's range and spellings are the config's,
+# with the config's message ("keyword chunk_size=0: '0' is out of range (must be more than 0
+# and at most 4GiB)"), as from a file or `--set`.
+KEYWORD_KEYS = ("chunk_size", "buffer_depth", "io_depth", "direct_io", "timeout", "reader",
+                "verify")
+# A truthy string such as "none" must not read as True: these take a Python bool only.
+_BOOL_ONLY = frozenset({"verify"})
 
 
-def _size_text(value: object, key: str) -> str | None:
+@functools.lru_cache(maxsize=None)
+def registry() -> dict[str, dict]:
+    """The settings registry (core/settings.hpp) by config key: type, default, bounds (as
+    numbers and as messages spell them), spellings, doc."""
+    return {s["name"]: s for s in _core.setting_table()}
+
+
+def keyword_text(key: str, value: object) -> str | None:
+    """The keyword ``key``'s ``value`` as the text of its config key's value (None: not
+    given); a value of a Python type the setting does not take raises ``Error`` (78)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        return value
-    number = integer(value)
-    if number is None:
-        raise Error(f"{key}: {value!r} is not a size (bytes as an int, or '16MiB')", CONFIG)
-    return str(number)
+    setting = registry()[key]
+    kind = setting["type"]
+    if kind == "size":
+        if isinstance(value, str):
+            return value
+        number = integer(value)
+        if number is None:
+            raise Error(f"{key}: {value!r} is not a size (bytes as an int, or '16MiB')", CONFIG)
+        return str(number)
+    if kind == "count":
+        number = integer(value)
+        if number is None:
+            raise Error(f"{key}: {value!r} is not a count (an int)", CONFIG)
+        return str(number)
+    if kind == "duration":
+        return _duration_text(key, value, setting)
+    return _choice_text(key, value, setting)
 
 
-def _count(value: object, key: str) -> str | None:
-    if value is None:
-        return None
-    number = integer(value)
-    if number is None:
-        raise Error(f"{key}: {value!r} is not a count (an int)", CONFIG)
-    return str(number)
-
-
-def _duration_text(value: object) -> str | None:
-    if value is None:
-        return None
+def _duration_text(key: str, value: object, setting: dict) -> str:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, str):
         return value
     # Any real number: int, float, numpy's scalars (registered with the numbers ABCs).
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise Error(f"timeout: {value!r} is not a duration (seconds, or '300s')", CONFIG)
+        raise Error(f"{key}: {value!r} is not a duration (seconds, or '300s')", CONFIG)
     try:
         value = float(value)
     except OverflowError:
         value = math.inf
     if not math.isfinite(value) or value <= 0 or value * 1000 >= 2**63:
         # NaN, infinity and negatives have no millisecond count; name what the caller wrote.
-        raise Error(f"timeout: {value!r} is not a duration: seconds must be finite and more "
-                    "than 0 (at most 7 days)", CONFIG)
+        raise Error(f"{key}: {value!r} is not a duration: seconds must be finite and more "
+                    f"than 0 (at most {setting['max_text']})", CONFIG)
     if value < 0.001:
-        # Timeouts count whole milliseconds: rounding would make it 0 ms, which reads as none.
-        raise Error(f"timeout: {value!r} seconds is under the 1 ms timeouts are counted in "
+        # Durations count whole milliseconds: rounding would make it 0 ms, which reads as none.
+        raise Error(f"{key}: {value!r} seconds is under the 1 ms timeouts are counted in "
                     "(at least 0.001)", CONFIG)
     return f"{round(value * 1000)}ms"
 
 
-def _direct_io_text(value: object) -> str | None:
-    if value is None:
-        return None
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
+def _choice_text(key: str, value: object, setting: dict) -> str:
+    # A bool is the config's own `true`/`false` where the setting has them (YAML's booleans).
+    takes_bool = "true" in setting["spellings"]
+    if key in _BOOL_ONLY:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        raise Error(f"{key}: {value!r} is not True or False", CONFIG)
+    if isinstance(value, bool) and takes_bool:
+        return "true" if value else "false"
     if isinstance(value, str):
         return value
-    raise Error(f"direct_io: {value!r} is not one of 'auto', 'on', 'off', True, False", CONFIG)
+    listed = ", ".join(repr(name) for name in setting["printed"])
+    raise Error(f"{key}: {value!r} is not one of {listed}" + (", True, False" if takes_bool
+                                                               else ""), CONFIG)
 
 
 def world_of(options: Options | None, alone: object) -> dict:
@@ -126,8 +145,10 @@ def own_world(config: object, alone: object) -> dict | None:
 
 
 def check_placement(placement: object) -> None:
-    if placement not in (None, "replicate", "fsdp"):
-        raise Error(f"placement: {placement!r} is not one of 'replicate', 'fsdp'", CONFIG)
+    names = registry()["placement"]["printed"]
+    if placement is not None and placement not in names:
+        raise Error(f"placement: {placement!r} is not one of "
+                    f"{', '.join(repr(name) for name in names)}", CONFIG)
 
 
 def checked_port(value: object) -> int | None:
@@ -137,28 +158,15 @@ def checked_port(value: object) -> int | None:
         return None
     number = integer(value)
     if number is None:
-        raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, 1 to 65535)", CONFIG)
+        port = registry()["rendezvous.port"]
+        raise Error(f"rendezvous_port: {value!r} is not a TCP port (an int, {port['min']} to "
+                    f"{port['max']})", CONFIG)
     value = number
     try:
         _core.check_setting("rendezvous.port", str(value))
     except Error as e:  # the config's words, named as the caller wrote the keyword
         raise Error("rendezvous_port: " + str(e).split(": ", 1)[-1], e.status) from None
     return value
-
-
-def _verify_text(verify: object) -> str | None:
-    # A bool only: a truthy string such as "none" must not read as True.
-    if verify is None:
-        return None
-    if isinstance(verify, bool):
-        return "digest" if verify else "none"
-    raise Error(f"verify: {verify!r} is not True or False", CONFIG)
-
-
-def _reader_text(reader: object) -> str | None:
-    if reader is None or isinstance(reader, str):
-        return reader
-    raise Error(f"reader: {reader!r} is not one of 'auto', 'uring', 'pread'", CONFIG)
 
 
 def fs_path(path: object, what: str) -> bytes:
@@ -193,13 +201,17 @@ class Options:
     settings: Any
 
     @staticmethod
-    def of(*, config: object, chunk_size: object, buffer_depth: object, io_depth: object,
-           direct_io: object, timeout: object, reader: object, verify: object) -> Options:
+    def of(*, config: object, **keywords: object) -> Options:
+        """``keywords``: each of ``KEYWORD_KEYS``, None where not given."""
         config_s = fs_path(config, "config") if config is not None else None
-        return Options(config_s, _core.settings(
-            config_s, _size_text(chunk_size, "chunk_size"), _count(buffer_depth, "buffer_depth"),
-            _count(io_depth, "io_depth"), _direct_io_text(direct_io), _duration_text(timeout),
-            _reader_text(reader), _verify_text(verify)))
+        overrides = {}
+        for key in KEYWORD_KEYS:
+            text = keyword_text(key, keywords.pop(key, None))
+            if text is not None:
+                overrides[key] = text
+        if keywords:
+            raise TypeError(f"Options.of: no keyword {next(iter(keywords))!r}")
+        return Options(config_s, _core.settings(config_s, overrides))
 
 
 # CUDA's handle for the per-thread default stream (cudaStreamPerThread).
