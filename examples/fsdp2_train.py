@@ -55,7 +55,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, checked: bool = Fal
     ``checked``, weightcast's timeout and a directory for each rank's report too."""
     parser.add_argument("--master-port", type=int, default=None, help="torch's rendezvous")
     parser.add_argument("--weightcast-port", type=int, default=None,
-                        help="weightcast's rendezvous (default: the config's, 29555)")
+                        help="weightcast's rendezvous (default: the config's rendezvous.port)")
     if checked:
         parser.add_argument("--timeout", type=float, default=60.0, help="weightcast's, seconds")
         parser.add_argument("--report", type=Path, default=None,

@@ -22,6 +22,7 @@
 #include "weightcast/config/launch_options.hpp"
 #include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 #include "weightcast/device/device.hpp"
 #include "weightcast/format/dtype.hpp"
 #include "weightcast/pipeline/loader.hpp"
@@ -42,6 +43,46 @@ using namespace nb::literals;
 
 namespace weightcast::python {
 namespace {
+
+const char* type_name(SettingType type) noexcept {
+  switch (type) {
+    case SettingType::size: return "size";
+    case SettingType::count: return "count";
+    case SettingType::auto_count: return "auto_count";
+    case SettingType::duration: return "duration";
+    case SettingType::choice: return "choice";
+    case SettingType::text: return "text";
+    case SettingType::address: return "address";
+    case SettingType::rules: return "rules";
+  }
+  return "";
+}
+
+// One registry entry for Python's checks, messages and docs (tests/python/test_surfaces.py).
+nb::dict setting_dict(const Setting& s) {
+  nb::dict d;
+  d["name"] = std::string(s.name);
+  d["type"] = type_name(s.type);
+  d["default"] = default_text(s);
+  const bool bounded = s.type == SettingType::size || s.type == SettingType::count ||
+                       s.type == SettingType::auto_count || s.type == SettingType::duration ||
+                       (s.type == SettingType::text && s.max > 0);
+  d["min"] = bounded ? nb::cast(s.min) : nb::none();
+  d["max"] = bounded ? nb::cast(s.max) : nb::none();
+  d["min_text"] = bounded ? nb::cast(bound_text(s, s.min)) : nb::none();
+  d["max_text"] = bounded ? nb::cast(bound_text(s, s.max)) : nb::none();
+  nb::list spellings;
+  nb::list printed;
+  for (const Spelling& sp : s.spellings) {
+    spellings.append(std::string(sp.name));
+    if (choice_name(s, sp.value) == sp.name) printed.append(std::string(sp.name));
+  }
+  d["spellings"] = spellings;
+  d["printed"] = printed;  // one per value: what messages list
+  d["what"] = std::string(s.what);
+  d["doc"] = std::string(s.doc);
+  return d;
+}
 
 nb::dict tensor_meta(const TensorInfo& t) {
   nb::dict d;
@@ -151,20 +192,17 @@ NB_MODULE(_weightcast, m) {
                          "keywords over them (each the override of its config key).");
   m.def(
       "settings",
-      [](std::optional<nb::bytes> config, std::optional<std::string> chunk_size,
-         std::optional<std::string> buffer_depth, std::optional<std::string> io_depth,
-         std::optional<std::string> direct_io, std::optional<std::string> timeout,
-         std::optional<std::string> reader, std::optional<std::string> verify) {
-        const PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt,
-                          std::move(chunk_size), std::move(buffer_depth), std::move(io_depth),
-                          std::move(direct_io), std::move(timeout), std::move(reader),
-                          std::move(verify)};
+      [](std::optional<nb::bytes> config, const nb::dict& overrides) {
+        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt, {}};
+        for (const auto& [key, value] : overrides) {
+          o.overrides.emplace_back(nb::cast<std::string>(key), nb::cast<std::string>(value));
+        }
         return PySettings{effective_config(o)};
       },
-      "config"_a.none(), "chunk_size"_a.none(), "buffer_depth"_a.none(), "io_depth"_a.none(),
-      "direct_io"_a.none(), "timeout"_a.none(), "reader"_a.none(), "verify"_a.none(),
-      "Reads the config file (if any) once, then each keyword given as an override of its "
-      "config key: the config's rules and messages (Error, status 78).");
+      "config"_a.none(), "overrides"_a,
+      "Reads the config file (if any) once, then each override (config key -> the text of its "
+      "value, in the dict's order) over it: the config's rules and messages (Error, status "
+      "78, 'keyword key=value: ' and the reason).");
 
   m.def(
       "load",
@@ -240,6 +278,26 @@ NB_MODULE(_weightcast, m) {
       "key"_a, "value"_a,
       "Checks one config key's value as a keyword override: the config's rule and message "
       "(Error, status 78, 'keyword key=value: ' and the reason).");
+  m.def(
+      "setting_table",
+      [] {
+        nb::list table;
+        for (const Setting& s : settings()) table.append(setting_dict(s));
+        return table;
+      },
+      "Every config key of the settings registry (core/settings.hpp), as dicts: name, type, "
+      "default (as the config spells it), min, max (as the config spells them; None where "
+      "unbounded), spellings (a choice's, printed ones first), what, doc.");
+  m.def(
+      "device_kind",
+      [](const std::string& text) -> std::optional<std::string> {
+        const auto kind = device_kind(text);
+        if (!kind) return std::nullopt;
+        return std::string(to_string(*kind));
+      },
+      "text"_a,
+      "The device kind ('host' or 'cuda') a device name means, exactly as spelt: the config's "
+      "spellings and torch's 'cpu'; None for any other ('auto' too).");
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices this process can use; 0 without CUDA in the build or a driver.");
   m.def("live_arenas", [] { return live_arenas.load(); },

@@ -151,9 +151,7 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
                      nb::object progress, double progress_interval_s) {
   LoadOptions options = LoadOptions::from_config(config);
   const DeviceKind kind = parse_device_kind(device_kind);
-  // Element-aligned host tensors at no cost for files whose offsets are aligned (the
-  // safetensors writer sorts by alignment); 256 on CUDA, what torch's allocator gives kernels.
-  options.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  options.tensor_alignment = setting::torch_tensor_alignment(kind);
   options.cuda_stream = caller_stream(cuda_stream);
   check_load_options(options);
   ProgressRelay relay(std::move(progress), progress_interval_s);
@@ -318,7 +316,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   job.checkpoint = checkpoint;
   job.pieces = pieces ? CheckpointPieces::separate : CheckpointPieces::refuse;
   job.device = kind;
-  job.load.tensor_alignment = kind == DeviceKind::cuda ? 256 : 8;
+  job.load.tensor_alignment = setting::torch_tensor_alignment(kind);
   job.load.cuda_stream = caller_stream(cuda_stream);
   check_load_options(job.load);
   // Every rank names the checkpoint it was given (never opened but on rank 0): two loads at

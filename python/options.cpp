@@ -16,23 +16,16 @@
 namespace weightcast::python {
 
 DeviceKind parse_device_kind(const std::string& kind) {
-  if (kind == "host" || kind == "cpu") return DeviceKind::host;
-  if (kind == "cuda") return DeviceKind::cuda;
+  if (const auto parsed = device_kind(kind)) return *parsed;
   throw Error(Errc::config, "device: '" + kind + "' is not a device (cpu, cuda, cuda:N)");
 }
 
 Config effective_config(const PyOptions& o) {
   std::vector<std::string> overrides;
-  const auto add = [&](std::string_view key, const std::optional<std::string>& value) {
-    if (value) overrides.push_back(fmt::format("{}={}", key, *value));
-  };
-  add(setting::chunk_size.name, o.chunk_size);
-  add(setting::buffer_depth.name, o.buffer_depth);
-  add(setting::io_depth.name, o.io_depth);
-  add(setting::direct_io.name, o.direct_io);
-  add(setting::timeout.name, o.timeout);
-  add(setting::reader.name, o.reader);
-  add(setting::verify.name, o.verify);
+  overrides.reserve(o.overrides.size());
+  for (const auto& [key, value] : o.overrides) {
+    overrides.push_back(fmt::format("{}={}", key, value));
+  }
   return load_config(o.config.value_or(std::string()), overrides, "keyword");
 }
 

@@ -9,25 +9,23 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace weightcast::python {
 
-/// The device a Python load names ("cpu" or "host", "cuda"; the ordinal comes apart).
+/// The device a Python load names ("cpu" or "host", "cuda"; the ordinal comes apart): the
+/// settings registry's spellings (`device_kind`).
 /// @throws Error `config` (78) for any other.
 DeviceKind parse_device_kind(const std::string& kind);
 
-/// Options of one Python load: a config file's (if any), then each keyword given, as the
-/// text of its config key's value (the keyword's Python type checked in _options.py; its value
-/// checked by the config, against the settings registry).
+/// Options of one Python load: a config file's (if any), then each keyword given, as its
+/// config key and the text of its value, in the order the caller checks them (the keyword's
+/// Python type checked in _options.py; its value checked by the config, against the settings
+/// registry).
 struct PyOptions {
   std::optional<std::string> config;
-  std::optional<std::string> chunk_size;    // `chunk_size`: "16MiB" or a byte count
-  std::optional<std::string> buffer_depth;  // `buffer_depth`: a count
-  std::optional<std::string> io_depth;      // `io_depth`: a count
-  std::optional<std::string> direct_io;     // `direct_io`: auto|on|off
-  std::optional<std::string> timeout;       // `timeout`: "300s", "1500ms" or seconds
-  std::optional<std::string> reader;        // `reader`: auto|uring|pread
-  std::optional<std::string> verify;        // `verify`: digest|none
+  std::vector<std::pair<std::string, std::string>> overrides;  ///< key, value as text
 };
 
 /// A Python call's configuration, read once (`weightcast._weightcast.Settings`): the config

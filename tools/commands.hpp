@@ -2,6 +2,8 @@
 // weightcast::Error for failures (main() prints it and exits with its sysexits status).
 #pragma once
 
+#include "weightcast/core/settings.hpp"
+
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -207,8 +209,10 @@ struct LaunchArgs {
   std::string trace_path;              ///< --trace PATH, passed to every rank.
   bool quiet = false;                  ///< --quiet, passed to every rank (and quiets launch).
   bool json = false;                   ///< --json, passed to every rank: one JSON line each.
-  std::string spawner = "auto";        ///< --spawner auto|mpirun|local.
-  double grace_s = 5;                  ///< --grace: SIGTERM → SIGKILL delay, seconds.
+  /// --spawner auto|mpirun|local (setting::launch_spawner).
+  std::string spawner{choice_name(setting::launch_spawner, setting::launch_spawner.default_value)};
+  /// --grace: SIGTERM → SIGKILL delay, seconds (setting::launch_grace).
+  double grace_s = static_cast<double>(setting::launch_grace.default_value) / 1000.0;
 };
 /// `weightcast launch` (tools/launch.cpp): starts N ranks of `weightcast run` (under mpirun,
 /// or as local processes with torchrun's variables), waits for them, and ends the rest once

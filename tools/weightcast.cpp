@@ -215,13 +215,14 @@ int main(int argc, char** argv) {
   launch->add_flag("--json", launch_args.json,
                    "every rank prints its summary as one JSON line on stdout (rank 0's has the "
                    "verdict)");
-  launch->add_option("--spawner", launch_args.spawner,
-                     "auto (mpirun for transport mpi, else local), mpirun, or local")
-      ->check(CLI::IsMember({"auto", "mpirun", "local"}))
+  std::vector<std::string> spawners;
+  for (const Spelling& s : setting::launch_spawner.spellings) spawners.emplace_back(s.name);
+  launch->add_option(std::string(setting::launch_spawner.name), launch_args.spawner,
+                     std::string(setting::launch_spawner.doc))
+      ->check(CLI::IsMember(spawners))
       ->capture_default_str();
-  launch->add_option("--grace", launch_args.grace_s,
-                     "seconds between SIGTERM and SIGKILL when ending the other ranks (a "
-                     "duration as in a config: 5, 2.5s, 500ms)")
+  launch->add_option(std::string(setting::launch_grace.name), launch_args.grace_s,
+                     std::string(setting::launch_grace.doc))
       ->transform(CLI::Validator(
           [](std::string& text) -> std::string {
             // The config's duration parser: the same spellings as `timeout`, and no hex,
@@ -237,13 +238,16 @@ int main(int argc, char** argv) {
               if (why.find("out of range") == std::string_view::npos) return std::string(why);
               grace = std::chrono::milliseconds::max();
             }
-            if (grace > std::chrono::minutes(10)) {
-              return fmt::format("'{}' is out of range (0 to 600 seconds)", text);
+            if (grace.count() > setting::launch_grace.max) {
+              return fmt::format("'{}' is out of range ({} to {} seconds)", text,
+                                 setting::launch_grace.min / 1000,
+                                 setting::launch_grace.max / 1000);
             }
             text = fmt::format("{}", static_cast<double>(grace.count()) / 1000.0);
             return {};
           },
-          "0 to 10 min"))
+          fmt::format("{} to {} min", setting::launch_grace.min / 60'000,
+                      setting::launch_grace.max / 60'000)))
       ->type_name("DURATION")
       ->capture_default_str();
 

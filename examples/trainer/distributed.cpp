@@ -11,13 +11,14 @@
 //                    leaves it initialised
 //   --comm reversed  as dup, with the ranks in reverse order (MPI_Comm_split): the
 //                    communicator's rank 0 is the last process, and it reads the checkpoint
-//   --port P         rank 0's control-plane port (default 29555)
+//   --port P         rank 0's control-plane port (default: rendezvous.port's)
 //   --digests DIR    each rank writes DIR/rank-R.digests: "NAME XXH3" per tensor it holds
 //
 // Each rank prints "rank R of N: T tensors, B bytes; VERDICT", R its rank in the job's
 // communicator, and with dup or reversed "(MPI_COMM_WORLD rank W)".
 #include <weightcast/pipeline/digest.hpp>
 #include <weightcast/core/error.hpp>
+#include <weightcast/core/settings.hpp>
 #include <weightcast/distributed/job.hpp>
 #include <weightcast/transport/mpi.hpp>
 
@@ -38,7 +39,7 @@ namespace {
 
 struct Args {
   std::string comm = "dup";
-  int port = 29555;
+  int port = static_cast<int>(weightcast::setting::rendezvous_port.default_value);
   std::string digests_dir;
   std::string checkpoint;
 };

@@ -6,12 +6,12 @@ import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
-from . import _dtypes, _progress
+from . import _dtypes, _landing, _progress
 from . import _weightcast as _core
 from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
-from ._options import (_PROGRESS_INTERVAL_S, PathLike, _caller_stream, _check_placement,
-                       _fs_path, _Options, _own_world, _port, _progress_hook, _ranked,
-                       _resolve_device, _run_job, _stream_handle, _world)
+from ._options import (PROGRESS_INTERVAL_S, Options, PathLike, caller_stream, check_placement,
+                       checked_port, fs_path, own_world, progress_hook, ranked, run_job,
+                       stream_handle, world_of)
 
 if TYPE_CHECKING:
     import torch
@@ -155,7 +155,7 @@ def load(
                      reader=reader, verify=verify, unsupported_dtypes=unsupported_dtypes,
                      rendezvous_port=rendezvous_port, alone=alone)
     except Error as e:
-        raise _ranked(e, _own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone)) from None
 
 
 def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: Any,
@@ -165,29 +165,29 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     if unsupported_dtypes not in ("error", "bytes"):
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
-    _check_placement(placement)
-    port = _port(rendezvous_port)
-    options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
-                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
-                          verify=verify)
-    world = _world(options, alone)
-    dev = _resolve_device(device, options, world)
+    check_placement(placement)
+    port = checked_port(rendezvous_port)
+    options = Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
+                         io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
+                         verify=verify)
+    world = world_of(options, alone)
+    dev = _landing.resolve_device(device, options, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
         # raises on every rank before any byte moves.
         def plan(catalogue: Any, rank: int, world_size: int) -> None:
             _check_catalogue(catalogue, unsupported_dtypes)
 
-        result = _run_job(checkpoint, options, device=dev, placement=placement,
-                          rendezvous_port=port, plan=plan, progress=progress,
-                          rank=world["rank"], alone=False)
+        result = run_job(checkpoint, options, device=dev, placement=placement,
+                         rendezvous_port=port, plan=plan, progress=progress,
+                         rank=world["rank"], alone=False)
         return _tensors(result)
-    catalogue = _core.open_checkpoint(_fs_path(checkpoint, "checkpoint"))
+    catalogue = _core.open_checkpoint(fs_path(checkpoint, "checkpoint"))
     _check_catalogue(catalogue, unsupported_dtypes)
-    with _caller_stream(dev) as stream:
+    with caller_stream(dev) as stream:
         result = _core.load(catalogue, dev[0], dev[1], options.settings,
-                            _progress_hook(progress, world["rank"]), _PROGRESS_INTERVAL_S,
-                            cuda_stream=_stream_handle(stream))
+                            progress_hook(progress, world["rank"]), PROGRESS_INTERVAL_S,
+                            cuda_stream=stream_handle(stream))
     return _tensors(result)
 
 
@@ -364,13 +364,6 @@ def _check_writable(owner: str, key: str, t: Any) -> None:
                     "one checkpoint tensor cannot be written into it; clone() it first", USAGE)
 
 
-def _checkpoint_shape(meta: dict) -> tuple[int, ...]:
-    shape = tuple(meta["shape"])
-    if meta["dtype"] == "F4" and shape:
-        shape = shape[:-1] + (shape[-1] // 2,)
-    return shape
-
-
 def load_into(
     model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
     checkpoint: PathLike,
@@ -448,7 +441,7 @@ def load_into(
                           config=config, progress=progress, reader=reader, verify=verify,
                           rendezvous_port=rendezvous_port, alone=alone)
     except Error as e:
-        raise _ranked(e, _own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone)) from None
 
 
 def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, key_map: Any,
@@ -480,22 +473,15 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
             raise Error(f"load_into: {owner} key '{key}' is on the meta device, which holds no "
                         "memory to load into; call model.to_empty(device=...) first", USAGE)
 
-    options = _Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
-                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
-                          verify=verify)
-    port = _port(rendezvous_port)
-    world = _world(options, alone)
+    options = Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
+                         io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
+                         verify=verify)
+    port = checked_port(rendezvous_port)
+    world = world_of(options, alone)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)
-    if device is None and options.config is None:
-        # Land where the destinations are when they all live on one GPU.
-        devices = {v.local.device for v in shards.values()}
-        only = next(iter(devices)) if len(devices) == 1 else None
-        dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
-            if only is not None and only.type == "cuda" else ("host", 0)
-    else:
-        dev = _resolve_device(device, options, world)
+    dev = _landing.load_device(device, options, world, (v.local for v in shards.values()))
     mapper = _key_mapper(key_map)
     ties = _tie_groups({k: v.local for k, v in shards.items()})
     state: dict[str, Any] = {}
@@ -519,24 +505,16 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
         return wants
 
     try:
-        result = _run_job(checkpoint, options, device=dev, placement=None,
-                          rendezvous_port=port, plan=plan, progress=progress,
-                          rank=world["rank"], alone=alone)
+        result = run_job(checkpoint, options, device=dev, placement=None,
+                         rendezvous_port=port, plan=plan, progress=progress,
+                         rank=world["rank"], alone=alone)
     except Error:
         if "raised" in state:
             raise state.pop("raised") from None
         raise
     stats = result.stats
     staged = state.pop("staged")
-    if staged:
-        # Destinations the library cannot land in (a cast it does not do, a strided tensor,
-        # another device) received into a tensor of the checkpoint's dtype; torch's copy_
-        # casts and scatters, so the values are exactly Tensor.to's.
-        with torch.no_grad():
-            for _, local, landed in staged:
-                local.copy_(landed)
-        if dev[0] == "cuda":
-            torch.cuda.current_stream(dev[1]).synchronize()
+    _landing.copy_staged(((local, landed) for _, local, landed in staged), dev)
     staged_keys = [key for key, _, _ in staged]
     del staged
     return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
@@ -544,12 +522,6 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
                       staged_keys=staged_keys,
                       bytes=int(stats["bytes"]), seconds=float(stats["seconds"]),
                       verdict=result.verdict)
-
-
-# Casts the library makes at the receiver, into host memory (placement.hpp's
-# TensorDestination::dtype): (checkpoint dtype, destination dtype).
-_RECEIVER_CASTS = {("BF16", "F32"), ("F16", "F32"), ("F32", "BF16"), ("F32", "F16")}
-_ST_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def _routes(owner: str, target: Mapping[str, Any], ties: list[list[str]], catalogue: Any,
@@ -586,7 +558,7 @@ def _routes(owner: str, target: Mapping[str, Any], ties: list[list[str]], catalo
         _dtypes.check_shape(meta, catalogue.shards)
         _dtypes.check_representable(meta, "error")  # a dtype torch lacks raises, naming it
         src_dtype = _dtypes.torch_dtype(meta["dtype"])
-        shape = _checkpoint_shape(meta)
+        shape = _landing.checkpoint_shape(meta)
         if shape != tuple(dest.shape):
             problems.append(f"size mismatch for {key}: copying a param with shape "
                             f"{list(shape)} from checkpoint '{name}', the shape in current "
@@ -620,9 +592,8 @@ def _wants(routes: dict[str, str], shards: dict[str, _LocalShard], ties: list[li
     triples that land in a tensor of the checkpoint's dtype first, for torch to copy.
 
     A want lands in the destination itself when the library can write it there: contiguous,
-    on the load's device, in the checkpoint's dtype or one ``_RECEIVER_CASTS`` makes."""
-    import torch
-
+    on the load's device, in the checkpoint's dtype or one ``_landing.RECEIVER_CASTS``
+    makes."""
     # Tied keys are one memory: the key loaded last in file order writes it, as copying each
     # in turn would leave it.
     writer = {}
@@ -630,36 +601,17 @@ def _wants(routes: dict[str, str], shards: dict[str, _LocalShard], ties: list[li
         routed = [k for k in routes if k in group]
         for k in group:
             writer[k] = routed[-1] if routed else k
-    memory = "cuda" if device[0] == "cuda" else "host"
-    torch_device = torch.device("cuda", device[1]) if memory == "cuda" else torch.device("cpu")
     wants: list[tuple] = []
     staged: list[tuple] = []
     for key, name in routes.items():
         if writer.get(key, key) != key:
             continue
         shard, meta = shards[key], metas[name]
-        local = shard.local
-        st_dtype = meta["dtype"]
-        src_dtype = _dtypes.torch_dtype(st_dtype)
-        cast = None
-        castable = True
-        if src_dtype != local.dtype:
-            cast = _ST_NAMES.get(str(local.dtype).removeprefix("torch."))
-            castable = memory == "host" and (st_dtype, cast) in _RECEIVER_CASTS
-        direct = castable and local.is_contiguous() and local.device == torch_device
-        if direct:
-            dest = local
-        else:
-            dest = torch.empty(local.shape, dtype=src_dtype, device=torch_device)
-            staged.append((key, local, dest))
-            cast = None
-        offset: list[int] | None = None
-        shape: list[int] | None = None
-        if shard.shape != _checkpoint_shape(meta):  # a slice of the checkpoint tensor
-            offset, shape = list(shard.offset), list(shard.shape)
-            if st_dtype == "F4" and shape:  # torch's float4_e2m1fn_x2 holds two per element
-                offset[-1] *= 2
-                shape[-1] *= 2
-        wants.append((name, offset, shape, dest.data_ptr(), dest.numel() * dest.element_size(),
-                      memory, cast))
+        dest, cast, is_staged = _landing.land(meta["dtype"], shard.local, device)
+        if is_staged:
+            staged.append((key, shard.local, dest))
+        box = None
+        if shard.shape != _landing.checkpoint_shape(meta):  # a slice of the checkpoint tensor
+            box = (list(shard.offset), list(shard.shape))
+        wants.append(_landing.want(name, meta["dtype"], box, dest, device, cast))
     return wants, staged

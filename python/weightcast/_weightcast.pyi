@@ -50,12 +50,19 @@ class Settings:
     """A call's configuration, read once: a config file's keys, then the keywords over them
     (each the override of its config key)."""
 
-def settings(config: bytes | None, chunk_size: str | None, buffer_depth: str | None,
-             io_depth: str | None, direct_io: str | None, timeout: str | None,
-             reader: str | None, verify: str | None) -> Settings:
-    """Reads the config file (if any) once, then each keyword given as an override of its
-    config key: the config's rules and messages (``Error``, status 78, "keyword
-    chunk_size=0: '0' is out of range (...)")."""
+def settings(config: bytes | None, overrides: dict[str, str]) -> Settings:
+    """Reads the config file (if any) once, then each override (config key -> the text of its
+    value, in the dict's order) over it: the config's rules and messages (``Error``, status
+    78, "keyword chunk_size=0: '0' is out of range (...)")."""
+
+def setting_table() -> list[dict[str, Any]]:
+    """Every config key of the settings registry (core/settings.hpp), as dicts: name, type,
+    default (as the config spells it), min, max, min_text, max_text (as range messages spell
+    them; None where unbounded), spellings (a choice's), printed (one per value), what, doc."""
+
+def device_kind(text: str) -> str | None:
+    """The device kind ('host' or 'cuda') a device name means, exactly as spelt: the config's
+    spellings and torch's 'cpu'; None for any other ('auto' too)."""
 
 def load(catalogue: Catalogue, device: str, ordinal: int, settings: Settings,
          progress: Callable[..., None] | None, progress_interval_s: float,

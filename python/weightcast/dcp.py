@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from . import _api, _dtypes, _options
+from . import _dtypes, _landing, _options
 from . import _weightcast as _core
 from ._errors import CONFIG, INTERNAL, USAGE, Error
 
@@ -82,24 +82,24 @@ class HuggingFaceStorageReader(StorageReader):
                  direct_io: Any = None, timeout: Any = None, config: Any = None,
                  progress: Any = None, reader: Any = None, verify: Any = None,
                  rendezvous_port: Any = None, alone: bool = False) -> None:
-        if _options._integer(thread_count) is None or thread_count < 1:
+        if _options.integer(thread_count) is None or thread_count < 1:
             raise Error(f"HuggingFaceStorageReader: thread_count={thread_count!r} is not a "
                         "positive int", USAGE)
         if not isinstance(alone, bool):
             raise Error(f"alone: {alone!r} is not True or False", USAGE)
-        _options._fs_path(path, "path")  # a TypeError for what is not a path, now
+        _options.fs_path(path, "path")  # a TypeError for what is not a path, now
         self.path = path
         # Accepted for torch's signature; rank 0's reads are weightcast's (io_depth).
         self.thread_count = int(thread_count)
-        self._options = _options._Options.of(
+        self._options = _options.Options.of(
             config=config, chunk_size=chunk_size, buffer_depth=buffer_depth, io_depth=io_depth,
             direct_io=direct_io, timeout=timeout, reader=reader, verify=verify)
-        self._port = _options._port(rendezvous_port)
+        self._port = _options.checked_port(rendezvous_port)
         self._device = device
         if device is not None or self._options.config is not None:
             # A bad device raises now.
-            _options._resolve_device(device, self._options,
-                                     _options._world(self._options, alone))
+            _landing.resolve_device(device, self._options,
+                                    _options.world_of(self._options, alone))
         if not (progress is None or isinstance(progress, bool) or callable(progress)):
             raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
         self._progress = progress
@@ -112,7 +112,7 @@ class HuggingFaceStorageReader(StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """Points the reader at ``checkpoint_id`` when given; a new ``load_id``."""
         if checkpoint_id is not None:
-            _options._fs_path(checkpoint_id, "checkpoint_id")
+            _options.fs_path(checkpoint_id, "checkpoint_id")
             self.path = checkpoint_id
         self.load_id = uuid.uuid4().hex
 
@@ -131,7 +131,7 @@ class HuggingFaceStorageReader(StorageReader):
         try:
             return self._read_metadata()
         except Error as e:
-            raise _options._ranked(e, self._world_or_none()) from None
+            raise _options.ranked(e, self._world_or_none()) from None
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -153,7 +153,7 @@ class HuggingFaceStorageReader(StorageReader):
         try:
             self._read_data(plan, planner)
         except Error as e:
-            raise _options._ranked(e, self._world_or_none()) from None
+            raise _options.ranked(e, self._world_or_none()) from None
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -164,7 +164,7 @@ class HuggingFaceStorageReader(StorageReader):
         """weightcast's world (the launcher's environment), checked against torch's default
         process group when one is initialised: DCP exchanges plans over that group while
         weightcast moves the bytes over its own, so both must number the ranks alike."""
-        world = _options._world(self._options, self._alone)
+        world = _options.world_of(self._options, self._alone)
         if dist.is_available() and dist.is_initialized():
             rank, size = dist.get_rank(), dist.get_world_size()
             if (rank, size) != (world["rank"], world["world_size"]):
@@ -180,7 +180,7 @@ class HuggingFaceStorageReader(StorageReader):
 
     def _world_or_none(self) -> dict | None:
         try:
-            return _options._world(self._options, self._alone)
+            return _options.world_of(self._options, self._alone)
         except Exception:
             return None
 
@@ -242,14 +242,14 @@ class HuggingFaceStorageReader(StorageReader):
         """Per tensor, first-seen order: (name, safetensors dtype, global shape as torch holds
         it, its chunks as (catalogue entry, offset, shape)). A tensor stored whole is one
         chunk at offset 0; one stored in pieces (torch's sharded save) is a chunk per piece."""
-        catalogue = _core.open_checkpoint(_options._fs_path(self.path, "checkpoint"),
+        catalogue = _core.open_checkpoint(_options.fs_path(self.path, "checkpoint"),
                                           pieces=True)
         pieces = catalogue.pieces
         out: dict[str, tuple[str, str, list[int], list[tuple]]] = {}
         for i, meta in enumerate(catalogue.tensors):
             _dtypes.check_shape(meta, catalogue.shards)
             _dtypes.check_representable(meta, "error")
-            shape = list(_api._checkpoint_shape(meta))
+            shape = list(_landing.checkpoint_shape(meta))
             if pieces and pieces[i]["tensor"] != meta["name"]:
                 # A piece: its place and the whole tensor's shape, as the files give them
                 # (byte-sized dtypes only, so torch's shape is the checkpoint's).
@@ -291,15 +291,7 @@ class HuggingFaceStorageReader(StorageReader):
             items[entry] = item
         targets = {entry: planner.resolve_tensor(item).detach() for entry, item in items.items()}
 
-        if self._device is None and self._options.config is None:
-            devices = {t.device for t in targets.values()}
-            only = next(iter(devices)) if len(devices) == 1 else None
-            dev = ("cuda", only.index if only.index is not None else torch.cuda.current_device()) \
-                if only is not None and only.type == "cuda" else ("host", 0)
-        else:
-            dev = _options._resolve_device(self._device, self._options, world)
-        memory = "cuda" if dev[0] == "cuda" else "host"
-        torch_device = torch.device("cuda", dev[1]) if memory == "cuda" else torch.device("cpu")
+        dev = _landing.load_device(self._device, self._options, world, targets.values())
 
         state: dict[str, Any] = {}
 
@@ -319,39 +311,19 @@ class HuggingFaceStorageReader(StorageReader):
                     raise Error(f"HuggingFaceStorageReader: rank {rank}: "
                                 f"{_entry_text(entry, fqn)}, box {box}: the planner's "
                                 f"destination has shape {list(target.shape)}", USAGE)
-                st_dtype = meta["dtype"]
-                src_dtype = _dtypes.torch_dtype(st_dtype)
-                cast = None
-                castable = True
-                if src_dtype != target.dtype:
-                    cast = _api._ST_NAMES.get(str(target.dtype).removeprefix("torch."))
-                    castable = memory == "host" and (st_dtype, cast) in _api._RECEIVER_CASTS
-                if castable and target.is_contiguous() and target.device == torch_device:
-                    dest = target
-                else:
-                    # torch's copy_ casts and scatters what the library cannot land in place.
-                    dest = torch.empty(tuple(target.shape), dtype=src_dtype, device=torch_device)
+                dest, cast, is_staged = _landing.land(meta["dtype"], target, dev)
+                if is_staged:
                     staged.append((target, dest))
-                    cast = None
-                offset, shape = list(item.storage_offsets), list(item.lengths)
-                if st_dtype == "F4" and shape:  # two elements per torch element
-                    offset[-1] *= 2
-                    shape[-1] *= 2
-                wants.append((entry, offset, shape, dest.data_ptr(),
-                              dest.numel() * dest.element_size(), memory, cast))
+                wants.append(_landing.want(entry, meta["dtype"],
+                                           (item.storage_offsets, item.lengths), dest, dev,
+                                           cast))
             state["staged"] = staged
             return wants
 
-        _options._run_job(self.path, self._options, device=dev, placement=None,
-                          rendezvous_port=self._port, plan=wants_for,
-                          progress=self._progress, rank=world["rank"],
-                          alone=bool(self._alone), pieces=True)
-        staged = state.pop("staged", [])
-        if staged:
-            with torch.no_grad():
-                for target, landed in staged:
-                    target.copy_(landed)
-            if dev[0] == "cuda":
-                torch.cuda.current_stream(dev[1]).synchronize()
+        _options.run_job(self.path, self._options, device=dev, placement=None,
+                         rendezvous_port=self._port, plan=wants_for,
+                         progress=self._progress, rank=world["rank"],
+                         alone=bool(self._alone), pieces=True)
+        _landing.copy_staged(state.pop("staged", []), dev)
         for entry, item in items.items():
             planner.commit_tensor(item, targets[entry])

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <initializer_list>
 
 namespace weightcast {
 
@@ -55,6 +56,19 @@ int choice_value(const Setting& setting, std::string_view text) noexcept {
   return -1;
 }
 
+std::optional<DeviceKind> device_kind(std::string_view text) noexcept {
+  // As spelt, unlike a config's value: torch's device strings are lower case and exact.
+  for (const auto names : {std::span<const Spelling>(setting::device_spellings),
+                           std::span<const Spelling>(setting::device_aliases)}) {
+    for (const Spelling& s : names) {
+      if (s.name == text && s.value != static_cast<int>(DeviceKind::automatic)) {
+        return static_cast<DeviceKind>(s.value);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 std::string_view choice_name(const Setting& setting, int value) noexcept {
   for (const Spelling& s : setting.spellings) {
     if (s.value == value) return s.name;
@@ -85,6 +99,15 @@ std::string default_text(const Setting& setting) {
     case SettingType::address: return "auto";
     case SettingType::rules: return "[]";
     default: return spell(setting, setting.default_value);
+  }
+}
+
+std::string bound_text(const Setting& setting, std::int64_t value) {
+  switch (setting.type) {
+    case SettingType::size:
+      return value < 0 ? fmt::format("{}", value) : print_size(static_cast<std::uint64_t>(value));
+    case SettingType::duration: return describe_duration(value);
+    default: return fmt::format("{}", value);
   }
 }
 

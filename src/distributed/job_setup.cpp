@@ -4,6 +4,7 @@
 
 #include "weightcast/config/launch_options.hpp"
 #include "weightcast/core/error.hpp"
+#include "weightcast/core/settings.hpp"
 #include "weightcast/core/units.hpp"
 #include "weightcast/transport/transport.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
@@ -56,7 +57,7 @@ std::string shared_settings(std::uint64_t chunk_bytes, std::uint64_t tensor_alig
 }
 
 std::uint64_t planned_tensor_alignment(std::uint64_t asked, bool host_device) {
-  return host_device ? asked : std::max<std::uint64_t>(asked, 256);
+  return host_device ? asked : std::max(asked, setting::tensor_alignment_cuda);
 }
 
 // Ranks other than 0: this rank's shared settings against rank 0's.

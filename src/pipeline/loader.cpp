@@ -37,10 +37,11 @@ void check_load_options(const LoadOptions& options) {
   in_range("buffer_depth", setting::buffer_depth, std::uint64_t{options.buffer_depth});
   in_range("io_depth", setting::io_depth, std::uint64_t{options.io_depth});
   in_range("timeout", setting::timeout, std::int64_t{options.timeout.count()});
-  WEIGHTCAST_EXPECT(options.tensor_alignment >= 1 && options.tensor_alignment <= (1ull << 30),
+  WEIGHTCAST_EXPECT(options.tensor_alignment >= 1 &&
+                        options.tensor_alignment <= setting::tensor_alignment_max,
                     Errc::config,
                     fmt::format("LoadOptions::tensor_alignment is {}: must be 1 to {}",
-                                options.tensor_alignment, 1ull << 30));
+                                options.tensor_alignment, setting::tensor_alignment_max));
   WEIGHTCAST_EXPECT(std::has_single_bit(options.tensor_alignment), Errc::config,
                     fmt::format("LoadOptions::tensor_alignment is {}: must be a power of two",
                                 options.tensor_alignment));

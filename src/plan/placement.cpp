@@ -15,13 +15,6 @@
 
 namespace weightcast {
 
-// core/settings.hpp spells `placement:` by number, since core cannot include this layer: the
-// numbers must stay this enum's.
-static_assert(setting::placement_spellings[0].name == "replicate" &&
-              setting::placement_spellings[0].value == static_cast<int>(PlacementMode::replicate));
-static_assert(setting::placement_spellings[1].name == "fsdp" &&
-              setting::placement_spellings[1].value == static_cast<int>(PlacementMode::fsdp));
-
 namespace {
 
 constexpr std::uint32_t wants_magic = 0x544E5757;  // "WWNT" little-endian

@@ -154,3 +154,28 @@ TEST_CASE("settings: one bad value says the same from YAML, --set and LoadOption
           fmt::format("LoadOptions::{}: {}: {}", c.field, c.key, c.reason));
   }
 }
+
+TEST_CASE("settings: the names and values no config key holds are the registry's too",
+          "[config][settings]") {
+  // A Python `device=` takes the config's spellings and torch's `cpu`, exactly as spelt.
+  CHECK(device_kind("cpu") == DeviceKind::host);
+  CHECK(device_kind("host") == DeviceKind::host);
+  CHECK(device_kind("cuda") == DeviceKind::cuda);
+  CHECK_FALSE(device_kind("auto"));
+  CHECK_FALSE(device_kind("Host"));
+  CHECK_FALSE(device_kind("cuda:0"));
+  // `device: cpu` stays a config error: the config says `host`.
+  CHECK(choice_value(setting::device, "cpu") == -1);
+  CHECK(to_string(PlacementMode::fsdp) == "fsdp");
+  CHECK(choice_value(setting::placement, "FSDP") == static_cast<int>(PlacementMode::fsdp));
+  // The launcher's options: what `launch --help` and its messages say.
+  CHECK(default_text(setting::launch_spawner) == "auto");
+  CHECK(default_text(setting::launch_grace) == "5s");
+  CHECK(bound_text(setting::launch_grace, setting::launch_grace.max) == "600s");
+  CHECK(bound_text(setting::timeout, setting::timeout.max) == "7 days");
+  CHECK(bound_text(setting::chunk_size, setting::chunk_size.max) == "4GiB");
+  // The arena alignments the entry points pick; a job raises a cuda load's to 256.
+  CHECK(setting::torch_tensor_alignment(DeviceKind::host) == 8);
+  CHECK(setting::torch_tensor_alignment(DeviceKind::cuda) == 256);
+  CHECK(LoadOptions{}.tensor_alignment == setting::tensor_alignment_packed);
+}

@@ -442,15 +442,15 @@ def test_no_stream_and_cudas_default_stream_are_different_values(tmp_path):
     # must order with (issue 38: 0 was taken for "no stream"). None is "no stream";
     # cudaStreamPerThread (2) names another stream on the library's thread and is refused.
     from weightcast import _weightcast as core
-    from weightcast._options import _caller_stream, _Options, _stream_handle
+    from weightcast._options import caller_stream, Options, stream_handle
 
-    with _caller_stream(("host", 0)) as stream:
-        assert stream is None and _stream_handle(stream) is None
+    with caller_stream(("host", 0)) as stream:
+        assert stream is None and stream_handle(stream) is None
     path = tmp_path / "c.safetensors"
     ref = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
     save_file(ref, str(path))
-    options = _Options.of(config=None, chunk_size=None, buffer_depth=None, io_depth=None,
-                          direct_io=None, timeout=None, reader=None, verify=None)
+    options = Options.of(config=None, chunk_size=None, buffer_depth=None, io_depth=None,
+                         direct_io=None, timeout=None, reader=None, verify=None)
     catalogue = core.open_checkpoint(str(path).encode())
     for handle in (None, 0):  # accepted (a host arena has nothing to order)
         result = core.load(catalogue, "host", 0, options.settings, None, 1.0, cuda_stream=handle)

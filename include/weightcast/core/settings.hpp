@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +40,15 @@ enum class Destination { arena, discard };
 enum class Verify { none, digest };
 /// `log_level:` the least severe log line printed to stderr.
 enum class LogLevel { error, warn, info, debug };
+/// `placement:` which part of each tensor each rank receives, for tensors no rule names
+/// (plan/placement.hpp applies it).
+enum class PlacementMode : std::uint8_t {
+  replicate,  ///< Every tensor whole on every rank (torch `Replicate()`): today's broadcast.
+  fsdp,       ///< FSDP2's `Shard(0)` over every rank with `torch.chunk`'s split (`chunk_rows`);
+              ///< 0-dim tensors whole on every rank.
+};
+/// `weightcast launch --spawner`: how the launcher starts its ranks.
+enum class Spawner { automatic, mpirun, local };
 
 /// What a setting's value is, which says how it is read, bounded and printed.
 enum class SettingType {
@@ -118,8 +128,16 @@ inline constexpr std::array<Spelling, 8> verify_spellings{{
     {"true", static_cast<int>(Verify::digest)}, {"false", static_cast<int>(Verify::none)},
     {"yes", static_cast<int>(Verify::digest)}, {"no", static_cast<int>(Verify::none)},
     {"on", static_cast<int>(Verify::digest)}, {"off", static_cast<int>(Verify::none)}}};
-// `PlacementMode` (plan/placement.hpp): replicate 0, fsdp 1.
-inline constexpr std::array<Spelling, 2> placement_spellings{{{"replicate", 0}, {"fsdp", 1}}};
+inline constexpr std::array<Spelling, 2> placement_spellings{{
+    {"replicate", static_cast<int>(PlacementMode::replicate)},
+    {"fsdp", static_cast<int>(PlacementMode::fsdp)}}};
+// torch's word for host memory: a Python `device=` takes it beside the config's spellings,
+// which keep `host` alone so that a config reads one way.
+inline constexpr std::array<Spelling, 1> device_aliases{{
+    {"cpu", static_cast<int>(DeviceKind::host)}}};
+inline constexpr std::array<Spelling, 3> spawner_spellings{{
+    {"auto", static_cast<int>(Spawner::automatic)}, {"mpirun", static_cast<int>(Spawner::mpirun)},
+    {"local", static_cast<int>(Spawner::local)}}};
 inline constexpr std::array<Spelling, 5> log_level_spellings{{
     {"error", static_cast<int>(LogLevel::error)}, {"warn", static_cast<int>(LogLevel::warn)},
     {"warning", static_cast<int>(LogLevel::warn)}, {"info", static_cast<int>(LogLevel::info)},
@@ -200,6 +218,37 @@ inline constexpr Setting rendezvous_port{"rendezvous.port", SettingType::count, 
 inline constexpr Setting rendezvous_token{"rendezvous.token", SettingType::text, 0, 0, 3816, {},
                                           {}, "the job token every rank must present"};
 
+// The launcher's own options (`weightcast launch`), not config keys: every rank of a job reads
+// the same config, and these only shape how the ranks are started and ended.
+inline constexpr Setting launch_spawner{"--spawner", SettingType::choice,
+                                        static_cast<int>(Spawner::automatic), 0, 0,
+                                        spawner_spellings, "auto, mpirun, local",
+                                        "auto (mpirun for transport mpi, else local), mpirun, or "
+                                        "local"};
+// Ten minutes: longer than any rank takes to write its report and close, short enough that
+// a rank ignoring SIGTERM is still ended.
+inline constexpr Setting launch_grace{"--grace", SettingType::duration, 5'000, 0, 600'000, {},
+                                      {},
+                                      "seconds between SIGTERM and SIGKILL when ending the other "
+                                      "ranks (a duration as in a config: 5, 2.5s, 500ms)"};
+
+/// Where each tensor starts in an arena (`LoadOptions::tensor_alignment`), bytes. No config
+/// key: the entry point decides, as it knows who views the arena. The library's default packs
+/// tensors (the CLI keeps no views); torch views a host arena through DLPack, and 8 B aligns
+/// every element of every dtype at no cost for files whose offsets are aligned (the
+/// safetensors writer sorts by alignment); a cuda arena keeps cudaMalloc's own 256 B for every
+/// tensor, so each view suits vectorised kernels (a job raises any load's to it:
+/// detail::planned_tensor_alignment). At most 1 GiB, a power of two (check_load_options).
+inline constexpr std::uint64_t tensor_alignment_packed = 1;
+inline constexpr std::uint64_t tensor_alignment_torch_host = 8;
+inline constexpr std::uint64_t tensor_alignment_cuda = 256;
+inline constexpr std::uint64_t tensor_alignment_max = std::uint64_t{1} << 30;
+
+/// @return the arena alignment torch's views want on @p kind (host or cuda), bytes.
+constexpr std::uint64_t torch_tensor_alignment(DeviceKind kind) noexcept {
+  return kind == DeviceKind::cuda ? tensor_alignment_cuda : tensor_alignment_torch_host;
+}
+
 }  // namespace setting
 
 /// @return every setting, in the order the effective config prints them.
@@ -212,6 +261,11 @@ const Setting* find_setting(std::string_view name) noexcept;
 ///         choice @p setting, or -1 when it is none of them.
 int choice_value(const Setting& setting, std::string_view text) noexcept;
 
+/// @return the device a Python `device=` names by @p text, exactly as spelt ("cpu", "host",
+///         "cuda": the config's spellings and `setting::device_aliases`), or nullopt for any
+///         other (`auto` too, which the caller resolves first, and "Host").
+std::optional<DeviceKind> device_kind(std::string_view text) noexcept;
+
 /// @return the printed spelling of @p value of the choice @p setting ("" if none).
 std::string_view choice_name(const Setting& setting, int value) noexcept;
 
@@ -221,6 +275,10 @@ std::string default_text(const Setting& setting);
 /// @return @p value of @p setting as the config spells it: "16MiB" (size), "300s"
 ///         (duration), "4" (count), "auto" (auto_count at its `default_value`).
 std::string spell(const Setting& setting, std::int64_t value);
+
+/// @return the bound @p value of @p setting as range messages say it: "4GiB" (size), "7 days",
+///         "1ms" (duration), "1024" (the others).
+std::string bound_text(const Setting& setting, std::int64_t value);
 
 /**
  * @brief Why a value of @p setting is refused as out of bounds, the same from every surface

@@ -159,8 +159,8 @@ struct JobOptions {
   /// any `checkpoint`, which they never read).
   std::string identity;
   /// Where the ranks meet; nullopt: `rendezvous_options(Config{}, world)`: rank 0's address
-  /// from `$MASTER_ADDR` (else 127.0.0.1), port 29555, token `$WEIGHTCAST_TOKEN`, timeout
-  /// `load.timeout`. Unused at world size 1.
+  /// from `$MASTER_ADDR` (else 127.0.0.1), port `setting::rendezvous_port`'s default, token
+  /// `$WEIGHTCAST_TOKEN`, timeout `load.timeout`. Unused at world size 1.
   std::optional<RendezvousOptions> rendezvous;
   /// Where tensors land: host memory, a CUDA device (the world's local rank is its ordinal,
   /// or `nccl_communicator->cuda_device`), or auto (cuda where a GPU is usable).

@@ -115,7 +115,9 @@ struct LoadOptions {
   std::uint32_t io_depth = static_cast<std::uint32_t>(setting::io_depth.default_value);
   /// No stage may make no progress longer.
   std::chrono::milliseconds timeout{setting::timeout.default_value};
-  std::uint64_t tensor_alignment = 1;       ///< Arena offset alignment, bytes (power of 2).
+  /// Arena offset alignment, bytes (a power of 2): setting::tensor_alignment_packed, or what
+  /// the entry point's views want (core/settings.hpp).
+  std::uint64_t tensor_alignment = setting::tensor_alignment_packed;
   /// `direct_io`: O_DIRECT reads (aligned supersets of each chunk) on `on`; buffered on
   /// `off`; on `auto`, buffered for a shard mostly in the page cache or on a filesystem that
   /// refuses O_DIRECT (one notice), else O_DIRECT.

@@ -22,6 +22,7 @@
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/format/dtype.hpp"
 #include "weightcast/core/memory_kind.hpp"
+#include "weightcast/core/settings.hpp"  // PlacementMode, the `placement:` setting
 
 #include <cstddef>
 #include <cstdint>
@@ -32,13 +33,6 @@
 #include <vector>
 
 namespace weightcast {
-
-/// The default placement of tensors that no rule names.
-enum class PlacementMode : std::uint8_t {
-  replicate,  ///< Every tensor whole on every rank (torch `Replicate()`): today's broadcast.
-  fsdp,       ///< FSDP2's `Shard(0)` over every rank with `torch.chunk`'s split (`chunk_rows`);
-              ///< 0-dim tensors whole on every rank.
-};
 
 /// @return "replicate" or "fsdp".
 std::string_view to_string(PlacementMode mode) noexcept;
