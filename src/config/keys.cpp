@@ -7,7 +7,12 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace weightcast::detail {
@@ -44,84 +49,53 @@ E choice(const Setting& s, std::string_view text) {
   return static_cast<E>(parse_setting(s, text));
 }
 
-const std::array<KeySpec, 20> table{{
-    key(setting::checkpoint,
-        [](Config& c, std::string_view t) { c.checkpoint = std::string(t); },
-        [](const Config& c) { return c.checkpoint; }),
-    key(setting::device,
-        [](Config& c, std::string_view t) { c.device = choice<DeviceKind>(setting::device, t); },
-        [](const Config& c) { return std::string(to_string(c.device)); }),
-    key(setting::transport,
-        [](Config& c, std::string_view t) {
-          c.transport = choice<TransportKind>(setting::transport, t);
-        },
-        [](const Config& c) { return std::string(to_string(c.transport)); }),
-    key(setting::chunk_size,
-        [](Config& c, std::string_view t) {
-          c.chunk_bytes = static_cast<std::uint64_t>(parse_setting(setting::chunk_size, t));
-        },
-        [](const Config& c) { return print_size(c.chunk_bytes); }),
-    key(setting::buffer_depth,
-        [](Config& c, std::string_view t) {
-          c.buffer_depth = static_cast<std::uint32_t>(parse_setting(setting::buffer_depth, t));
-        },
-        [](const Config& c) { return fmt::format("{}", c.buffer_depth); }),
-    key(setting::io_depth,
-        [](Config& c, std::string_view t) {
-          c.io_depth = static_cast<std::uint32_t>(parse_setting(setting::io_depth, t));
-        },
-        [](const Config& c) { return fmt::format("{}", c.io_depth); }),
-    key(setting::direct_io,
-        [](Config& c, std::string_view t) {
-          c.direct_io = choice<DirectIo>(setting::direct_io, t);
-        },
-        [](const Config& c) { return std::string(to_string(c.direct_io)); }),
-    key(setting::reader,
-        [](Config& c, std::string_view t) { c.reader = choice<ReaderKind>(setting::reader, t); },
-        [](const Config& c) { return std::string(to_string(c.reader)); }),
-    key(setting::destination,
-        [](Config& c, std::string_view t) {
-          c.destination = choice<Destination>(setting::destination, t);
-        },
-        [](const Config& c) { return std::string(to_string(c.destination)); }),
-    key(setting::timeout,
-        [](Config& c, std::string_view t) {
-          c.timeout = std::chrono::milliseconds(parse_setting(setting::timeout, t));
-        },
-        [](const Config& c) { return print_duration(c.timeout); }),
-    key(setting::verify,
-        [](Config& c, std::string_view t) { c.verify = choice<Verify>(setting::verify, t); },
-        [](const Config& c) { return std::string(to_string(c.verify)); }),
+// A plain key's value, read as its setting's type says, into the field's type.
+template <class Key>
+void parse_plain(Config& c, std::string_view text) {
+  auto& field = c.*Key::member;
+  using Field = std::remove_cvref_t<decltype(field)>;
+  if constexpr (std::is_same_v<Field, std::string>) {
+    field = std::string(text);
+  } else if constexpr (std::is_same_v<Field, std::chrono::milliseconds>) {
+    field = std::chrono::milliseconds(parse_setting(Key::setting, text));
+  } else {
+    field = static_cast<Field>(parse_setting(Key::setting, text));
+  }
+}
+
+// A plain key's value as the effective config prints it: the exact, re-readable spelling.
+template <class Key>
+std::string print_plain(const Config& c) {
+  const auto& field = c.*Key::member;
+  using Field = std::remove_cvref_t<decltype(field)>;
+  if constexpr (std::is_same_v<Field, std::string>) {
+    return field;
+  } else if constexpr (std::is_enum_v<Field>) {
+    return std::string(to_string(field));
+  } else if constexpr (std::is_same_v<Field, std::chrono::milliseconds>) {
+    return print_duration(field);
+  } else if constexpr (Key::setting.type == SettingType::size) {
+    return print_size(field);
+  } else if constexpr (Key::setting.type == SettingType::auto_count) {
+    return spell(Key::setting, field);
+  } else {
+    return fmt::format("{}", field);
+  }
+}
+
+template <class... Keys>
+std::vector<KeySpec> plain_specs(const std::tuple<Keys...>* /*list*/) {
+  return {KeySpec{&Keys::setting, Keys::setting.name, &parse_plain<Keys>, &print_plain<Keys>}...};
+}
+
+// The keys read in a way of their own.
+const std::array<KeySpec, 3> own_keys{{
     key(setting::placement,
         [](Config& c, std::string_view t) {
           c.placement.mode = choice<PlacementMode>(setting::placement, t);
         },
         [](const Config& c) { return std::string(to_string(c.placement.mode)); }),
-    key(setting::trace,
-        [](Config& c, std::string_view t) { c.trace = std::string(t); },
-        [](const Config& c) { return c.trace; }),
-    key(setting::log_level,
-        [](Config& c, std::string_view t) {
-          c.log_level = choice<LogLevel>(setting::log_level, t);
-        },
-        [](const Config& c) { return std::string(to_string(c.log_level)); }),
-    // The world (world.hpp): `auto` defers to the launcher's environment.
-    key(setting::world_rank,
-        [](Config& c, std::string_view t) {
-          c.world_rank = static_cast<int>(parse_setting(setting::world_rank, t));
-        },
-        [](const Config& c) { return spell(setting::world_rank, c.world_rank); }),
-    key(setting::world_size,
-        [](Config& c, std::string_view t) {
-          c.world_size = static_cast<int>(parse_setting(setting::world_size, t));
-        },
-        [](const Config& c) { return spell(setting::world_size, c.world_size); }),
-    key(setting::world_local_rank,
-        [](Config& c, std::string_view t) {
-          c.world_local_rank = static_cast<int>(parse_setting(setting::world_local_rank, t));
-        },
-        [](const Config& c) { return spell(setting::world_local_rank, c.world_local_rank); }),
-    // The control plane (control_plane.hpp).
+    // `auto` is stored as "": rank 0's address then comes from the environment.
     key(setting::rendezvous_address,
         [](Config& c, std::string_view t) {
           std::string v(trim(t));
@@ -130,12 +104,6 @@ const std::array<KeySpec, 20> table{{
         [](const Config& c) {
           return c.rendezvous_address.empty() ? std::string("auto") : c.rendezvous_address;
         }),
-    key(setting::rendezvous_port,
-        [](Config& c, std::string_view t) {
-          c.rendezvous_port =
-              static_cast<std::uint16_t>(parse_setting(setting::rendezvous_port, t));
-        },
-        [](const Config& c) { return fmt::format("{}", c.rendezvous_port); }),
     // The token is a secret shared by the job: the effective config shows only whether
     // one is set (`token_mask`), so logs can be shared. That printout loaded back would
     // otherwise set the token to the mask itself, and every rank started from it to the
@@ -162,6 +130,25 @@ const std::array<KeySpec, 20> table{{
           return c.rendezvous_token.empty() ? std::string() : std::string(token_mask);
         }),
 }};
+
+// Every scalar key in the registry's order (the effective config's, and the "known keys"
+// list's).
+const std::vector<KeySpec>& table() {
+  static const std::vector<KeySpec> keys = [] {
+    std::vector<KeySpec> all = plain_specs(static_cast<const PlainKeys*>(nullptr));
+    all.insert(all.end(), own_keys.begin(), own_keys.end());
+    const auto place = [](const KeySpec& k) {
+      const auto registry = settings();
+      return std::find_if(registry.begin(), registry.end(),
+                          [&](const Setting& s) { return s.name == k.name; }) -
+             registry.begin();
+    };
+    std::sort(all.begin(), all.end(),
+              [&](const KeySpec& a, const KeySpec& b) { return place(a) < place(b); });
+    return all;
+  }();
+  return keys;
+}
 
 }  // namespace
 
@@ -195,10 +182,10 @@ std::int64_t parse_setting(const Setting& setting, std::string_view text) {
   throw Error(Errc::internal, fmt::format("{}: not a value parse_setting reads", setting.name));
 }
 
-std::span<const KeySpec> key_table() { return table; }
+std::span<const KeySpec> key_table() { return table(); }
 
 const KeySpec* find_key(std::string_view name) {
-  for (const auto& spec : table) {
+  for (const auto& spec : table()) {
     if (spec.name == name) return &spec;
   }
   return nullptr;

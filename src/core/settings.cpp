@@ -1,5 +1,5 @@
-// The settings registry: the list of every setting, and the spellings and range messages
-// every surface (YAML, --set, LoadOptions, Python keywords) shares.
+// The settings registry's spellings and range messages, which every surface (YAML, --set,
+// LoadOptions, Python keywords) shares.
 #include "weightcast/core/settings.hpp"
 
 #include "weightcast/core/units.hpp"
@@ -14,15 +14,6 @@ namespace weightcast {
 
 namespace {
 
-constexpr std::array<Setting, 21> registry{{
-    setting::checkpoint, setting::device, setting::transport, setting::chunk_size,
-    setting::buffer_depth, setting::io_depth, setting::direct_io, setting::reader,
-    setting::destination, setting::timeout, setting::verify, setting::placement,
-    setting::placement_rules, setting::trace, setting::log_level, setting::world_rank,
-    setting::world_size, setting::world_local_rank, setting::rendezvous_address,
-    setting::rendezvous_port, setting::rendezvous_token,
-}};
-
 /// A bound of a duration for people: "7 days", "1ms".
 std::string describe_duration(std::int64_t ms) {
   constexpr std::int64_t day = 86'400'000;
@@ -32,10 +23,10 @@ std::string describe_duration(std::int64_t ms) {
 
 }  // namespace
 
-std::span<const Setting> settings() noexcept { return registry; }
+std::span<const Setting> settings() noexcept { return setting::registry; }
 
 const Setting* find_setting(std::string_view name) noexcept {
-  for (const Setting& s : registry) {
+  for (const Setting& s : setting::registry) {
     if (s.name == name) return &s;
   }
   return nullptr;

@@ -1,6 +1,7 @@
 // The settings registry: one default and one set of bounds per setting, which configs/
 // default.yaml restates, and one message for one bad value from every surface.
 #include "weightcast/config/config.hpp"
+#include "weightcast/config/detail/config_parts.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
 #include "weightcast/pipeline/loader.hpp"
@@ -17,6 +18,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 using namespace weightcast;
 using Catch::Matchers::Contains;
@@ -178,4 +181,27 @@ TEST_CASE("settings: the names and values no config key holds are the registry's
   CHECK(setting::torch_tensor_alignment(DeviceKind::host) == 8);
   CHECK(setting::torch_tensor_alignment(DeviceKind::cuda) == 256);
   CHECK(LoadOptions{}.tensor_alignment == setting::tensor_alignment_packed);
+}
+
+TEST_CASE("settings: the key table is the registry's, in its order, every key re-readable",
+          "[settings][config]") {
+  // The table is built from config.hpp's PlainKeys and the few keys read in a way of their
+  // own: a setting added to the registry and PlainKeys needs no line in keys.cpp.
+  const auto keys = weightcast::detail::key_table();
+  std::vector<std::string_view> names;
+  for (const auto& key : keys) names.push_back(key.name);
+  std::vector<std::string_view> expected;
+  for (const weightcast::Setting& s : weightcast::settings()) {
+    if (s.type != weightcast::SettingType::rules) expected.push_back(s.name);  // a YAML list
+  }
+  CHECK(names == expected);
+  const weightcast::Config defaults;
+  for (const auto& key : keys) {
+    INFO(key.name);
+    CHECK(key.setting->name == key.name);
+    weightcast::Config read;
+    const std::string printed = key.print(defaults);
+    key.parse(read, printed);
+    CHECK(key.print(read) == printed);
+  }
 }

@@ -126,5 +126,11 @@ def test_every_keyword_reaches_the_config_as_its_keys_text():
 def test_the_footprint_script_counts_a_settings_files():
     out = subprocess.run([str(ROOT / "scripts" / "setting_footprint.sh"), "io_depth"],
                          capture_output=True, text=True, check=True).stdout
-    count = int(re.match(r"io_depth: (\d+) files", out).group(1))
-    assert count == len(out.splitlines()) - 1
+    found = re.match(r"io_depth: (\d+) files \((\d+) defining, (\d+) using\)", out)
+    count, defining, using = (int(g) for g in found.groups())
+    assert count == len(out.splitlines()) - 1 == defining + using
+    # A plain setting is defined in four files: its registry entry, its Config field and
+    # plain-key line, its docs/config.md row and its configs/default.yaml line; the key
+    # table and the registry's list are built from them.
+    assert defining == 4
+    assert "uses     src/config/keys.cpp" not in out and "src/core/settings.cpp" not in out

@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace weightcast {
@@ -89,6 +90,38 @@ struct Config {
   /// @return where @p key was set ("x.yaml:7", "--set"), or "" when it has its default.
   [[nodiscard]] std::string_view where_set(std::string_view key) const;
 };
+
+/// A config key whose value is read and printed as its setting's type says (a size, count,
+/// whole number or `auto`, duration, choice, or text): the field @p Member of `Config`, the
+/// setting @p S of the registry.
+template <auto Member, const Setting& S>
+struct PlainKey {
+  static constexpr auto member = Member;
+  static constexpr const Setting& setting = S;
+};
+
+/// The plain keys. The key table (src/config/keys.cpp) is built from this list and the few
+/// keys read in a way of their own (placement, rendezvous.address, rendezvous.token), in the
+/// registry's order: a new setting of a plain type is its registry entry
+/// (core/settings.hpp), a field above and a line here, plus its row in docs/config.md.
+using PlainKeys = std::tuple<
+    PlainKey<&Config::checkpoint, setting::checkpoint>,
+    PlainKey<&Config::device, setting::device>,
+    PlainKey<&Config::transport, setting::transport>,
+    PlainKey<&Config::chunk_bytes, setting::chunk_size>,
+    PlainKey<&Config::buffer_depth, setting::buffer_depth>,
+    PlainKey<&Config::io_depth, setting::io_depth>,
+    PlainKey<&Config::direct_io, setting::direct_io>,
+    PlainKey<&Config::reader, setting::reader>,
+    PlainKey<&Config::destination, setting::destination>,
+    PlainKey<&Config::timeout, setting::timeout>,
+    PlainKey<&Config::verify, setting::verify>,
+    PlainKey<&Config::trace, setting::trace>,
+    PlainKey<&Config::log_level, setting::log_level>,
+    PlainKey<&Config::world_rank, setting::world_rank>,
+    PlainKey<&Config::world_size, setting::world_size>,
+    PlainKey<&Config::world_local_rank, setting::world_local_rank>,
+    PlainKey<&Config::rendezvous_port, setting::rendezvous_port>>;
 
 /**
  * @brief Builds a `Config` from defaults, then @p yaml_path (if not empty), then @p overrides.

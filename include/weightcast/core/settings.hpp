@@ -218,6 +218,14 @@ inline constexpr Setting rendezvous_port{"rendezvous.port", SettingType::count, 
 inline constexpr Setting rendezvous_token{"rendezvous.token", SettingType::text, 0, 0, 3816, {},
                                           {}, "the job token every rank must present"};
 
+/// Every config key's setting, in the order the effective config prints them: a new setting
+/// is its entry above and its line here (`settings()`, `find_setting`).
+inline constexpr std::array<Setting, 21> registry{{
+    checkpoint, device, transport, chunk_size, buffer_depth, io_depth, direct_io, reader,
+    destination, timeout, verify, placement, placement_rules, trace, log_level, world_rank,
+    world_size, world_local_rank, rendezvous_address, rendezvous_port, rendezvous_token,
+}};
+
 // The launcher's own options (`weightcast launch`), not config keys: every rank of a job reads
 // the same config, and these only shape how the ranks are started and ended.
 inline constexpr Setting launch_spawner{"--spawner", SettingType::choice,
