@@ -15,10 +15,10 @@
 #   [seccomp]       the launcher falling back to that reader where io_uring is refused;
 #   [loader]        load_async's thread (the multi-GiB [large] case left out: no thread of
 #                   its own, and minutes under TSan);
-#   [control_plane] the control plane's reader thread, three ranks in one process;
+#   [control_plane] the control plane's io_context thread, three ranks in one process;
 #   [multirank]     ranks under mpirun and the local spawner: MPI progress (MPI_Testall on
 #                   the loader thread, Open MPI's own threads) beside the control plane's
-#                   reader thread and the MPI_Init watchdog thread.
+#                   thread and the MPI_Init watchdog thread.
 #   [log]           the logger, written from several threads at once.
 #   Not covered: the CUDA path (cuda device, nccl transport, the driver's threads). It needs a
 #   GPU, which this machine and CI lack, so build-tsan is -DWEIGHTCAST_CUDA=OFF; note there

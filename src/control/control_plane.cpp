@@ -1,11 +1,12 @@
-// The control plane's session, from the main thread: rank 0's shared bytes, reports, the
+// The control plane's session, from its callers' threads: rank 0's shared bytes, reports, the
 // verdict, ABORT and the waits for the other ranks (the rendezvous: rendezvous.cpp; the
-// reader thread: control_reader.cpp).
+// coroutines on the io_context: control_reader.cpp).
 #include "weightcast/control/control_plane.hpp"
 
 #include "weightcast/control/detail/control_session.hpp"
 #include "weightcast/control/detail/rendezvous.hpp"
 
+#include <boost/asio/post.hpp>
 #include <fmt/core.h>
 
 
@@ -15,7 +16,6 @@ using detail::encode_status;
 using detail::frame_bytes;
 using detail::milliseconds;
 using detail::rank_list;
-using detail::send_all;
 using Clock = detail::ControlClock;
 using Frame = detail::Frame;
 using detail::Connection;
@@ -35,20 +35,44 @@ void ControlPlane::Impl::throw_if_remote_failure() const {
   }
 }
 
-void ControlPlane::Impl::send_quietly(Connection& c, const std::string& frame) noexcept {
+detail::OutgoingPtr ControlPlane::Impl::post(Connection& c, std::string frame,
+                                              Clock::duration most) {
+  auto out = std::make_shared<detail::Outgoing>();
+  out->frame = std::move(frame);
+  out->most = most;
+  boost::asio::post(io, [this, &c, out] { queue(c, out); });
+  return out;
+}
+
+std::exception_ptr ControlPlane::Impl::outcome(const detail::OutgoingPtr& out) {
+  std::unique_lock lock(mutex);
+  // The writer settles every frame within its bound; a second more covers a frame queued
+  // behind another. Only a stopped io_context (stop_reader) leaves one unsettled.
+  if (!wait_running(lock, out->most + std::chrono::seconds(1), [&] { return out->done; })) {
+    return std::make_exception_ptr(
+        Error(Errc::timeout, "control plane: a message was not sent within the timeout "
+                             "(the control plane is stopped)"));
+  }
+  return out->error;
+}
+
+void ControlPlane::Impl::send_quietly(const std::string& frame) noexcept {
   try {
-    std::lock_guard lock(c.write_mutex);
-    send_all(c.socket.native_handle(), frame, Clock::now() + std::chrono::seconds(2), c.rank);
+    std::vector<detail::OutgoingPtr> sent;
+    for (auto& connection : connections) {
+      if (connection) sent.push_back(post(*connection, frame, detail::abort_send_most));
+    }
+    // A peer that cannot take it is dead or stalled; the launcher reaps it.
+    for (const auto& out : sent) outcome(out);
   } catch (...) {
-    // A peer that cannot take the ABORT is dead or stalled; the launcher reaps it.
   }
 }
 
 void ControlPlane::Impl::send(Connection& c, Frame type, std::string_view payload) {
   try {
-    std::lock_guard lock(c.write_mutex);
-    send_all(c.socket.native_handle(), frame_bytes(type, payload),
-             Clock::now() + options.timeout, c.rank);
+    if (auto error = outcome(post(c, frame_bytes(type, payload), options.timeout))) {
+      std::rethrow_exception(error);
+    }
   } catch (const Error&) {
     // A peer that failed sends its ABORT and hangs up: a send to it may fail (EPIPE) before
     // the reader has read that ABORT. Give the reader a moment; when it is ending the
@@ -85,13 +109,13 @@ ControlPlane::ControlPlane(const World& world, const RendezvousOptions& options)
     _impl->connections.push_back(std::make_unique<detail::Connection>(
         0, detail::connect_to_root(_impl->io, world, options)));
   }
-  _impl->start_reader();
+  _impl->start();
 }
 
 ControlPlane::~ControlPlane() {
   if (!_impl) return;
   _impl->io.stop();
-  if (_impl->reader.joinable()) _impl->reader.join();
+  if (_impl->io_thread.joinable()) _impl->io_thread.join();
 }
 
 bool ControlPlane::ending() const noexcept { return _impl->ending; }
@@ -225,16 +249,12 @@ void ControlPlane::defer_to_root(std::chrono::milliseconds most) noexcept {
 
 void ControlPlane::stop_reader(std::chrono::milliseconds most) noexcept {
   Impl* impl = _impl.get();
-  if (impl == nullptr || !impl->reader.joinable() ||
-      impl->reader.get_id() == std::this_thread::get_id()) {
+  if (impl == nullptr || !impl->io_thread.joinable() ||
+      impl->io_thread.get_id() == std::this_thread::get_id()) {
     return;
   }
   impl->io.stop();  // thread-safe; run() returns once the handler in progress, if any, ends
-  const auto until = Clock::now() + most;
-  while (!impl->reader_done && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (impl->reader_done) impl->reader.join();
+  if (impl->io_returned.wait_for(most) == std::future_status::ready) impl->io_thread.join();
 }
 
 int ControlPlane::rank() const noexcept { return _impl->world.rank; }
@@ -297,9 +317,7 @@ void ControlPlane::abort(const Error& error) noexcept {
     if (impl.world.rank == 0 && impl.terminating) return;  // the reader is already on it
     if (impl.world.rank == 0) impl.terminating = true;
   }
-  for (auto& connection : impl.connections) {
-    if (connection) impl.send_quietly(*connection, frame);
-  }
+  impl.send_quietly(frame);
   if (impl.world.rank != 0) return;
   // Let the others print the message before the launcher tears the job down.
   std::unique_lock lock(impl.mutex);
@@ -350,11 +368,7 @@ Verdict ControlPlane::finish(Verdict verdict) {
       std::lock_guard lock(impl.mutex);
       impl.finished = true;
     }
-    const std::string frame =
-        frame_bytes(Frame::done, encode_status(verdict.status, verdict.message));
-    for (auto& connection : impl.connections) {
-      if (connection) impl.send_quietly(*connection, frame);
-    }
+    impl.send_quietly(frame_bytes(Frame::done, encode_status(verdict.status, verdict.message)));
     return verdict;
   }
   std::unique_lock lock(impl.mutex);

@@ -1,9 +1,11 @@
 // The rendezvous as coroutines on Boost.Asio: rank 0's accept loop, each connection's
 // `greet` raced against its greeting timeout, and a watch over the deadline and the stop; a
-// peer's connect attempts raced against their own bounds.
+// peer's connect attempts, its hello and rank 0's answer raced against their own bounds.
+// Every write is a `write_frame` raced against `expire` (control_stream.hpp), as the session's.
 #include "weightcast/control/detail/rendezvous.hpp"
 
 #include "weightcast/control/detail/control_io.hpp"
+#include "weightcast/control/detail/control_stream.hpp"
 #include "weightcast/control/detail/control_wire.hpp"
 #include "weightcast/core/log.hpp"
 
@@ -106,6 +108,14 @@ void no_delay(tcp::socket& socket) {
   socket.set_option(tcp::no_delay(true), ignored);
 }
 
+// @return whether @p bytes went out whole on @p socket within @p most.
+awaitable<bool> write_within(tcp::socket& socket, std::string_view bytes,
+                             Clock::duration most) {
+  std::size_t sent = 0;
+  auto written = co_await (write_frame(socket, bytes, sent) || expire(most));
+  co_return written.index() == 0 && !std::get<0>(written);
+}
+
 // Moves a connected socket from the rendezvous's io_context to the session's.
 tcp::socket rehome(tcp::socket& socket, asio::io_context& io) {
   const auto protocol = socket.local_endpoint().protocol();
@@ -188,8 +198,12 @@ class Reception {
     asio::co_spawn(_io, accept_loop(), rethrow);
     asio::co_spawn(_io, watch(), rethrow);
     _io.run();
-    if (_joined == _world.world_size - 1) return std::move(_connections);
-    fail();
+    if (_joined != _world.world_size - 1) fail();
+    std::vector<std::optional<tcp::socket>> joined(_world.world_size);
+    for (int r = 1; r < _world.world_size; ++r) {
+      joined[r] = rehome(*_connections[r], _session_io);
+    }
+    return joined;
   }
 
  private:
@@ -282,54 +296,67 @@ class Reception {
     }
     Heard& said = std::get<0>(heard);
     if (said.hello) {
-      admit(*g, *said.hello);
+      co_await admit(*g, *said.hello);
     } else if (!said.refusal.empty()) {
-      refuse(*g, std::move(said.refusal));
+      co_await refuse(*g, std::move(said.refusal));
     } else {
       close(*g);
     }
   }
 
   // A hello: the peer joins, or is refused.
-  void admit(Greeting& g, const Hello& hello) {
-    // The token first: a stranger learns nothing about this job's shape.
-    if (!tokens_equal(hello.token, _options.token)) {
-      return refuse(g, "wrong job token (a rank of another job on this port, or ranks "
-                       "started with different rendezvous.token or WEIGHTCAST_TOKEN)");
+  awaitable<void> admit(Greeting& g, const Hello& hello) {
+    const std::string refusal = judge(hello);
+    if (!refusal.empty()) {
+      co_await refuse(g, refusal);
+      co_return;
     }
     const int rank = hello.rank;
-    // Without a token two jobs on one port would take each other's ranks (plain mpirun sets
-    // none); their launchers' job ids tell them apart.
-    if (!hello.job_id.empty() && !_options.job_id.empty() && hello.job_id != _options.job_id) {
-      return refuse(g, fmt::format("rank {} belongs to another job: its launcher's job id is "
-                                   "'{}', this job's is '{}' ({}); two jobs are using "
-                                   "rendezvous port {}: give each its own rendezvous.port",
-                                   rank, printable(hello.job_id), printable(_options.job_id),
-                                   _options.job_id_source, _options.port));
-    }
-    if (hello.world_size != _world.world_size) {
-      return refuse(g, fmt::format("world size {}, rank 0 has {}", hello.world_size,
-                                   _world.world_size));
-    }
-    if (rank <= 0 || rank >= _world.world_size) {
-      return refuse(g, fmt::format("rank {} is not a peer rank of a world of {}", rank,
-                                   _world.world_size));
-    }
-    if (_connections[rank]) return refuse(g, fmt::format("rank {} already joined", rank));
-    try {
-      send_all(g.socket.native_handle(), frame_bytes(Frame::welcome, {}),
-               std::min(_deadline, Clock::now() + std::chrono::seconds(1)), rank);
-    } catch (const Error&) {
-      return close(g);
-    }
+    // The rank is taken before the welcome goes out, so that a second hello for it meanwhile
+    // is refused; out of `_pending`, the connection is no longer the rendezvous's to close.
     forget(g);
-    _connections[rank] = rehome(g.socket, _session_io);
+    _connections[rank] = std::move(g.socket);
+    const auto most = std::clamp<Clock::duration>(_deadline - Clock::now(),
+                                                  std::chrono::milliseconds(100),
+                                                  std::chrono::seconds(1));
+    if (!co_await write_within(*_connections[rank], frame_bytes(Frame::welcome, {}), most)) {
+      _connections[rank].reset();
+      co_return;
+    }
     ++_joined;
     spdlog::debug("rendezvous: rank {} joined from {}", rank, g.from);
     if (_joined == _world.world_size - 1) end();
   }
 
-  void refuse(Greeting& g, std::string reason) {
+  // @return why @p hello is refused; "" when its rank may join.
+  std::string judge(const Hello& hello) const {
+    // The token first: a stranger learns nothing about this job's shape.
+    if (!tokens_equal(hello.token, _options.token)) {
+      return "wrong job token (a rank of another job on this port, or ranks started with "
+             "different rendezvous.token or WEIGHTCAST_TOKEN)";
+    }
+    const int rank = hello.rank;
+    // Without a token two jobs on one port would take each other's ranks (plain mpirun sets
+    // none); their launchers' job ids tell them apart.
+    if (!hello.job_id.empty() && !_options.job_id.empty() && hello.job_id != _options.job_id) {
+      return fmt::format("rank {} belongs to another job: its launcher's job id is '{}', "
+                         "this job's is '{}' ({}); two jobs are using rendezvous port {}: "
+                         "give each its own rendezvous.port",
+                         rank, printable(hello.job_id), printable(_options.job_id),
+                         _options.job_id_source, _options.port);
+    }
+    if (hello.world_size != _world.world_size) {
+      return fmt::format("world size {}, rank 0 has {}", hello.world_size, _world.world_size);
+    }
+    if (rank <= 0 || rank >= _world.world_size) {
+      return fmt::format("rank {} is not a peer rank of a world of {}", rank,
+                         _world.world_size);
+    }
+    if (_connections[rank]) return fmt::format("rank {} already joined", rank);
+    return {};
+  }
+
+  awaitable<void> refuse(Greeting& g, std::string reason) {
     reason.resize(std::min(reason.size(), max_status_message_bytes));
     _last_refusal = fmt::format("from {}: {}", g.from, reason);
     // A wrong-token peer is worth a warning; a stream of junk connections is not worth a
@@ -340,13 +367,10 @@ class Reception {
     } else {
       spdlog::debug("rendezvous: refused a connection {}", _last_refusal);
     }
-    try {
-      // A fresh socket's send buffer takes a refusal at once; never let one hold the loop.
-      send_all(g.socket.native_handle(), frame_bytes(Frame::reject, reason),
-               Clock::now() + std::chrono::milliseconds(100), -1);
-    } catch (const Error&) {
-      // The refused peer learns by the closed connection instead.
-    }
+    // A fresh socket's send buffer takes a refusal at once; a peer that takes nothing
+    // learns by the closed connection instead.
+    co_await write_within(g.socket, frame_bytes(Frame::reject, reason),
+                          std::chrono::milliseconds(100));
     close(g);
   }
 
@@ -397,22 +421,25 @@ class Reception {
     }
     const std::string abort = frame_bytes(
         Frame::abort, encode_status(exit_status(code), fmt::format("rank 0: {}", message)));
+    asio::co_spawn(_io, tell_joined(abort), rethrow);
+    _io.restart();
+    _io.run();
+    throw Error(code, message);
+  }
+
+  // Sends @p abort to every rank that joined, a second at most each.
+  awaitable<void> tell_joined(const std::string& abort) {
     for (int r = 1; r < _world.world_size; ++r) {
       if (!_connections[r]) continue;
-      try {
-        send_all(_connections[r]->native_handle(), abort, Clock::now() + std::chrono::seconds(1),
-                 r);
-      } catch (const Error&) {
-      }
+      co_await write_within(*_connections[r], abort, std::chrono::seconds(1));
     }
-    throw Error(code, message);
   }
 
   asio::io_context& _session_io;
   const World& _world;
   const RendezvousOptions& _options;
   const std::chrono::milliseconds _greeting_wait;
-  std::vector<std::optional<tcp::socket>> _connections;  // index = rank, on _session_io
+  std::vector<std::optional<tcp::socket>> _connections;  // index = rank, on _io until joined
   asio::io_context _io;  // the rendezvous's own: it ends when the rendezvous does
   tcp::acceptor _acceptor{_io};
   asio::steady_timer _accept_pause{_io};
@@ -471,15 +498,20 @@ class Joining {
         continue;
       }
       no_delay(socket);
-      bool said_hello = true;
-      try {
-        send_all(socket.native_handle(), _hello, _deadline, 0);
-      } catch (const Error& e) {
-        // Closed before the hello went out (e.g. as the oldest of a flood): try again.
-        _last_error = e.what();
-        said_hello = false;
+      std::size_t sent = 0;
+      auto hello = co_await (write_frame(socket, _hello, sent) || lapse(_deadline));
+      check_stop();
+      if (hello.index() == 1) {
+        _last_error = "control plane: rank 0 did not take a message within the timeout "
+                      "(stalled?)";
+        break;
       }
-      if (said_hello && answered(socket)) co_return;
+      if (const auto error = std::get<0>(hello)) {
+        // Closed before the hello went out (e.g. as the oldest of a flood): try again.
+        _last_error = fmt::format("control plane: sending to rank 0: {}", error.message());
+      } else if (co_await answered(socket)) {
+        co_return;
+      }
       co_await pause();
     }
     throw Error(Errc::unavailable,
@@ -526,20 +558,42 @@ class Joining {
                             host_port(_options.address, _options.port)));
   }
 
-  // Reads rank 0's answer to the hello just sent on @p socket.
-  // @return true once rank 0 welcomed this rank (`_root` holds the connection); false when rank
-  //         0 closed the connection without a word (`_last_error` says so).
-  bool answered(tcp::socket& socket) {
-    std::optional<std::pair<Frame, std::string>> reply;
-    bool timed_out = false;
+  // Reads rank 0's answer to a hello, within the deadline.
+  // @return nothing when the connection closed (@p timed_out false) or the deadline passed
+  //         (@p timed_out true).
+  awaitable<std::optional<std::pair<Frame, std::string>>> read_reply(tcp::socket& socket,
+                                                                     bool& timed_out) {
+    std::array<char, frame_header_bytes> header{};
+    auto got = co_await (asio::async_read(socket, asio::buffer(header), as_result) ||
+                         lapse(_deadline));
+    check_stop();
+    timed_out = got.index() == 1;
+    if (timed_out || std::get<0>(std::get<0>(got))) co_return std::nullopt;
+    FrameHeader frame{};
     try {
-      reply = recv_reply(socket.native_handle(), _deadline, "reply", timed_out);
+      // Checked before the payload is read or allocated.
+      frame = decode_frame_header(header, FrameReader::joining, "reply");
     } catch (const Error& e) {
       throw Error(Errc::unavailable,
                   fmt::format("rendezvous: {} answered this rank's hello with a malformed "
                               "message ({}); is rendezvous.port another service's?",
                               host_port(_options.address, _options.port), e.what()));
     }
+    std::string payload(frame.payload_bytes, '\0');
+    got = co_await (asio::async_read(socket, asio::buffer(payload), as_result) ||
+                    lapse(_deadline));
+    check_stop();
+    timed_out = got.index() == 1;
+    if (timed_out || std::get<0>(std::get<0>(got))) co_return std::nullopt;
+    co_return std::make_pair(frame.type, std::move(payload));
+  }
+
+  // Reads rank 0's answer to the hello just sent on @p socket.
+  // @return true once rank 0 welcomed this rank (`_root` holds the connection); false when rank
+  //         0 closed the connection without a word (`_last_error` says so).
+  awaitable<bool> answered(tcp::socket& socket) {
+    bool timed_out = false;
+    auto reply = co_await read_reply(socket, timed_out);
     if (!reply && timed_out) {
       // Connected, and the hello went out, but no answer: rank 0 answers a hello at once, so
       // it is stopped or hung, or the port is another service's.
@@ -553,12 +607,12 @@ class Joining {
     if (!reply) {
       // Refused without a word, e.g. closed as the oldest of a flood of connections.
       _last_error = "rank 0 closed the connection during the rendezvous";
-      return false;
+      co_return false;
     }
     switch (reply->first) {
       case Frame::welcome:
         _root = rehome(socket, _session_io);
-        return true;
+        co_return true;
       case Frame::reject:
         throw Error(Errc::config,
                     fmt::format("rendezvous: rank 0 at {} refused this rank: {}",

@@ -31,17 +31,20 @@
  *    each got (`stall_report`), and the other ranks leave that diagnosis to rank 0
  *    (`defer_to_root`).
  *
- * From the end of the rendezvous a background thread reads every connection. An ABORT, or a
+ * From the end of the rendezvous the control plane's own thread reads and writes every
+ * connection (each a reader and a writer coroutine on the control plane's io_context; a
+ * caller's send hands its frame to the writer and waits for it). An ABORT, or a
  * connection lost before the verdict (a dead process), is this job's end: rank 0 passes it on
  * to every other rank, every wait of the control plane's on the main thread throws it as a
- * `RemoteAbort` (`remote_failure`), and the ending hook (`on_ending`) runs on the reader
- * thread, to stop a load in progress. The control plane never ends the process: a rank blocked
- * in a call that cannot be unwound (an `MPI_Ibcast` in flight cannot be cancelled) is the
- * caller's to end (weightcast/distributed/job.hpp, "The failure model"). Every wait is bounded
- * by `timeout` (or the bound it names) of the time this process ran: a rank stopped (SIGSTOP,
- * a debugger) and resumed does not count the time it was stopped, and looks at what arrived
- * meanwhile (the catalogue, a verdict, an ABORT, the heartbeats) before it gives up or calls
- * another rank silent; the other ranks, meanwhile, meet its stall and name it.
+ * `RemoteAbort` (`remote_failure`), and the ending hook (`on_ending`) runs on the control
+ * plane's thread, to stop a load in progress. The control plane never ends the process: a
+ * rank blocked in a call that cannot be unwound (an `MPI_Ibcast` in flight cannot be
+ * cancelled) is the caller's to end (weightcast/distributed/job.hpp, "The failure model").
+ * Every wait is bounded by `timeout` (or the bound it names) of the time this process ran: a
+ * rank stopped (SIGSTOP, a debugger) and resumed does not count the time it was stopped, and
+ * looks at what arrived meanwhile (the catalogue, a verdict, an ABORT, the heartbeats)
+ * before it gives up or calls another rank silent; the other ranks, meanwhile, meet its
+ * stall and name it.
  *
  * Boost.Asio stays inside control/'s sources (pimpl), so this header is cheap to include.
  */
@@ -114,7 +117,7 @@ class ControlPlane {
   /**
    * @brief Rendezvous: rank 0 accepts `world_size - 1` peers; the others connect to rank 0.
    *
-   * Blocks at most `options.timeout`. Starts the background reader on success. At world
+   * Blocks at most `options.timeout`. Starts the control plane's thread on success. At world
    * size 1 does nothing (no socket, no thread).
    * @throws Error `config` (78) on every rank at once when `options.address` is a loopback
    *         address (127.0.0.0/8, ::1; a host name that resolves to one, as Debian's
@@ -134,7 +137,8 @@ class ControlPlane {
    *         the rendezvous (e.g. its own `timeout` for the ranks that did not join).
    */
   ControlPlane(const World& world, const RendezvousOptions& options);
-  /// Closes every connection and joins the reader. Never blocks longer than a moment.
+  /// Closes every connection and joins the control plane's thread. Never blocks longer than
+  /// a moment.
   ~ControlPlane();
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
@@ -195,7 +199,7 @@ class ControlPlane {
    * @brief Records that this rank's load has landed @p chunks_landed chunks (cheap: an atomic
    *        store; any thread, e.g. from `LoadOptions::on_progress`).
    *
-   * From the rendezvous on, the control plane's reader thread sends a heartbeat (PROGRESS:
+   * From the rendezvous on, the control plane's thread sends a heartbeat (PROGRESS:
    * this count) on every connection each `timeout`/10, clamped to 10 ms..1 s, whatever the
    * main thread is blocked in (an MPI or NCCL wait, `MPI_Init_thread`). A rank that sends
    * nothing for four such intervals is stopped (SIGSTOP, a debugger) or its process hung.
@@ -235,17 +239,18 @@ class ControlPlane {
   void linger(std::chrono::milliseconds most) noexcept;
 
   /**
-   * @brief Sets what the reader thread does, once, when another rank's ABORT or a lost peer
-   *        ends the job (`remote_failure` is set by then; on rank 0 the ABORT has been passed
-   *        on): e.g. stop the load in progress. Empty: nothing. The hook must not throw and
-   *        should return promptly (the reader thread waits for it); clear it before what it
-   *        refers to goes away (a call waits for a hook in progress to return).
+   * @brief Sets what the control plane's thread does, once, when another rank's ABORT or a
+   *        lost peer ends the job (`remote_failure` is set by then; on rank 0 the ABORT has
+   *        been passed on): e.g. stop the load in progress. Empty: nothing. The hook must not
+   *        throw and should return promptly (the control plane's thread waits for it); clear
+   *        it before what it refers to goes away (a call waits for a hook in progress to
+   *        return).
    */
   void on_ending(std::function<void()> hook);
 
   /// @return the failure another rank's ABORT, or a lost peer, ended the job with (its
   ///         status as the `Errc`, and its message, which names the failing rank), once the
-  ///         reader thread has received it; nullopt otherwise. Safe from any thread.
+  ///         control plane's thread has received it; nullopt otherwise. Safe from any thread.
   [[nodiscard]] std::optional<RemoteAbort> remote_failure() const;
 
   /// @brief Rank 0, after a `remote_failure`: waits until every other rank has been told
@@ -272,12 +277,12 @@ class ControlPlane {
   [[nodiscard]] bool ending() const noexcept;
 
   /// For a caller about to end the process with `_exit` (no destructors run), once what it
-  /// had to say is sent (`abort`, `linger`, `await_told`): stops the control plane's reader
-  /// thread and joins it, waiting at most @p most (of the wall clock) for it to return, so
-  /// that no thread is left unjoined at the exit (ThreadSanitizer reports one as leaked).
-  /// Waits on no peer: a reader still inside a handler after @p most is left alone. Does
-  /// nothing on the reader thread itself. After it the control plane neither reads nor sends
-  /// heartbeats. Must not run concurrently with the destructor.
+  /// had to say is sent (`abort`, `linger`, `await_told`): stops the control plane's thread
+  /// (its io_context) and joins it, waiting at most @p most (of the wall clock) for it to
+  /// return, so that no thread is left unjoined at the exit (ThreadSanitizer reports one as
+  /// leaked). Waits on no peer: a thread still inside a handler after @p most is left alone.
+  /// Does nothing on the control plane's thread itself. After it the control plane neither
+  /// reads nor sends (heartbeats included). Must not run concurrently with the destructor.
   void stop_reader(std::chrono::milliseconds most) noexcept;
 
   /// Implementation (Boost.Asio): control/detail/control_session.hpp.

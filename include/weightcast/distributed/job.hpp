@@ -51,7 +51,7 @@
  * `on_failure` is called once per failed job on every rank, with the message the job ends
  * with, before the bounded waits that let the other ranks learn of it: log or print there.
  * For another rank's failure it is called as this rank learns of it, from the control
- * plane's reader thread, while the calling thread may still be unwinding (a launcher may end
+ * plane's thread, while the calling thread may still be unwinding (a launcher may end
  * the process before that thread comes back): it must be safe to call from any thread.
  *
  * ## MPI

@@ -122,7 +122,7 @@ class Watchdog {
     Watchdog& _watchdog;
   };
 
-  /// The control plane's ending hook (reader thread): another rank's failure; the calling
+  /// The control plane's ending hook (the control plane's thread): another rank's failure; the calling
   /// thread has `unwind_grace` to come back (`unwinding`).
   void remote_failure() noexcept {
     {
