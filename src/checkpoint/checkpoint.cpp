@@ -6,7 +6,7 @@
 #include "weightcast/checkpoint/detail/index.hpp"
 #include "weightcast/checkpoint/detail/pieces.hpp"
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "weightcast/checkpoint/checkpoint.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include <filesystem>
 #include <string>
