@@ -3,6 +3,7 @@
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/core/detail/regular_file.hpp"
 #include "weightcast/format/detail/header_json.hpp"
+#include "weightcast/checkpoint/detail/catalogue_builder.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
 #include "weightcast/checkpoint/detail/pieces.hpp"
 #include "weightcast/core/error.hpp"
@@ -206,35 +207,14 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
   return entries;
 }
 
-void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string shard_name,
-                  const SafetensorsHeader& header) {
-  auto shard_index = static_cast<std::uint32_t>(catalogue.shards.size());
-  catalogue.shards.push_back(ShardInfo{resolved, std::move(shard_name),
-                                       8 + header.header_bytes + header.data_bytes,
-                                       8 + header.header_bytes, header.device, header.inode,
-                                       header.modified_ns, header.changed_ns});
-  for (auto tensor : header.tensors) {
-    tensor.shard = shard_index;
-    catalogue.tensors.push_back(std::move(tensor));
-  }
-  // map::insert keeps an existing key: the first shard wins, as documented.
-  catalogue.metadata.insert(header.metadata.begin(), header.metadata.end());
-}
-
 }  // namespace detail
 
 namespace {
 
-using detail::append_shard;
-
 Catalogue open_single_file(const fs::path& path) {
-  auto header = read_safetensors_header(path, path.string());
-  std::error_code ec;
-  fs::path resolved = fs::canonical(path, ec);
-  if (ec) resolved = fs::absolute(path);
-  Catalogue catalogue;
-  append_shard(catalogue, resolved, path.filename().string(), header);
-  return catalogue;
+  detail::CatalogueBuilder builder;
+  builder.add_shard(path, path.string(), path.filename().string());
+  return builder.take();
 }
 
 Catalogue open_index(const fs::path& index_path) {
@@ -272,14 +252,15 @@ Catalogue open_index(const fs::path& index_path) {
   // catalogue); two spellings of one file ("a" and "./a") are one shard.
   std::map<std::string, fs::path> shards_by_name;
   for (const auto& entry : entries) shards_by_name.emplace(entry.shard, entry.shard_path);
-  Catalogue catalogue;
+  detail::CatalogueBuilder builder;
   std::map<fs::path, std::uint32_t> shard_of_path;
   for (const auto& [shard_name, resolved] : shards_by_name) {
     if (shard_of_path.contains(resolved)) continue;
-    auto header = read_safetensors_header(resolved, (dir_as_given / shard_name).string());
-    shard_of_path.emplace(resolved, static_cast<std::uint32_t>(catalogue.shards.size()));
-    append_shard(catalogue, resolved, shard_name, header);
+    const auto shard = static_cast<std::uint32_t>(builder.catalogue().shards.size());
+    builder.add_shard(resolved, (dir_as_given / shard_name).string(), shard_name, resolved);
+    shard_of_path.emplace(resolved, shard);
   }
+  Catalogue catalogue = builder.take();
 
   // Tensors a shard holds but the index does not list stay in the catalogue: they are in
   // the bytes we stream, and every byte of a shard belongs to exactly one tensor. They
