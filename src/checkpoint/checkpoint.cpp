@@ -302,7 +302,17 @@ std::string list_names(const std::vector<std::string>& names) {
   return text;
 }
 
-Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
+/// What a checkpoint path holds, found before any shard is read: an index, one file, or
+/// files of pieces, all in `dir`.
+struct Located {
+  enum class Kind { index, single_file, pieces } kind = Kind::single_file;
+  fs::path dir;                     ///< The directory of `files` ("" for a path given alone).
+  std::vector<std::string> files;   ///< The index or shard file names, sorted.
+};
+
+/// The file to open of a directory: its one index, its one shard, or (with
+/// `CheckpointPieces::separate`) its shards as pieces; refuses what is none of them.
+Located locate_in_directory(const fs::path& dir, CheckpointPieces pieces) {
   std::vector<std::string> indexes;
   std::vector<std::string> shards;
   // Entries named like a shard or index that are no file: named when nothing else is
@@ -338,7 +348,7 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   if (ec) throw system_error(Errc::io, ec.value(), fmt::format("{}: cannot list", dir.string()));
   std::sort(indexes.begin(), indexes.end());
   std::sort(shards.begin(), shards.end());
-  if (indexes.size() == 1) return open_index(dir / indexes.front());
+  if (indexes.size() == 1) return {Located::Kind::index, dir, {indexes.front()}};
   if (indexes.size() > 1) {
     throw Error(Errc::missing_input,
                 fmt::format("{}: holds {} index files ({}); pass the path of the one to load",
@@ -346,8 +356,9 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   }
   if (shards.size() == 1) {
     // A lone file of a distributed save is one rank's pieces: the DCP reader checks them.
-    return pieces == CheckpointPieces::separate ? detail::open_pieces(dir, shards)
-                                                : open_single_file(dir / shards.front());
+    return {pieces == CheckpointPieces::separate ? Located::Kind::pieces
+                                                 : Located::Kind::single_file,
+            dir, shards};
   }
   if (shards.empty() && !foreign.empty()) {
     std::sort(foreign.begin(), foreign.end());
@@ -366,7 +377,7 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
                             index_suffix, shard_suffix, not_files.empty() ? "" : " (",
                             not_files.empty() ? "" : list_names(not_files) + ")"));
   }
-  if (pieces == CheckpointPieces::separate) return detail::open_pieces(dir, shards);
+  if (pieces == CheckpointPieces::separate) return {Located::Kind::pieces, dir, shards};
   // torch DCP's sharded save: each file places its pieces in __metadata__, and no index.
   bool dcp_pieces = false;
   for (const auto& shard : shards) {
@@ -408,12 +419,26 @@ Catalogue open_checkpoint(const fs::path& path, CheckpointPieces pieces) {
     // a is a file, a symlink loop, "Permission denied" for a directory that cannot be searched.
     detail::throw_open_failure(ec ? ec.value() : ENOENT, path.string(), "the checkpoint");
   }
-  if (fs::is_directory(status)) return open_directory(path, pieces);
-  if (path.extension() == ".json") return open_index(path);
-  if (pieces == CheckpointPieces::separate) {
-    return detail::open_pieces(path.parent_path(), {path.filename().string()});
+  Located located;
+  if (fs::is_directory(status)) {
+    located = locate_in_directory(path, pieces);
+  } else {
+    located.kind = path.extension() == ".json"            ? Located::Kind::index
+                   : pieces == CheckpointPieces::separate ? Located::Kind::pieces
+                                                          : Located::Kind::single_file;
+    located.dir = path.parent_path();
+    located.files = {path.filename().string()};
   }
-  return open_single_file(path);
+  // One place opens what was found: the index, the file or the pieces.
+  switch (located.kind) {
+    case Located::Kind::index:
+      return open_index(fs::is_directory(status) ? located.dir / located.files.front() : path);
+    case Located::Kind::pieces:
+      return detail::open_pieces(located.dir, located.files);
+    case Located::Kind::single_file:
+      break;
+  }
+  return open_single_file(fs::is_directory(status) ? located.dir / located.files.front() : path);
 }
 
 }  // namespace weightcast
