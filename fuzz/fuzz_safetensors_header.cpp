@@ -3,7 +3,7 @@
 // with a one-line message; anything else (a crash, a sanitizer report, another exception)
 // is a bug.
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include <cstdint>
 #include <cstdio>

@@ -8,6 +8,7 @@
 
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/launch_options.hpp"
+#include "weightcast/config/load_options.hpp"
 #include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/device/device.hpp"
@@ -149,7 +150,7 @@ auto with_progress(ProgressRelay& relay, Work work) {
 PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
                      int device_ordinal, const Config& config, std::optional<std::uintptr_t> cuda_stream,
                      nb::object progress, double progress_interval_s) {
-  LoadOptions options = LoadOptions::from_config(config);
+  LoadOptions options = load_options(config);
   const DeviceKind kind = parse_device_kind(device_kind);
   options.tensor_alignment = setting::torch_tensor_alignment(kind);
   options.cuda_stream = caller_stream(cuda_stream);

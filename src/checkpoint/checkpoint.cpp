@@ -3,10 +3,11 @@
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/core/detail/regular_file.hpp"
 #include "weightcast/format/detail/header_json.hpp"
+#include "weightcast/checkpoint/detail/catalogue_builder.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
 #include "weightcast/checkpoint/detail/pieces.hpp"
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -206,35 +207,14 @@ std::vector<IndexEntry> read_index(const fs::path& index_path, const std::string
   return entries;
 }
 
-void append_shard(Catalogue& catalogue, const fs::path& resolved, std::string shard_name,
-                  const SafetensorsHeader& header) {
-  auto shard_index = static_cast<std::uint32_t>(catalogue.shards.size());
-  catalogue.shards.push_back(ShardInfo{resolved, std::move(shard_name),
-                                       8 + header.header_bytes + header.data_bytes,
-                                       8 + header.header_bytes, header.device, header.inode,
-                                       header.modified_ns, header.changed_ns});
-  for (auto tensor : header.tensors) {
-    tensor.shard = shard_index;
-    catalogue.tensors.push_back(std::move(tensor));
-  }
-  // map::insert keeps an existing key: the first shard wins, as documented.
-  catalogue.metadata.insert(header.metadata.begin(), header.metadata.end());
-}
-
 }  // namespace detail
 
 namespace {
 
-using detail::append_shard;
-
 Catalogue open_single_file(const fs::path& path) {
-  auto header = read_safetensors_header(path, path.string());
-  std::error_code ec;
-  fs::path resolved = fs::canonical(path, ec);
-  if (ec) resolved = fs::absolute(path);
-  Catalogue catalogue;
-  append_shard(catalogue, resolved, path.filename().string(), header);
-  return catalogue;
+  detail::CatalogueBuilder builder;
+  builder.add_shard(path, path.string(), path.filename().string());
+  return builder.take();
 }
 
 Catalogue open_index(const fs::path& index_path) {
@@ -272,14 +252,15 @@ Catalogue open_index(const fs::path& index_path) {
   // catalogue); two spellings of one file ("a" and "./a") are one shard.
   std::map<std::string, fs::path> shards_by_name;
   for (const auto& entry : entries) shards_by_name.emplace(entry.shard, entry.shard_path);
-  Catalogue catalogue;
+  detail::CatalogueBuilder builder;
   std::map<fs::path, std::uint32_t> shard_of_path;
   for (const auto& [shard_name, resolved] : shards_by_name) {
     if (shard_of_path.contains(resolved)) continue;
-    auto header = read_safetensors_header(resolved, (dir_as_given / shard_name).string());
-    shard_of_path.emplace(resolved, static_cast<std::uint32_t>(catalogue.shards.size()));
-    append_shard(catalogue, resolved, shard_name, header);
+    const auto shard = static_cast<std::uint32_t>(builder.catalogue().shards.size());
+    builder.add_shard(resolved, (dir_as_given / shard_name).string(), shard_name, resolved);
+    shard_of_path.emplace(resolved, shard);
   }
+  Catalogue catalogue = builder.take();
 
   // Tensors a shard holds but the index does not list stay in the catalogue: they are in
   // the bytes we stream, and every byte of a shard belongs to exactly one tensor. They
@@ -321,7 +302,17 @@ std::string list_names(const std::vector<std::string>& names) {
   return text;
 }
 
-Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
+/// What a checkpoint path holds, found before any shard is read: an index, one file, or
+/// files of pieces, all in `dir`.
+struct Located {
+  enum class Kind { index, single_file, pieces } kind = Kind::single_file;
+  fs::path dir;                     ///< The directory of `files` ("" for a path given alone).
+  std::vector<std::string> files;   ///< The index or shard file names, sorted.
+};
+
+/// The file to open of a directory: its one index, its one shard, or (with
+/// `CheckpointPieces::separate`) its shards as pieces; refuses what is none of them.
+Located locate_in_directory(const fs::path& dir, CheckpointPieces pieces) {
   std::vector<std::string> indexes;
   std::vector<std::string> shards;
   // Entries named like a shard or index that are no file: named when nothing else is
@@ -357,7 +348,7 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   if (ec) throw system_error(Errc::io, ec.value(), fmt::format("{}: cannot list", dir.string()));
   std::sort(indexes.begin(), indexes.end());
   std::sort(shards.begin(), shards.end());
-  if (indexes.size() == 1) return open_index(dir / indexes.front());
+  if (indexes.size() == 1) return {Located::Kind::index, dir, {indexes.front()}};
   if (indexes.size() > 1) {
     throw Error(Errc::missing_input,
                 fmt::format("{}: holds {} index files ({}); pass the path of the one to load",
@@ -365,8 +356,9 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
   }
   if (shards.size() == 1) {
     // A lone file of a distributed save is one rank's pieces: the DCP reader checks them.
-    return pieces == CheckpointPieces::separate ? detail::open_pieces(dir, shards)
-                                                : open_single_file(dir / shards.front());
+    return {pieces == CheckpointPieces::separate ? Located::Kind::pieces
+                                                 : Located::Kind::single_file,
+            dir, shards};
   }
   if (shards.empty() && !foreign.empty()) {
     std::sort(foreign.begin(), foreign.end());
@@ -385,7 +377,7 @@ Catalogue open_directory(const fs::path& dir, CheckpointPieces pieces) {
                             index_suffix, shard_suffix, not_files.empty() ? "" : " (",
                             not_files.empty() ? "" : list_names(not_files) + ")"));
   }
-  if (pieces == CheckpointPieces::separate) return detail::open_pieces(dir, shards);
+  if (pieces == CheckpointPieces::separate) return {Located::Kind::pieces, dir, shards};
   // torch DCP's sharded save: each file places its pieces in __metadata__, and no index.
   bool dcp_pieces = false;
   for (const auto& shard : shards) {
@@ -427,12 +419,26 @@ Catalogue open_checkpoint(const fs::path& path, CheckpointPieces pieces) {
     // a is a file, a symlink loop, "Permission denied" for a directory that cannot be searched.
     detail::throw_open_failure(ec ? ec.value() : ENOENT, path.string(), "the checkpoint");
   }
-  if (fs::is_directory(status)) return open_directory(path, pieces);
-  if (path.extension() == ".json") return open_index(path);
-  if (pieces == CheckpointPieces::separate) {
-    return detail::open_pieces(path.parent_path(), {path.filename().string()});
+  Located located;
+  if (fs::is_directory(status)) {
+    located = locate_in_directory(path, pieces);
+  } else {
+    located.kind = path.extension() == ".json"            ? Located::Kind::index
+                   : pieces == CheckpointPieces::separate ? Located::Kind::pieces
+                                                          : Located::Kind::single_file;
+    located.dir = path.parent_path();
+    located.files = {path.filename().string()};
   }
-  return open_single_file(path);
+  // One place opens what was found: the index, the file or the pieces.
+  switch (located.kind) {
+    case Located::Kind::index:
+      return open_index(fs::is_directory(status) ? located.dir / located.files.front() : path);
+    case Located::Kind::pieces:
+      return detail::open_pieces(located.dir, located.files);
+    case Located::Kind::single_file:
+      break;
+  }
+  return open_single_file(fs::is_directory(status) ? located.dir / located.files.front() : path);
 }
 
 }  // namespace weightcast

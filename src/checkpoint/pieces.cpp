@@ -1,5 +1,7 @@
 #include "weightcast/checkpoint/detail/pieces.hpp"
 
+#include "weightcast/checkpoint/detail/catalogue_builder.hpp"
+
 #include "weightcast/core/error.hpp"
 #include "weightcast/format/detail/header_json.hpp"
 #include "weightcast/format/dtype.hpp"
@@ -82,19 +84,15 @@ std::string piece_text(const std::vector<std::uint64_t>& offset, std::string_vie
 Catalogue open_pieces(const fs::path& dir, const std::vector<std::string>& files) {
   // Messages name the directory, or the one file read.
   const std::string place = files.size() == 1 ? (dir / files.front()).string() : dir.string();
-  Catalogue catalogue;
+  CatalogueBuilder builder;
   std::vector<std::vector<std::uint64_t>> offsets;
   for (const auto& file : files) {
     const fs::path path = dir / file;
     const std::string name = path.string();
-    auto header = read_safetensors_header(path, name);
-    auto file_offsets = saved_offsets(header, name);
-    std::error_code ec;
-    fs::path resolved = fs::canonical(path, ec);
-    if (ec) resolved = fs::absolute(path);
-    append_shard(catalogue, resolved, file, header);
-    for (auto& offset : file_offsets) offsets.push_back(std::move(offset));
+    const SafetensorsHeader& header = builder.add_shard(path, name, file);
+    for (auto& offset : saved_offsets(header, name)) offsets.push_back(std::move(offset));
   }
+  Catalogue catalogue = builder.take();
 
   // The pieces of each tensor, in catalogue order (so the first fault reported is stable).
   std::unordered_map<std::string_view, std::vector<std::size_t>> pieces_of;

@@ -12,7 +12,7 @@
 
 #include "weightcast/core/units.hpp"
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>

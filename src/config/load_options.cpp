@@ -1,11 +1,10 @@
 // LoadOptions from the launcher's configuration: the config layer reads `Config`, so the
 // pipeline's options are filled here, above the pipeline, not in it.
-#include "weightcast/config/config.hpp"
-#include "weightcast/pipeline/loader.hpp"
+#include "weightcast/config/load_options.hpp"
 
 namespace weightcast {
 
-LoadOptions LoadOptions::from_config(const Config& config) {
+LoadOptions load_options(const Config& config) {
   LoadOptions options;
   options.chunk_bytes = config.chunk_bytes;
   options.buffer_depth = config.buffer_depth;

@@ -6,6 +6,7 @@
 #include "weightcast/checkpoint/catalogue_wire.hpp"
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/launch_options.hpp"
+#include "weightcast/config/load_options.hpp"
 #include "weightcast/control/world.hpp"
 #include "weightcast/core/detail/running_time.hpp"
 #include "weightcast/core/detail/plural.hpp"
@@ -565,7 +566,7 @@ JobOptions JobOptions::from_config(const Config& config, const World& world) {
   options.device = config.device;
   options.transport = config.transport;
   options.verify = config.verify;
-  options.load = LoadOptions::from_config(config);
+  options.load = load_options(config);
   options.placement = config.placement;
   return options;
 }

@@ -2,7 +2,7 @@
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/config.hpp"
 #include "weightcast/checkpoint/detail/index.hpp"
-#include "weightcast/checkpoint/detail/shard_files.hpp"
+#include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/core/error.hpp"
 
 #include "support/expect_error.hpp"

@@ -7,7 +7,7 @@
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/pipeline/loader.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 #include "weightcast/checkpoint/synth.hpp"
 #include "weightcast/pipeline/trace.hpp"
 

@@ -3,7 +3,7 @@
 // memory window.
 #include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/config/config.hpp"
-#include "weightcast/checkpoint/detail/shard_files.hpp"
+#include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/pipeline/digest.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/pipeline/loader.hpp"

@@ -169,7 +169,7 @@ def test_malformed_corpus_cases_as_expected():
         else:
             # The reference decides: the corpus calls bad_duplicate_name invalid, but
             # safetensors loads it (a repeated name keeps its last entry), and so does
-            # weightcast (tests/checkpoint/test_reference_verdicts.cpp).
+            # weightcast (tests/format/test_reference_verdicts.cpp).
             try:
                 ref = load_file(str(path))
             except SafetensorError:

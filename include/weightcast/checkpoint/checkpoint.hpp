@@ -14,6 +14,7 @@
 #pragma once
 
 #include "weightcast/format/dtype.hpp"
+#include "weightcast/format/tensor_info.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -39,16 +40,6 @@ struct ShardInfo {
   /// them. Checked with `device` and `inode`, and only when `inode` is not 0.
   std::int64_t modified_ns = 0;
   std::int64_t changed_ns = 0;  ///< See `modified_ns`.
-};
-
-/// One tensor of a checkpoint: where its bytes are and what they mean.
-struct TensorInfo {
-  std::string name;                 ///< Name as in the header (UTF-8, any characters).
-  Dtype dtype = Dtype::U8;          ///< Element type.
-  std::vector<std::uint64_t> shape; ///< Dimensions; empty for a scalar.
-  std::uint32_t shard = 0;          ///< Index into `Catalogue::shards`.
-  std::uint64_t file_offset = 0;    ///< Absolute offset of the first byte in the shard file.
-  std::uint64_t bytes = 0;          ///< Size in bytes (0 for a zero-size tensor).
 };
 
 /**

@@ -242,7 +242,7 @@ struct JobOptions {
 
   /**
    * @brief The options `weightcast run` uses for @p config in @p world: checkpoint, device,
-   *        transport, verify, `LoadOptions::from_config`, the world, and
+   *        transport, verify, `load_options(config)` (config/load_options.hpp), the world, and
    *        `rendezvous_options(config, world)`. Hooks are left empty.
    */
   static JobOptions from_config(const Config& config, const World& world);

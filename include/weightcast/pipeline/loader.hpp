@@ -39,8 +39,6 @@
 
 namespace weightcast {
 
-struct Config;  // config.hpp: LoadOptions::from_config reads the launcher's keys
-
 /// A tensor that has landed: a view into the arena (host or device memory).
 struct TensorView {
   const TensorInfo* info = nullptr;  ///< Name, dtype, shape, bytes (owned by the result).
@@ -174,10 +172,6 @@ struct LoadOptions {
   /// (78, `check_load_options`): it names the default stream of whichever thread uses it,
   /// and the load orders itself from its own thread.
   CallerStream cuda_stream;
-
-  /// @return the options a `Config` asks for (defined in the config layer, which reads
-  /// `Config`: src/config/load_options.cpp).
-  static LoadOptions from_config(const Config& config);
 };
 
 /// What a load measured.

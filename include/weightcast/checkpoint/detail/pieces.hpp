@@ -6,7 +6,6 @@
 #pragma once
 
 #include "weightcast/checkpoint/checkpoint.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
 
 #include <filesystem>
 #include <string>
@@ -18,11 +17,6 @@ namespace weightcast::detail {
 /// The `__metadata__` key under which torch DCP places each piece in its tensor
 /// (torch/distributed/checkpoint/_hf_utils.py, `CUSTOM_METADATA_KEY`).
 inline constexpr std::string_view sharding_info_key = "DCP_SHARDING_INFO";
-
-/// Appends one parsed shard and its tensors (their `shard` set) to @p catalogue; merges its
-/// `__metadata__` (first shard wins).
-void append_shard(Catalogue& catalogue, const std::filesystem::path& resolved,
-                  std::string shard_name, const SafetensorsHeader& header);
 
 /**
  * @brief The catalogue of every file of @p files in @p dir, each piece its own entry, placed

@@ -9,7 +9,7 @@
  */
 #pragma once
 
-#include "weightcast/checkpoint/detail/shard_files.hpp"
+#include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/io/detail/mapped_shard.hpp"
 #include "weightcast/io/detail/staging_ring.hpp"
 #include "weightcast/io/reader.hpp"

@@ -1,7 +1,7 @@
 // The rules for one safetensors header entry and for `__metadata__` (checks 8 and 9 of
 // safetensors.hpp), with their messages: every path that accepts or refuses an entry, fast or
 // not, ends in these functions.
-#include "weightcast/checkpoint/detail/safetensors_rules.hpp"
+#include "weightcast/format/detail/safetensors_rules.hpp"
 
 #include "weightcast/core/error.hpp"
 #include "weightcast/format/detail/header_json.hpp"

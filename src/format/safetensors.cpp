@@ -1,9 +1,9 @@
 // The safetensors header parser's entry points: checks 4–15 of safetensors.hpp over a
 // header's text (UTF-8, then the JSON scan of safetensors_scan.cpp, then the layout of the
 // data section tensor by tensor), and the read of a file's header followed by that parse.
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
-#include "weightcast/checkpoint/detail/safetensors_rules.hpp"
+#include "weightcast/format/detail/safetensors_rules.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/format/detail/header_json.hpp"
 

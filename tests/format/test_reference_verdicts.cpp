@@ -8,7 +8,7 @@
 // they exercise (rNN, the numbering of safetensors.hpp; ok_: valid files). The messages
 // weightcast gives are checked rule by rule in test_safetensors.cpp.
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include "support/paths.hpp"
 #include "support/safetensors_writer.hpp"

@@ -1,9 +1,9 @@
 // Reading a safetensors file's header bytes (checks 1–3 of safetensors.hpp), and telling
 // what a file given as safetensors is when it is not one: a Git LFS pointer never fetched,
 // a zip or pickle torch.save wrote, GGUF, HDF5, or text.
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
-#include "weightcast/checkpoint/detail/safetensors_rules.hpp"
+#include "weightcast/format/detail/safetensors_rules.hpp"
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/core/detail/regular_file.hpp"
 #include "weightcast/core/error.hpp"

@@ -1,6 +1,6 @@
 // Checks 5–9 of safetensors.hpp in one SAX pass over a header's JSON text (HeaderScan), with
 // the rules themselves left to parse_entry() and parse_metadata() (safetensors_entry.cpp).
-#include "weightcast/checkpoint/detail/safetensors_rules.hpp"
+#include "weightcast/format/detail/safetensors_rules.hpp"
 
 #include "weightcast/core/error.hpp"
 #include "weightcast/format/detail/header_json.hpp"

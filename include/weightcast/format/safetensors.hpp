@@ -27,8 +27,8 @@
  */
 #pragma once
 
-#include "weightcast/checkpoint/checkpoint.hpp"
 #include "weightcast/format/limits.hpp"
+#include "weightcast/format/tensor_info.hpp"
 
 #include <cstdint>
 #include <filesystem>

@@ -2,7 +2,7 @@
 #include "weightcast/format/detail/header_json.hpp"
 #include "weightcast/format/dtype.hpp"
 #include "weightcast/core/error.hpp"
-#include "weightcast/checkpoint/safetensors.hpp"
+#include "weightcast/format/safetensors.hpp"
 
 #include "support/paths.hpp"
 #include "support/safetensors_writer.hpp"

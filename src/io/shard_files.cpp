@@ -1,6 +1,6 @@
 // Opening shards buffered or O_DIRECT, and the page-cache residency that `direct_io: auto`
 // decides by.
-#include "weightcast/checkpoint/detail/shard_files.hpp"
+#include "weightcast/io/detail/shard_files.hpp"
 
 #include "weightcast/core/detail/file_open.hpp"
 #include "weightcast/core/error.hpp"
