@@ -29,4 +29,10 @@ const SafetensorsHeader& CatalogueBuilder::add_shard(const fs::path& path, const
   return _header;
 }
 
+Catalogue open_single_file(const fs::path& path) {
+  CatalogueBuilder builder;
+  builder.add_shard(path, path.string(), path.filename().string());
+  return builder.take();
+}
+
 }  // namespace weightcast::detail

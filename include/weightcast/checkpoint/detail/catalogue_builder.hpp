@@ -2,7 +2,7 @@
  * @file catalogue_builder.hpp
  * @brief Internal: the one place a `Catalogue` is built from shard files.
  *
- * A single file, an index's shards (checkpoint.cpp) and a directory of tensor pieces
+ * A single file (here), an index's shards (index.cpp) and a directory of tensor pieces
  * (pieces.cpp) all add their shards here: each header read and validated once, then the shard,
  * its tensors and its `__metadata__` appended. The openers decide which files form the
  * checkpoint and check the rules between them; none calls another to build.
@@ -45,5 +45,9 @@ class CatalogueBuilder {
   Catalogue _catalogue;
   SafetensorsHeader _header;
 };
+
+/// @return the catalogue of the one safetensors file at @p path (its shard named after it).
+/// @throws Error as `CatalogueBuilder::add_shard`.
+Catalogue open_single_file(const std::filesystem::path& path);
 
 }  // namespace weightcast::detail

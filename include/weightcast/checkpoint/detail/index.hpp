@@ -8,11 +8,17 @@
  */
 #pragma once
 
+#include "weightcast/checkpoint/checkpoint.hpp"
+
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weightcast::detail {
+
+/// How an index file's name ends (transformers' convention).
+inline constexpr std::string_view index_suffix = ".safetensors.index.json";
 
 /// One `weight_map` entry of an index.
 struct IndexEntry {
@@ -56,5 +62,15 @@ std::string read_index_text(const std::filesystem::path& index_path, const std::
  */
 std::vector<IndexEntry> read_index(const std::filesystem::path& index_path,
                                    const std::string& name = {});
+
+/**
+ * @brief The catalogue of the sharded checkpoint @p index_path describes: read_index(), then
+ *        every shard it names (in sorted name order, each file once) through the catalogue
+ *        builder, then the rules between the index and its shards.
+ * @throws Error as read_index(); `invalid_checkpoint` (65) naming the index when a shard is
+ *         missing, is the index itself, lacks a tensor the index lists in it, or when a tensor
+ *         is stored in two shards; as `CatalogueBuilder::add_shard` for a shard.
+ */
+Catalogue open_index(const std::filesystem::path& index_path);
 
 }  // namespace weightcast::detail
