@@ -6,6 +6,8 @@
 #include "weightcast/core/error.hpp"
 #include "weightcast/device/device.hpp"
 
+#include "support/ring_lease.hpp"
+
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -27,22 +29,7 @@
 using namespace weightcast;
 using detail::SlotLease;
 using detail::StagingRing;
-
-namespace {
-
-// Leases one slot of @p ring, running @p context until it is had.
-SlotLease lease_now(boost::asio::io_context& context, StagingRing& ring) {
-  std::optional<SlotLease> got;
-  boost::asio::co_spawn(
-      context, [&]() -> boost::asio::awaitable<void> { got = co_await ring.acquire(); },
-      boost::asio::detached);
-  context.restart();
-  context.run();
-  REQUIRE(got.has_value());
-  return std::move(*got);
-}
-
-}  // namespace
+using test::lease_now;
 
 TEST_CASE("staging ring: slots are page-aligned, disjoint, rounded up to the page",
           "[staging]") {

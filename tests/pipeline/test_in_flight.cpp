@@ -6,6 +6,8 @@
 #include "weightcast/core/error.hpp"
 #include "weightcast/io/detail/staging_ring.hpp"
 
+#include "support/ring_lease.hpp"
+
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -26,19 +28,9 @@ using detail::PlanOrder;
 using detail::SlotLease;
 using detail::StagingRing;
 using detail::Uploading;
+using test::lease_now;
 
 namespace {
-
-SlotLease lease_now(boost::asio::io_context& context, StagingRing& ring) {
-  std::optional<SlotLease> got;
-  boost::asio::co_spawn(
-      context, [&]() -> boost::asio::awaitable<void> { got = co_await ring.acquire(); },
-      boost::asio::detached);
-  context.restart();
-  context.run();
-  REQUIRE(got.has_value());
-  return std::move(*got);
-}
 
 // Whether @p ring has every slot back, without waiting: the wait is cancelled when it does
 // not end at once, so no waiter outlives the check.
