@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include "weightcast/core/error.hpp"
 #include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/io/detail/mapped_shard.hpp"
 #include "weightcast/io/detail/staging_ring.hpp"
