@@ -1,5 +1,4 @@
 #include "weightcast/device/device.hpp"
-#include "weightcast/device/cuda_stream.hpp"
 
 #include "weightcast/device/detail/host_mapping.hpp"
 #include "weightcast/core/error.hpp"
@@ -12,16 +11,6 @@
 #include <vector>
 
 namespace weightcast {
-
-std::string CallerStream::describe() const {
-  switch (_kind) {
-    case Kind::none: return "none";
-    case Kind::legacy_default: return "the legacy default stream";
-    case Kind::per_thread_default: return "cudaStreamPerThread";
-    case Kind::created: break;
-  }
-  return fmt::format("stream {:#x}", _handle);
-}
 
 namespace {
 

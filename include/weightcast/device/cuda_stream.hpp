@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace weightcast {
 
@@ -49,8 +48,6 @@ class CallerStream {
   /// @return the handle to pass to CUDA: `cudaStreamLegacy` (never 0, whose meaning depends
   ///         on how the calling code was compiled) for the legacy default stream; 0 for none.
   [[nodiscard]] constexpr std::uintptr_t handle() const noexcept { return _handle; }
-  /// @return "none", "the legacy default stream", "cudaStreamPerThread" or "stream 0x…".
-  [[nodiscard]] std::string describe() const;
 
   friend constexpr bool operator==(const CallerStream&, const CallerStream&) noexcept = default;
 

@@ -57,6 +57,7 @@ class CudaDeviceScope {
  public:
   /// @throws Error as `throw_cuda_error` when @p ordinal cannot be made current.
   explicit CudaDeviceScope(int ordinal) {
+    if (already_on(ordinal)) return;
     save();
     const cudaError_t status = cudaSetDevice(ordinal);
     if (status != cudaSuccess) {
@@ -66,6 +67,7 @@ class CudaDeviceScope {
   }
   /// For destructors: never throws; a failure is logged and the scope does nothing.
   CudaDeviceScope(int ordinal, std::nothrow_t) noexcept {
+    if (already_on(ordinal)) return;
     save();
     log_cuda_release(cudaSetDevice(ordinal), "cudaSetDevice");
   }
@@ -98,6 +100,17 @@ class CudaDeviceScope {
       return found;
     }();
     return calls;
+  }
+  // The common case, and the polls' (an event query per chunk and poll): the thread is on
+  // the device already, so there is nothing to switch or give back. `cudaGetDevice` reads the
+  // thread's state and makes no context.
+  static bool already_on(int ordinal) noexcept {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return false;
+    }
+    return current == ordinal;
   }
   void save() noexcept {
     const ContextCalls& calls = context_calls();
