@@ -224,3 +224,41 @@ TEST_CASE("node ring: a rank killed mid-load ends every rank with one message, a
   }
   CHECK(dev_shm() == before);
 }
+
+TEST_CASE("node ring: a rank stopped mid-load ends the others after the timeout",
+          "[node_ring][multirank]") {
+  // Rank 1 holds its slot while stopped: rank 0 cannot reuse it, rank 2 waits for chunks rank
+  // 0 cannot read. Neither waits forever: the watchdog (or the heartbeat) ends them.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                         "--set", "checkpoint=" + checkpoint.string()},
+                        shm_sets("3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t rank0 = job.find_descendant_with_env("RANK=0");
+  const pid_t rank1 = job.find_descendant_with_env("RANK=1");
+  const pid_t rank2 = job.find_descendant_with_env("RANK=2");
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  REQUIRE(rank2 > 0);
+  REQUIRE(::kill(rank1, SIGSTOP) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto gone = [](pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; };
+  while (!(gone(rank0) && gone(rank2)) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto ended = std::chrono::steady_clock::now() - start;
+  ::kill(rank1, SIGKILL);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  // Ranks 0 and 2 ended on their own (with 75); launch's status is then that of rank 1,
+  // which the test killed while stopped.
+  CHECK(ended < std::chrono::seconds(20));
+  CHECK(r.exit_status != 0);
+  // One message, rank 0's diagnosis naming rank 1, printed by ranks 0 and 2.
+  CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") == 2);
+  CHECK(count(r.out, "weightcast: error:") == 2);
+  CHECK_THAT(r.out, Contains("rank(s) 1 sent nothing over the control plane"));
+}
