@@ -408,12 +408,6 @@ class Job {
       _placement = std::move(placement);
     }
     options.placement = _placement;
-    if (_placement && _kind == TransportKind::shm) {
-      throw Error(Errc::config,
-                  "transport: shm delivers replicated loads only (every rank gets every "
-                  "tensor); a placed load (placement: fsdp or rules, in-place destinations) "
-                  "needs transport: mpi");
-    }
   }
 
   // ---- step 5: the load -------------------------------------------------------------------

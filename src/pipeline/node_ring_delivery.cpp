@@ -15,17 +15,21 @@ using asio::awaitable;
 
 namespace {
 
-// The chunk's pieces from @p source (its first byte) into their places in the arena.
-void copy_chunk(const LoadContext& load, std::size_t c, const std::byte* source) {
+// The chunk's pieces, as copies out of its slot into their places in the arena.
+std::vector<RingCopy> arena_copies(const LoadContext& load, std::size_t c) {
   const Chunk& chunk = load.plan.chunks[c];
-  if (chunk.arena_contiguous) {
-    std::memcpy(load.arena.data() + chunk.arena_offset, source, chunk.bytes);
-    return;
-  }
+  if (chunk.arena_contiguous) return {{0, load.arena.data() + chunk.arena_offset, chunk.bytes}};
+  std::vector<RingCopy> copies;
   for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
     const Piece& piece = load.plan.pieces[chunk.first_piece + p];
-    std::memcpy(load.arena.data() + piece.arena_offset, source + piece.chunk_offset,
-                piece.bytes);
+    copies.push_back({piece.chunk_offset, load.arena.data() + piece.arena_offset, piece.bytes});
+  }
+  return copies;
+}
+
+void copy_out(const std::vector<RingCopy>& copies, const std::byte* source) {
+  for (const RingCopy& copy : copies) {
+    std::memcpy(copy.to, source + copy.chunk_offset, copy.bytes);
   }
 }
 
@@ -41,14 +45,14 @@ class Released final : public Pending {
   std::size_t _slot;
 };
 
-// Another rank: waits for the slot holding chunk `c`, then copies it into the arena and
-// releases the slot. Each test sleeps at most `step` on the ring's futex, so the landing
-// stage's loop (and with it the watchdog and a stop request: the control plane stops the load
-// when a rank is lost or aborts) runs at least that often; the thread has nothing else to do.
-class Consumed final : public Pending {
+// Another rank: waits for the slot holding chunk `c`, then copies out of it and releases the
+// slot. Each test sleeps at most `step` on the ring's futex, so the landing stage's loop (and
+// with it the watchdog and a stop request: the control plane stops the load when a rank is
+// lost or aborts) runs at least that often; the thread has nothing else to do meanwhile.
+class Received final : public Pending {
  public:
-  Consumed(const LoadContext& load, NodeRing& ring, std::size_t c)
-      : _load(load), _ring(ring), _chunk(c) {}
+  Received(const LoadContext& load, NodeRing& ring, std::size_t c, std::vector<RingCopy> copies)
+      : _load(load), _ring(ring), _chunk(c), _copies(std::move(copies)) {}
   bool test() override {
     if (_load.options.stop.stop_requested()) return false;  // the watchdog ends the load
     const auto found = _ring.find(_chunk, step);
@@ -60,7 +64,7 @@ class Consumed final : public Pending {
                   fmt::format("node ring: chunk {} has {} bytes in slot {}, the plan says {}",
                               _chunk, found->bytes, found->slot, chunk.bytes));
     }
-    copy_chunk(_load, _chunk, found->data);
+    copy_out(_copies, found->data);
     _ring.release(found->slot);
     return true;
   }
@@ -70,6 +74,7 @@ class Consumed final : public Pending {
   const LoadContext& _load;
   NodeRing& _ring;
   std::size_t _chunk;
+  std::vector<RingCopy> _copies;
 };
 
 NodeRing& ring_of(LoadContext& load) {
@@ -81,6 +86,15 @@ NodeRing& ring_of(LoadContext& load) {
 
 }  // namespace
 
+std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ring,
+                                           std::size_t c, std::vector<RingCopy> copies) {
+  return std::make_unique<Received>(load, ring, c, std::move(copies));
+}
+
+std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot) {
+  return std::make_unique<Released>(ring, slot);
+}
+
 NodeRingDelivery::NodeRingDelivery(LoadContext& load)
     : BroadcastDelivery(load), _ring(ring_of(load)) {}
 
@@ -90,7 +104,7 @@ awaitable<Uploading> NodeRingDelivery::upload(std::size_t c, SlotLease lease, co
   const Chunk& chunk = _load.plan.chunks[c];
   const std::byte* base = _ring.slot_data(lease.index());
   _ring.publish(lease.index(), c, static_cast<std::uint64_t>(slot.source - base), chunk.bytes);
-  copy_chunk(_load, c, slot.source);
+  copy_out(arena_copies(_load, c), slot.source);
   _held.push_back(std::move(lease));
   co_return Uploading{};
 }
@@ -102,9 +116,9 @@ InFlight NodeRingDelivery::post(std::size_t c, bool root) {
     WEIGHTCAST_EXPECT(!_held.empty(), Errc::internal, "node ring: a chunk posted before its upload");
     posted.lease = std::move(_held.front());
     _held.pop_front();
-    posted.pending = std::make_unique<Released>(_ring, posted.lease.index());
+    posted.pending = node_ring_released(_ring, posted.lease.index());
   } else {
-    posted.pending = std::make_unique<Consumed>(_load, _ring, c);
+    posted.pending = node_ring_receive(_load, _ring, c, arena_copies(_load, c));
   }
   return posted;
 }

@@ -4,9 +4,10 @@
  *        staging ring they share (transport/detail/node_ring.hpp), in parallel; no byte goes
  *        through a transport (docs/DESIGN.md § Pipeline).
  *
- * Internal (includes Boost.Asio; never installed). NOT THREAD SAFE (delivery.hpp). Replicated
- * loads only: every rank gets every byte into its arena, as `BroadcastDelivery`, whose landing
- * (progress, hooks) it shares. Rank 0's `upload` publishes the slot to the other ranks, copies
+ * Internal (includes Boost.Asio; never installed). NOT THREAD SAFE (delivery.hpp). This class
+ * is the replicated load: every rank gets every byte into its arena, as `BroadcastDelivery`,
+ * whose landing (progress, hooks) it shares; a placed load's `PlacedDelivery` uses the two
+ * pendings below over the same ring, each rank copying only its own boxes. Rank 0's `upload` publishes the slot to the other ranks, copies
  * its own arena's bytes and keeps the slot; its `post` returns the wait for every consumer's
  * release, so the slot goes back to the ring (and a new read) only once nobody reads it. On
  * another rank `post` is the wait for the slot holding the chunk, and its completion is the
@@ -18,8 +19,28 @@
 #include "weightcast/transport/detail/node_ring.hpp"
 
 #include <deque>
+#include <vector>
 
 namespace weightcast::detail {
+
+/// One copy out of a node ring slot: @p bytes from @p chunk_offset into the chunk to @p to.
+struct RingCopy {
+  std::uint64_t chunk_offset = 0;
+  std::byte* to = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+/**
+ * @brief A rank other than 0: completes once the slot holding chunk @p c is published and
+ *        @p copies are done out of it, then releases the slot. Each `test()` sleeps at most
+ *        100 ms on the ring's futex (none once `load.options.stop` is requested), so the
+ *        landing stage's loop, the watchdog and a stop run at least that often.
+ * @throws Error `internal` from `test()` when the slot's chunk is not the plan's size.
+ */
+std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ring,
+                                           std::size_t c, std::vector<RingCopy> copies);
+/// Rank 0: completes once every consumer has released slot @p slot (polled, never waits).
+std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot);
 
 class NodeRingDelivery final : public BroadcastDelivery {
  public:
