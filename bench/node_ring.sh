@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # transport shm (the node ring) against mpi on one node: 3 ranks via `weightcast launch`,
 # whole-process wall time, alternating, RUNS runs each (docs/DESIGN.md § Staging).
-# Usage: bash bench/node_ring.sh CHECKPOINT [RUNS] [EXTRA --set ...]
+# Usage: bash bench/node_ring.sh CHECKPOINT [RUNS] [EXTRA --set ...], e.g. --set placement=fsdp
 set -euo pipefail
 ckpt=$1; runs=${2:-3}; shift $(( $# >= 2 ? 2 : 1 ))
 bin=${WEIGHTCAST:-build/weightcast}
