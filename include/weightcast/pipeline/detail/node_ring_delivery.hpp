@@ -49,8 +49,13 @@ class NodeRingDelivery final : public BroadcastDelivery {
   /// Every chunk is staged in the shared ring: never read into rank 0's arena or sent from a
   /// mapping, since the other ranks copy out of the slot.
   [[nodiscard]] ReadPolicy read_policy() const override { return {}; }
+  /// Rank 0: publishes @p slot (chunk @p c) to the other ranks, copies the chunk into its own
+  /// arena and keeps @p lease for `post`. @return nothing queued: the copy is done.
   boost::asio::awaitable<Uploading> upload(std::size_t c, SlotLease lease,
                                            const Slot& slot) override;
+  /// Rank 0 (@p root): the wait for every consumer's release of chunk @p c's slot, holding its
+  /// lease. Another rank: the wait for the slot holding chunk @p c, whose completion copies
+  /// the chunk into the arena and releases the slot (`node_ring_receive`).
   InFlight post(std::size_t c, bool root) override;
 
  private:

@@ -74,6 +74,8 @@ class PlacedDelivery final : public Delivery {
   boost::asio::awaitable<void> upload_sends(std::size_t c, HeldSlot& held,
                                            std::vector<std::unique_ptr<Pending>>& copies);
   [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const;
+  // A rank other than 0 over the node ring: its boxes of chunk `c` as copies out of the slot,
+  // landing where `destination(want, local_offset, bytes)` says (a want's memory or a window).
   template <class Destination>
   std::vector<RingCopy> ring_copies(std::size_t c, Destination&& destination);
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes);
