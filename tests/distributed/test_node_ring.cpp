@@ -74,6 +74,15 @@ TEST_CASE("node ring: a published chunk is found, copied and released across map
   CHECK(root.slots() == 2);
   CHECK(root.slot_bytes() % static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) == 0);
   CHECK(root.slot_bytes() >= 5000);
+  // The header page holds at most 169 slots' state: more is the config's to fix.
+  try {
+    static_cast<void>(detail::NodeRing::create(170, 4096, 1));
+    FAIL("a ring of 170 slots was created");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("buffer_depth 170 is more slots than the node ring holds "
+                                  "(169 at most)"));
+  }
   // A second mapping of the same memfd, as another rank has it.
   auto peer = detail::NodeRing::map(detail::UniqueFd(::dup(root.fd())));
   REQUIRE(peer.slots() == 2);
