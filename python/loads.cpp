@@ -357,7 +357,9 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
       }
     };
   }
-  const bool mpi = several && kind == DeviceKind::host;
+  // Host memory on several ranks travels over MPI, unless `transport: shm` shares the node's
+  // staging ring instead (no MPI at all).
+  const bool mpi = several && kind == DeviceKind::host && job.transport != TransportKind::shm;
   auto started = std::make_shared<std::atomic<bool>>(false);
   job.on_load_start = [started] { started->store(true); };
   // A load stopped by Ctrl-C says so: the other ranks end with this rank's message.

@@ -276,6 +276,7 @@ bool use_mpirun(const LaunchArgs& args, const Config& config) {
   switch (config.transport) {
     case TransportKind::mpi: return true;
     case TransportKind::nccl:
+    case TransportKind::shm:
     case TransportKind::local: return false;
     case TransportKind::automatic:
       // The ranks' `auto` picks mpi on host memory and nccl on a GPU; spawn to match.

@@ -95,6 +95,7 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
     switch (asked) {
       case TransportKind::mpi:
       case TransportKind::nccl:
+      case TransportKind::shm:
         throw Error(Errc::config,
                     fmt::format("transport: {}: this is a world of one rank, so there is no "
                                 "other rank to broadcast to; use transport: local or auto, or "
@@ -122,6 +123,11 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
                         "transport: nccl broadcasts GPU memory, but the device is host (set "
                         "device: cuda or auto on a GPU machine, or transport: mpi)");
       return TransportKind::nccl;
+    case TransportKind::shm:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: shm shares a staging ring in host memory, but the device is "
+                        "cuda (set device: host, or transport: nccl)");
+      return TransportKind::shm;
     case TransportKind::automatic:
       return host_device ? TransportKind::mpi : TransportKind::nccl;
   }
