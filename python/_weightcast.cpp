@@ -192,17 +192,34 @@ NB_MODULE(_weightcast, m) {
                          "keywords over them (each the override of its config key).");
   m.def(
       "settings",
-      [](std::optional<nb::bytes> config, const nb::dict& overrides) {
-        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt, {}};
+      [](std::optional<nb::bytes> config, const nb::dict& overrides, const nb::dict& group) {
+        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt, {},
+                    {}};
         for (const auto& [key, value] : overrides) {
           o.overrides.emplace_back(nb::cast<std::string>(key), nb::cast<std::string>(value));
         }
+        for (const auto& [key, value] : group) {
+          o.group_overrides.emplace_back(nb::cast<std::string>(key),
+                                         nb::cast<std::string>(value));
+        }
         return PySettings{effective_config(o)};
       },
-      "config"_a.none(), "overrides"_a,
+      "config"_a.none(), "overrides"_a, "group"_a = nb::dict(),
       "Reads the config file (if any) once, then each override (config key -> the text of its "
       "value, in the dict's order) over it: the config's rules and messages (Error, status "
-      "78, 'keyword key=value: ' and the reason).");
+      "78, 'keyword key=value: ' and the reason); then group's (keys a torch process group "
+      "gives), recorded as set by \"torch.distributed's process group\".");
+
+  m.def(
+      "explicit_keys",
+      [](const PySettings& settings) {
+        nb::dict d;
+        for (const auto& [key, where] : settings.config.set_at) d[key.c_str()] = where;
+        return d;
+      },
+      "settings"_a,
+      "The config keys the settings set (from the file or an override), each with where: "
+      "'x.yaml:7' or the override's origin; a key left at its default is absent.");
 
   m.def(
       "load",

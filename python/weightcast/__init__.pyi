@@ -70,6 +70,7 @@ def load(
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint, on this rank or on every rank."""
 
@@ -91,6 +92,7 @@ def load_into(
     verify: bool | None = None,
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place."""
 

@@ -11,7 +11,7 @@ from . import _weightcast as _core
 from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
 from ._options import (PROGRESS_INTERVAL_S, Options, PathLike, caller_stream, check_placement,
                        checked_port, fs_path, own_world, progress_hook, ranked, run_job,
-                       stream_handle, world_of)
+                       stream_handle, resolve_world)
 
 if TYPE_CHECKING:
     import torch
@@ -50,12 +50,15 @@ def load(
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint, on this rank or on every rank.
 
-    Under a launcher (mpirun, srun, torchrun: the world as ``weightcast run`` detects it,
-    from the config's ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's
-    variables) every rank calls it: rank 0 alone reads the checkpoint (the others never open
+    Where torch.distributed is initialised, its process group (``group``, else the default
+    one) is the world, however the processes were started (torchrun, ``mp.spawn``, mpirun);
+    else the launcher's (the world as ``weightcast run`` detects it: the config's
+    ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's variables). Every rank
+    calls it: rank 0 alone reads the checkpoint (the others never open
     ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
     must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
     every rank, its message naming the rank ("rank 2: ..."). Every rank must make the same
@@ -118,6 +121,15 @@ def load(
         alone: True loads on this process only, as a world of one rank, whatever the
             launcher's environment says (e.g. rank 0 alone under mpirun, for an evaluation):
             no rendezvous, no MPI. Default False. Anything but a bool raises (64).
+        group: the torch.distributed process group whose ranks load together (None: the
+            default group, where one is initialised). Its rank and size are the world's; one
+            ``all_gather_object`` over it tells which ranks share a node and carries rank 0's
+            rendezvous endpoint (127.0.0.1 on one node; else ``rendezvous.address``,
+            ``$MASTER_ADDR`` or an address of rank 0's host) and port (one free on rank 0,
+            unless ``rendezvous_port`` or the config names one) and a job token rank 0 draws;
+            no launcher variable is needed. A config whose ``world.rank``/``world.size``
+            number the ranks otherwise raises 78. Given without an initialised
+            torch.distributed: 64.
         unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
             F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
             an odd last dimension) raises before any byte is read, as
@@ -153,15 +165,16 @@ def load(
                      buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io,
                      timeout=timeout, placement=placement, config=config, progress=progress,
                      reader=reader, verify=verify, unsupported_dtypes=unsupported_dtypes,
-                     rendezvous_port=rendezvous_port, alone=alone)
+                     rendezvous_port=rendezvous_port, alone=alone,
+                     group=group)
     except Error as e:
-        raise ranked(e, own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone, group)) from None
 
 
 def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: Any,
           io_depth: Any, direct_io: Any, timeout: Any, placement: Any, config: Any,
           progress: Any, reader: Any, verify: Any, unsupported_dtypes: Any,
-          rendezvous_port: Any, alone: Any) -> dict[str, torch.Tensor]:
+          rendezvous_port: Any, alone: Any, group: Any) -> dict[str, torch.Tensor]:
     if unsupported_dtypes not in ("error", "bytes"):
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
@@ -170,7 +183,8 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     options = Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                          verify=verify)
-    world = world_of(options, alone)
+    options, world = resolve_world(options, group=group, alone=alone,
+                                   port_given=port is not None)
     dev = _landing.resolve_device(device, options, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
@@ -382,6 +396,7 @@ def load_into(
     verify: bool | None = None,
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place.
 
@@ -417,7 +432,7 @@ def load_into(
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
         chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
-            verify, rendezvous_port, alone: as for ``load``.
+            verify, rendezvous_port, alone, group: as for ``load``.
 
     Returns:
         A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, staged_keys,
@@ -439,15 +454,16 @@ def load_into(
                           device=device, chunk_size=chunk_size, buffer_depth=buffer_depth,
                           io_depth=io_depth, direct_io=direct_io, timeout=timeout,
                           config=config, progress=progress, reader=reader, verify=verify,
-                          rendezvous_port=rendezvous_port, alone=alone)
+                          rendezvous_port=rendezvous_port, alone=alone,
+                     group=group)
     except Error as e:
-        raise ranked(e, own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone, group)) from None
 
 
 def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, key_map: Any,
                device: Any, chunk_size: Any, buffer_depth: Any, io_depth: Any,
                direct_io: Any, timeout: Any, config: Any, progress: Any, reader: Any,
-               verify: Any, rendezvous_port: Any, alone: Any) -> LoadReport:
+               verify: Any, rendezvous_port: Any, alone: Any, group: Any) -> LoadReport:
     import torch
 
     if not isinstance(strict, bool):
@@ -477,7 +493,8 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                          verify=verify)
     port = checked_port(rendezvous_port)
-    world = world_of(options, alone)
+    options, world = resolve_world(options, group=group, alone=alone,
+                                   port_given=port is not None)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
 from . import _progress
+from . import _torch_world
 from . import _weightcast as _core
 from ._errors import CONFIG, USAGE, Error
 
@@ -126,6 +127,26 @@ def world_of(options: Options | None, alone: object) -> dict:
     return _core.detect_world(None if options is None else options.settings)
 
 
+def resolve_world(options: Options, *, group: object, alone: object,
+                  port_given: bool) -> tuple[Options, dict]:
+    """This process's world and the options that say it. Where torch.distributed is
+    initialised (and not ``alone``), the process group ``group`` (None: the default group) is
+    the world: its rank and size, the local rank from which ranks share a node, rank 0's
+    endpoint and a job token drawn by rank 0, all set as config keys the config leaves unset
+    (``_torch_world``); a config that sets ``world.rank``/``world.size`` otherwise raises 78.
+    Else as ``world_of``. Every rank must call it at the same point (a collective over the
+    group)."""
+    if not isinstance(alone, bool):
+        raise Error(f"alone: {alone!r} is not True or False", USAGE)
+    explicit = dict(_core.explicit_keys(options.settings))
+    tw = _torch_world.of_group(group, alone, explicit, port_given)
+    if tw is None:
+        return options, world_of(options, alone)
+    tw.check_config(_core.detect_world(options.settings), explicit)
+    options = options.with_group(tw.overrides(explicit))
+    return options, _core.detect_world(options.settings)
+
+
 def ranked(error: Error, world: dict | None) -> Error:
     """A local error raised on one rank of several, before its job started, names the rank
     as the job's own messages do ("rank 2: ...")."""
@@ -134,10 +155,17 @@ def ranked(error: Error, world: dict | None) -> Error:
     return Error(f"rank {world['rank']}: {error}", error.status)
 
 
-def own_world(config: object, alone: object) -> dict | None:
-    """This process's world, for a message's rank prefix; None when it cannot be told."""
+def own_world(config: object, alone: object, group: object = None) -> dict | None:
+    """This process's world, for a message's rank prefix; None when it cannot be told. Where
+    torch.distributed is initialised, its group's rank and size (no collective)."""
     if alone is True:
         return None
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return {"rank": dist.get_rank(group), "world_size": dist.get_world_size(group)}
+    except Exception:
+        pass
     try:
         return _core.detect_world(None if config is None else fs_path(config, "config"))
     except Exception:
@@ -199,6 +227,7 @@ class Options:
 
     config: bytes | None
     settings: Any
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def of(*, config: object, **keywords: object) -> Options:
@@ -211,7 +240,14 @@ class Options:
                 overrides[key] = text
         if keywords:
             raise TypeError(f"Options.of: no keyword {next(iter(keywords))!r}")
-        return Options(config_s, _core.settings(config_s, overrides))
+        return Options(config_s, _core.settings(config_s, overrides),
+                       tuple(overrides.items()))
+
+    def with_group(self, group: dict[str, str]) -> Options:
+        """These options with ``group`` (config key -> text: what a torch process group
+        gives) set over them, recorded as set by the process group."""
+        return Options(self.config, _core.settings(self.config, dict(self.overrides), group),
+                       self.overrides)
 
 
 # CUDA's handle for the per-thread default stream (cudaStreamPerThread).

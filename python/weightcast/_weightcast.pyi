@@ -50,10 +50,16 @@ class Settings:
     """A call's configuration, read once: a config file's keys, then the keywords over them
     (each the override of its config key)."""
 
-def settings(config: bytes | None, overrides: dict[str, str]) -> Settings:
+def settings(config: bytes | None, overrides: dict[str, str],
+             group: dict[str, str] = ...) -> Settings:
     """Reads the config file (if any) once, then each override (config key -> the text of its
     value, in the dict's order) over it: the config's rules and messages (``Error``, status
-    78, "keyword chunk_size=0: '0' is out of range (...)")."""
+    78, "keyword chunk_size=0: '0' is out of range (...)"); then ``group``'s (the keys a torch
+    process group gives), recorded as set by "torch.distributed's process group"."""
+
+def explicit_keys(settings: Settings) -> dict[str, str]:
+    """The config keys ``settings`` set, each with where ("x.yaml:7", or the override's
+    origin); a key left at its default is absent."""
 
 def setting_table() -> list[dict[str, Any]]:
     """Every config key of the settings registry (core/settings.hpp), as dicts: name, type,
