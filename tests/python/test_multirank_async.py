@@ -58,3 +58,25 @@ def test_a_second_load_on_several_ranks_while_one_runs_is_64_on_every_rank(ranks
             assert refused is not None, r["rank"]
             assert refused["status"] == 64, refused
             assert "one at a time per process" in refused["message"], refused
+
+
+def test_a_rank_that_cancels_ends_every_ranks_load_naming_it(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    # A load long enough (2,048 chunks) that rank 1's cancel at its first update stops it.
+    checkpoint = tmp_path / "big.safetensors"
+    save_file({"w": torch.zeros(8 << 20, dtype=torch.uint8)}, str(checkpoint))
+    out = tmp_path / "ranks"
+    out.mkdir()
+    # Rank 1 may end without MPI_Finalize (a broadcast was in flight): mpirun's status is not
+    # the test's; what each rank saw is.
+    run_ranks(HERE / "multirank_cancel_worker.py",
+              [str(checkpoint), str(out), str(free_ports(1)[0])], timeout=120)
+    got = [json.loads((out / f"rank{i}.json").read_text()) for i in range(RANKS)]
+    done, total = got[1]["cancelled_at"]
+    assert done < total, got[1]
+    for r in got:
+        outcome = r["outcome"]
+        assert outcome.get("status") == 130, got
+        assert outcome["message"] == "rank 1: cancelled (LoadHandle.cancel()) during the load", got
