@@ -19,6 +19,7 @@ KeyboardInterrupt there cancels the load (``_core.Cancel``, read by the extensio
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import numbers
 import threading
@@ -179,8 +180,6 @@ class LoadHandle(Generic[T]):
 
     def _run(self, work: Callable[[], T], inference: bool) -> None:
         try:
-            import contextlib
-
             with contextlib.ExitStack() as scope:
                 if self._stream is not None:
                     import torch

@@ -228,6 +228,31 @@ def test_ctrl_c_in_wait_cancels_the_load_then_raises(tmp_path):
     assert e.value.status == 130
 
 
+def test_ctrl_c_outside_wait_leaves_the_load_running(tmp_path):
+    path, slow = _slow(tmp_path, 16)
+    handle = weightcast.load_async(path, **slow)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the caller's own work, interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert raw_bytes(handle.wait()["w"]) == bytes(range(256)) * (16 << 12)
+
+
+def test_inference_mode_at_the_call_carries_to_the_load(tmp_path):
+    # BF16 into F16 is a cast the receiver does not make: the tensor is staged and torch's
+    # copy_ writes it, on the handle's thread, into an inference tensor.
+    path = _small(tmp_path)
+    with torch.inference_mode():
+        dest = {"b": torch.zeros(10, dtype=torch.float16)}
+        report = weightcast.load_into_async(dest, path, strict=False, progress=False).wait()
+    assert report.staged_keys == ["b"]
+    want = weightcast.load(path, progress=False)["b"].to(torch.float16)
+    assert raw_bytes(dest["b"]) == raw_bytes(want)
+
+
 def test_loads_side_by_side_on_one_process(tmp_path):
     path = _small(tmp_path)
     handles = [weightcast.load_async(path, progress=False) for _ in range(3)]
