@@ -64,6 +64,7 @@ class LoadHandle(Generic[T]):
         self._result: Any = None
         self._error: BaseException | None = None
         self._stream: Any = None  # the stream the load was ordered with (CUDA), else None
+        self._relay_thread: int | None = None  # the thread progress updates come on
         self._device: tuple[str, int] = ("cpu", 0)
 
     def done(self) -> bool:
@@ -104,12 +105,19 @@ class LoadHandle(Generic[T]):
                 ``cancel()``).
             Error: the load's own, with its ``status`` and message, as the blocking call
                 raises it (130 after ``cancel()``); 64 for a ``timeout`` that is not a
-                number of seconds at least 0.
+                number of seconds at least 0, or a ``wait()`` from this load's own
+                ``progress=`` callable (it would wait for itself).
             KeyboardInterrupt: Ctrl-C while waiting: the load is cancelled, and the
                 interrupt raised once it has stopped (as the blocking call's Ctrl-C); a
                 later ``wait()`` raises ``Error`` 130.
         """
         deadline = None if timeout is None else time.monotonic() + _seconds(timeout)
+        if not self.done() and threading.get_ident() == self._relay_thread:
+            # The load ends only once its progress thread has returned: waiting here would
+            # wait for itself.
+            raise Error(f"wait: called from the progress callable of this same "
+                        f"{self._what}_async load, which would wait for itself; wait() "
+                        "elsewhere", USAGE)
         try:
             # Short steps: each lets Python run its signal handlers on this thread (a lock
             # wait is interrupted on POSIX anyway; the steps keep it so where it is not).
@@ -139,6 +147,7 @@ class LoadHandle(Generic[T]):
 
     def record(self, p: _progress.Progress) -> None:
         """The load's progress hook (the relay's thread): keeps the latest update."""
+        self._relay_thread = threading.get_ident()
         self._progress = p
 
     @property

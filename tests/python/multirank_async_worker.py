@@ -46,13 +46,20 @@ def main() -> None:
     for i, dtype in enumerate((torch.bfloat16, torch.float32)):
         name = str(dtype).removeprefix("torch.")
         model = sharded(dtype, mesh)
+        # One rank starts late, once the others have started and looked at their handles:
+        # their loads cannot end before it joins (the ranks meet inside the load), so what
+        # they see of a running load is certain. The late rank's own load may end at once.
+        late = i % world
+        report[f"{name}_late"] = late
+        if rank == late:
+            dist.barrier()
         started = time.monotonic()
         handle = weightcast.load_into_async(model, mine, rendezvous_port=ports[i], **options)
         report[f"{name}_returned_s"] = time.monotonic() - started
         report[f"{name}_done_at_once"] = handle.done()
-        if i == 0:
+        if rank != late:
             # One load on several ranks at a time per process: a second one, async or
-            # blocking, is refused here (64) while this one runs, on every rank alike.
+            # blocking, is refused here (64) while this one runs.
             refused = []
             for call in (lambda: weightcast.load_async(mine, rendezvous_port=ports[2],
                                                        **options),
@@ -62,7 +69,8 @@ def main() -> None:
                     refused.append(None)
                 except weightcast.Error as e:
                     refused.append({"status": e.status, "message": str(e)})
-            report["second_refused"] = refused
+            report[f"{name}_second_refused"] = refused
+            dist.barrier()
         # Torch work of this rank's own while the load runs: a collective on the gloo group
         # and some matmuls.
         x = torch.full((1024,), float(rank + 1))

@@ -142,6 +142,25 @@ def test_a_bad_wait_timeout_is_64(tmp_path, timeout):
     handle.wait()
 
 
+def test_wait_from_the_loads_own_progress_callable_is_64_not_a_hang(tmp_path):
+    path, slow = _slow(tmp_path, 16)
+    seen: list = []
+    holder: list = []
+
+    def progress(p):
+        if holder and not seen:
+            try:
+                holder[0].wait()
+                seen.append(None)
+            except weightcast.Error as e:
+                seen.append(e)
+
+    holder.append(weightcast.load_async(path, **{**slow, "progress": progress}))
+    holder[0].wait(timeout=60)
+    assert seen and seen[0] is not None and seen[0].status == 64, seen
+    assert "wait for itself" in str(seen[0])
+
+
 def test_a_missing_checkpoint_raises_from_wait_with_its_status(tmp_path):
     handle = weightcast.load_async(tmp_path / "nope.safetensors")
     with pytest.raises(weightcast.Error) as e:
