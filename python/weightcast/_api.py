@@ -202,11 +202,11 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     def one() -> dict[str, torch.Tensor]:
         catalogue = _core.open_checkpoint(path)
         _check_catalogue(catalogue, unsupported_dtypes)
-        hook = progress_hook(progress, world["rank"], None if handle is None else handle.record)
+        hook = progress_hook(progress, world["rank"], None if handle is None else handle._record)
         with caller_stream(dev) as stream:
             result = _core.load(catalogue, dev[0], dev[1], options.settings, hook,
                                 PROGRESS_INTERVAL_S, cuda_stream=stream_handle(stream),
-                                cancel=None if handle is None else handle.cancel_request)
+                                cancel=None if handle is None else handle._cancel_request)
         return _tensors(result)
 
     return one, dev, False
@@ -573,7 +573,7 @@ def _in_background(what: str, prepare: Callable[[LoadHandle], _Prepared], config
         except Error as e:
             raise ranked(e, own_world(config, alone)) from None
 
-    return handle.start(run, dev, several)
+    return handle._start(run, dev, several)
 
 
 def load_async(

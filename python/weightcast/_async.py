@@ -37,7 +37,7 @@ T = TypeVar("T")
 _WAIT_STEP_S = 0.05
 
 # Handles whose load still runs: exit cancels and waits for them (_end_at_exit); several
-# ranks' loads among them run one at a time per process (LoadHandle.start).
+# ranks' loads among them run one at a time per process (LoadHandle._start).
 _running: set[LoadHandle[Any]] = set()
 _running_lock = threading.Lock()
 
@@ -145,17 +145,17 @@ class LoadHandle(Generic[T]):
 
     # ---- used by _api ----------------------------------------------------------------------
 
-    def record(self, p: _progress.Progress) -> None:
+    def _record(self, p: _progress.Progress) -> None:
         """The load's progress hook (the relay's thread): keeps the latest update."""
         self._relay_thread = threading.get_ident()
         self._progress = p
 
     @property
-    def cancel_request(self) -> Any:
+    def _cancel_request(self) -> Any:
         """The extension's ``Cancel`` that ``cancel()`` sets, for the load to read."""
         return self._cancel
 
-    def start(self, work: Callable[[], T], device: tuple[str, int],
+    def _start(self, work: Callable[[], T], device: tuple[str, int],
               several_ranks: bool) -> LoadHandle[T]:
         """Runs ``work`` (the blocking call's load, checked already) on the handle's thread,
         ordered after the caller's current CUDA stream on ``device`` as it is now.

@@ -296,8 +296,8 @@ def run_job(checkpoint: object, options: Options, *, device: tuple[str, int],
     ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
     sharded save), each piece its own catalogue entry. ``handle``: the ``LoadHandle`` this
     load runs for (its progress record and cancel request), None for a blocking call."""
-    record = None if handle is None else handle.record
-    cancel = None if handle is None else handle.cancel_request
+    record = None if handle is None else handle._record
+    cancel = None if handle is None else handle._cancel_request
     with caller_stream(device) as stream:
         return _core.run_job(fs_path(checkpoint, "checkpoint"), device[0], device[1],
                              options.settings, placement, rendezvous_port,
