@@ -206,16 +206,34 @@ def fs_path(path: object, what: str) -> bytes:
     return os.fsencode(path)
 
 
-def progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
+def check_progress(progress: object) -> None:
     if not (progress is None or isinstance(progress, bool) or callable(progress)):
         raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
+
+
+def progress_hook(progress: object, rank: int,
+                  record: Callable[[_progress.Progress], None] | None = None
+                  ) -> Callable[..., None] | None:
+    """The extension's progress callback for the keyword ``progress``: the caller's callable,
+    the bar, or None (no updates at all). ``record``, when given (a ``LoadHandle``'s), gets
+    every update first, whatever ``progress`` says."""
+    check_progress(progress)
     if callable(progress):
         user = progress
     elif _progress.wants_bar(progress, rank):
         user = _progress.Bar()
     else:
-        return None
-    return lambda *args: user(_progress.Progress(*args))
+        user = None
+    if record is None:
+        return None if user is None else lambda *args: user(_progress.Progress(*args))
+
+    def hook(*args: Any) -> None:
+        update = _progress.Progress(*args)
+        record(update)
+        if user is not None:
+            user(update)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -308,14 +326,17 @@ def _on_stream(plan: Callable[..., Any] | None, stream: Any) -> Callable[..., An
 def run_job(checkpoint: object, options: Options, *, device: tuple[str, int],
             placement: str | None, rendezvous_port: int | None,
             plan: Callable[..., Any] | None, progress: object, rank: int,
-            alone: bool, pieces: bool = False) -> Any:
+            alone: bool, pieces: bool = False, handle: Any = None) -> Any:
     """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
     the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
     ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
-    sharded save), each piece its own catalogue entry."""
+    sharded save), each piece its own catalogue entry. ``handle``: the ``LoadHandle`` this
+    load runs for (its progress record and cancel request), None for a blocking call."""
+    record = None if handle is None else handle._record
+    cancel = None if handle is None else handle._cancel_request
     with caller_stream(device) as stream:
         return _core.run_job(fs_path(checkpoint, "checkpoint"), device[0], device[1],
                              options.settings, placement, rendezvous_port,
-                             _on_stream(plan, stream), progress_hook(progress, rank),
+                             _on_stream(plan, stream), progress_hook(progress, rank, record),
                              PROGRESS_INTERVAL_S, alone, cuda_stream=stream_handle(stream),
-                             pieces=pieces)
+                             pieces=pieces, cancel=cancel)
