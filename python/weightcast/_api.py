@@ -12,7 +12,8 @@ from ._async import LoadHandle
 from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
 from ._options import (PROGRESS_INTERVAL_S, Options, PathLike, caller_stream, check_placement,
                        check_progress, checked_port, fs_path, own_world, progress_hook, ranked,
-                       resolve_world, run_job, stream_handle)
+                       resolve_world, run_job, running_on_several_ranks,
+                       stream_handle)
 
 if TYPE_CHECKING:
     import torch
@@ -162,14 +163,15 @@ def load(
     import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
 
     try:
-        work, _, _ = _load(checkpoint, device=device, chunk_size=chunk_size,
+        work, _, several = _load(checkpoint, device=device, chunk_size=chunk_size,
                            buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io,
                            timeout=timeout, placement=placement, config=config,
                            progress=progress, reader=reader, verify=verify,
                            unsupported_dtypes=unsupported_dtypes,
                            rendezvous_port=rendezvous_port, alone=alone, group=group,
                            handle=None)
-        return work()
+        with running_on_several_ranks(several):
+            return work()
     except Error as e:
         raise ranked(e, own_world(config, alone, group)) from None
 
@@ -474,14 +476,15 @@ def load_into(
             every rank.
     """
     try:
-        work, _, _ = _load_into(model_or_state_dict, checkpoint, strict=strict,
+        work, _, several = _load_into(model_or_state_dict, checkpoint, strict=strict,
                                 key_map=key_map, device=device, chunk_size=chunk_size,
                                 buffer_depth=buffer_depth, io_depth=io_depth,
                                 direct_io=direct_io, timeout=timeout, config=config,
                                 progress=progress, reader=reader, verify=verify,
                                 rendezvous_port=rendezvous_port, alone=alone, group=group,
                            handle=None)
-        return work()
+        with running_on_several_ranks(several):
+            return work()
     except Error as e:
         raise ranked(e, own_world(config, alone, group)) from None
 

@@ -11,6 +11,7 @@ import math
 import numbers
 import operator
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
@@ -127,6 +128,37 @@ def world_of(options: Options | None, alone: object) -> dict:
     return _core.detect_world(None if options is None else options.settings)
 
 
+_busy_lock = threading.Lock()
+_busy = 0
+
+
+@contextlib.contextmanager
+def running_on_several_ranks(several: bool) -> Iterator[None]:
+    """Marks a blocking load on several ranks as running, for ``several_ranks_busy``."""
+    global _busy
+    if not several:
+        yield
+        return
+    with _busy_lock:
+        _busy += 1
+    try:
+        yield
+    finally:
+        with _busy_lock:
+            _busy -= 1
+
+
+def several_ranks_busy() -> bool:
+    """Whether this process runs a load on several ranks now, blocking (from another thread)
+    or a ``LoadHandle``'s: the job thread runs one at a time per process."""
+    from . import _async
+    with _busy_lock:
+        if _busy:
+            return True
+    with _async._running_lock:
+        return any(h._several_ranks for h in _async._running)
+
+
 def resolve_world(options: Options, *, group: object, alone: object,
                   port_given: bool) -> tuple[Options, dict]:
     """This process's world and the options that say it. Where torch.distributed is
@@ -138,6 +170,12 @@ def resolve_world(options: Options, *, group: object, alone: object,
     group)."""
     if not isinstance(alone, bool):
         raise Error(f"alone: {alone!r} is not True or False", USAGE)
+    if not alone and several_ranks_busy():
+        # Before the exchange: this rank's call would be a collective the others, still in
+        # the load that runs, do not make; it would wait for them forever.
+        raise Error("another load on several ranks is in progress in this process: loads on "
+                    "several ranks run one at a time per process, since every rank must make "
+                    "the same calls in the same order; wait for it first", USAGE)
     explicit = dict(_core.explicit_keys(options.settings))
     tw = _torch_world.of_group(group, alone, explicit, port_given)
     if tw is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,15 +47,22 @@ def main() -> None:
     for i, dtype in enumerate((torch.bfloat16, torch.float32)):
         name = str(dtype).removeprefix("torch.")
         model = sharded(dtype, mesh)
-        # One rank starts late, once the others have started and looked at their handles:
-        # their loads cannot end before it joins (the ranks meet inside the load), so what
-        # they see of a running load is certain. The late rank's own load may end at once.
+        # Every rank calls at once (under a process group the call is a collective: rank 0's
+        # endpoint travels over the group), and one rank holds the load inside the job: its
+        # key_map, run on its load's thread once the catalogue arrives, sleeps until the
+        # others have looked at their handles (the barrier below), so their loads, which
+        # wait for its wants, are surely running when they look.
         late = i % world
         report[f"{name}_late"] = late
-        if rank == late:
-            dist.barrier()
+        looked = threading.Event()
+
+        def held(key: str) -> str:
+            looked.wait(60)
+            return key
+
         started = time.monotonic()
-        handle = weightcast.load_into_async(model, mine, rendezvous_port=ports[i], **options)
+        handle = weightcast.load_into_async(model, mine, rendezvous_port=ports[i],
+                                            key_map=held if rank == late else None, **options)
         report[f"{name}_returned_s"] = time.monotonic() - started
         report[f"{name}_done_at_once"] = handle.done()
         if rank != late:
@@ -70,7 +78,8 @@ def main() -> None:
                 except weightcast.Error as e:
                     refused.append({"status": e.status, "message": str(e)})
             report[f"{name}_second_refused"] = refused
-            dist.barrier()
+        dist.barrier()
+        looked.set()
         # Torch work of this rank's own while the load runs: a collective on the gloo group
         # and some matmuls.
         x = torch.full((1024,), float(rank + 1))

@@ -41,8 +41,9 @@ def test_fsdp2_load_into_async_is_bit_exact_against_torchs_reader(ranks, dtype):
 
 
 def _early(ranks, dtype):
-    """The ranks that started before the late one joined: their loads were surely running
-    when they looked (the late rank is rank 0 in one round, rank 1 in the other)."""
+    """The ranks other than the one that held its load (its key_map waited for them): their
+    loads were surely running when they looked (rank 0 holds in one round, rank 1 in the
+    other)."""
     early = [r for r in ranks if r["rank"] != r[f"{dtype}_late"]]
     assert len(early) == RANKS - 1
     return early
