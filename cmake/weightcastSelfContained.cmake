@@ -44,6 +44,12 @@ endfunction()
 weightcast_static_dependency(uring liburing.a liburing-dev "${URING_INCLUDE_DIRS}")
 weightcast_static_dependency(xxhash libxxhash.a libxxhash-dev "${XXHASH_INCLUDE_DIRS}")
 weightcast_static_dependency(utf8proc libutf8proc.a libutf8proc-dev "${UTF8PROC_INCLUDE_DIRS}")
+# Debian's libxxhash.a lacks the runtime-dispatched XXH3 (xxh_x86dispatch.c is built into the
+# .so only): digest.cpp calls the plain entry points (SSE2), same digests, slower hashing
+# for `verify: digest` than the AVX2 dispatch of the normal build. One file's definition, so
+# the rest of the library compiles as before.
+set_source_files_properties(${PROJECT_SOURCE_DIR}/src/pipeline/digest.cpp PROPERTIES
+  COMPILE_DEFINITIONS WEIGHTCAST_XXHASH_NO_DISPATCH)
 # utf8proc.h: the static library's declarations (no export attribute on them).
 set_target_properties(weightcast_static::utf8proc PROPERTIES
   INTERFACE_COMPILE_DEFINITIONS UTF8PROC_STATIC)
