@@ -6,7 +6,8 @@
 #   - pip install of the wheel, timed, with no index (the wheel has no dependencies);
 #   - `import weightcast` (and that it did not import torch);
 #   - the console script: `weightcast --version`, `synth` of a tiny checkpoint, `inspect`, `run`
-#     (--json) and `launch -n 1` (the launcher re-executes its own binary for the rank);
+#     (--json), `launch -n 1` and `launch -n 2` with transport shm (the launcher re-executes its
+#     own binary for the ranks), and transport mpi refused (69: no MPI in the wheel);
 #   - with torch (`weightcast.load` needs it; PyPI's CPU wheel, installed once into a folder of
 #     the root once, or a local one: see below), `weightcast.load` of that checkpoint,
 #     bit-exact against safetensors.torch.load_file.
@@ -185,6 +186,12 @@ fi
 # launch re-executes its own binary (/proc/self/exe) for each rank: one rank, local processes.
 in_root weightcast launch -n 1 --spawner local --set checkpoint=/tmp/wc-ckpt -q >/dev/null ||
   fail "weightcast launch -n 1"
+# Several ranks without MPI: transport shm on this node, the ranks started by launch from the
+# binary (bit-exact digests on every rank, or a non-zero exit).
+out=$(in_root weightcast launch -n 2 --spawner local --set checkpoint=/tmp/wc-ckpt \
+  --set transport=shm --set device=host -q 2>&1) || fail "weightcast launch -n 2, transport shm: $out"
+grep -q '2 ranks .* bit-exact' <<<"$out" && say "launch -n 2, transport shm: $(grep 'bit-exact' <<<"$out" | cut -c3-80)" ||
+  fail "launch -n 2, transport shm: no bit-exact line: $out"
 # No MPI in the wheel: transport mpi, as rank 0 of two (torchrun's variables), is refused
 # with 69, saying the build has none.
 rc=0
