@@ -49,6 +49,14 @@ for f in "$work"/x/weightcast/_weightcast*.so "$work"/x/weightcast/weightcast; d
     [[ $lib =~ $allowed ]] || { echo "wheel.sh: FAIL: ${f##*/x/} needs $lib" >&2; bad=1; }
   done
 done
+# And it exports its init function alone: an exported libstdc++, fmt or spdlog symbol could
+# bind to torch's copy in the same process.
+exported=$(readelf --dyn-syms -W "$work"/x/weightcast/_weightcast*.so |
+  awk '$7 != "UND" && ($5 == "GLOBAL" || $5 == "WEAK") {print $8}' | grep -v '^PyInit_' || true)
+if [ -n "$exported" ]; then
+  echo "wheel.sh: FAIL: the extension exports more than PyInit_*: $(head -5 <<<"$exported")" >&2
+  bad=1
+fi
 ((bad == 0)) || exit 1
 
 # The manylinux policy the wheel meets: the newest glibc symbol version it uses decides.
