@@ -95,6 +95,9 @@ function(weightcast_write_package_config)
       get_target_property(_nccl_lib weightcast_nccl IMPORTED_LOCATION)
       get_target_property(_nccl_inc weightcast_nccl INTERFACE_INCLUDE_DIRECTORIES)
       set(_code "weightcast_find_nccl(\"${_nccl_lib}\" \"${_nccl_inc}\")")
+    elseif(_lib MATCHES "^weightcast_static::")
+      # The self-contained build's archives (cmake/weightcastSelfContained.cmake): that build
+      # makes the wheel, which installs no C++ package; nothing to find.
     elseif(TARGET ${_lib})
       get_target_property(_imported ${_lib} IMPORTED)
       if(_imported)

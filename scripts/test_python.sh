@@ -41,7 +41,10 @@ fi
 # per run); the persistent build folder (pyproject.toml) makes a rebuild incremental.
 # A build folder per CUDA setting, so switching does not rebuild everything.
 cuda=${WEIGHTCAST_CUDA:-AUTO}
+# WEIGHTCAST_SELF_CONTAINED=OFF: the system's libraries, MPI and CUDA as found, the extension
+# only (pyproject.toml's default is the self-contained wheel with its CLI: scripts/wheel.sh).
 "$py" -m pip install --quiet --no-build-isolation -C cmake.define.WEIGHTCAST_CUDA="$cuda" \
+  -C cmake.define.WEIGHTCAST_SELF_CONTAINED=OFF -C build.targets=weightcast_python \
   -C build-dir="build/py-cuda-$cuda-{wheel_tag}" .
 # Run from outside the tree so `import weightcast` is the installed package.
 cd tests/python

@@ -5,11 +5,14 @@
 
 #include <fmt/core.h>
 #include <xxhash.h>
-#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
-// libxxhash's runtime dispatch (Debian builds it in): the XXH3 calls below become their
-// `_dispatch` forms, which use AVX2 or AVX-512 where the CPU has them; the digests are the
-// same, and they are faster than the SSE2 default (bench/RESULTS.md; build/xxh3_bench
-// measures both).
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>) && \
+  !defined(WEIGHTCAST_XXHASH_NO_DISPATCH)
+// libxxhash's runtime dispatch (Debian builds it into the shared library): the XXH3 calls
+// below become their `_dispatch` forms, which use AVX2 or AVX-512 where the CPU has them; the
+// digests are the same, and they are faster than the SSE2 default (bench/RESULTS.md;
+// build/xxh3_bench measures both). Debian's static libxxhash.a has no dispatch: the
+// self-contained build (cmake/weightcastSelfContained.cmake) defines
+// WEIGHTCAST_XXHASH_NO_DISPATCH and uses the plain entry points.
 #include <xxh_x86dispatch.h>
 #endif
 
