@@ -3,6 +3,7 @@
 #include "weightcast/distributed/detail/job_setup.hpp"
 
 #include "weightcast/config/launch_options.hpp"
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
 #include "weightcast/core/units.hpp"
@@ -89,6 +90,13 @@ void check_shared_settings(const std::string& mine, const std::string& root) {
 }
 
 }  // namespace detail
+
+// A world that mpirun (or a PMIx launcher) started, or MPI that the caller has
+// initialised, is an MPI world; a torchrun or local-spawner world is not, and MPI_Init_thread
+// there would make a singleton world of one rank (MPI 4.0 §11.2).
+bool mpi_world_present() noexcept {
+  return mpi_compiled_in() && (mpi_initialized() || started_by_mpi_launcher());
+}
 
 TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size,
                                 bool mpi_world) {

@@ -1,6 +1,5 @@
 #include "weightcast/transport/transport_mpi.hpp"
 
-#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
@@ -431,12 +430,5 @@ std::unique_ptr<Transport> make_mpi_transport(MpiSession& session) {
 }
 
 #endif
-
-// Either way: a world that mpirun (or a PMIx launcher) started, or MPI that the caller has
-// initialised, is an MPI world; a torchrun or local-spawner world is not, and MPI_Init_thread
-// there would make a singleton world of one rank (MPI 4.0 §11.2).
-bool mpi_world_present() noexcept {
-  return mpi_compiled_in() && (mpi_initialized() || started_by_mpi_launcher());
-}
 
 }  // namespace weightcast

@@ -279,6 +279,12 @@ JobResult run_job(const JobOptions& options);
 /// `run_job` there (the job throws `unavailable` otherwise).
 std::future<JobResult> run_job_async(JobOptions options);
 
+/// @return true when this build has MPI and this process is in an MPI world: MPI is
+///         initialised already, or an MPI launcher started it (`started_by_mpi_launcher`:
+///         `OMPI_COMM_WORLD_SIZE`, `PMIX_RANK`, `PMI_RANK`, `PMI_SIZE`). What `transport: auto`
+///         on host memory asks before it picks mpi over tcp (`resolve_transport`). Never throws.
+bool mpi_world_present() noexcept;
+
 /**
  * @brief The data plane of a world of @p world_size ranks for @p asked on a device that is
  *        host memory (@p host_device) or a GPU; `run_job` applies it, and a launcher may

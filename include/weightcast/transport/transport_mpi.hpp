@@ -23,12 +23,6 @@ bool mpi_compiled_in() noexcept;
 ///         `MPI_Finalized`); false without MPI in the build.
 bool mpi_initialized() noexcept;
 
-/// @return true when this build has MPI and this process is in an MPI world: MPI is
-///         initialised already, or an MPI launcher started it (`started_by_mpi_launcher`:
-///         `OMPI_COMM_WORLD_SIZE`, `PMIX_RANK`, `PMI_RANK`, `PMI_SIZE`). What `transport: auto`
-///         on host memory asks before it picks mpi over tcp (`resolve_transport`).
-bool mpi_world_present() noexcept;
-
 /**
  * @brief weightcast's use of MPI for one job: MPI initialised if it is not yet, and a
  *        communicator of weightcast's own to broadcast on.

@@ -7,8 +7,8 @@
  * A star: rank 0 holds one connection to every other rank, and every byte goes over one of
  * them. `broadcast` / `broadcast_group` send rank 0's ranges to each rank in turn, so rank 0's
  * link carries (world size − 1) copies of every chunk; that is the price of needing nothing
- * but a TCP port, and what `transport: mpi` avoids where MPI is there (docs/DESIGN.md
- * § Transports).
+ * but a TCP port, and what `transport: mpi` avoids where MPI is there
+ * (docs/DESIGN.md § Transports).
  *
  * Progress is made inside `Pending::test()` on non-blocking sockets: no thread of the
  * loader's ever blocks on a socket, and no thread of the transport's own runs. Bytes go
