@@ -284,6 +284,7 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
   // control connection close at the same moment and exit 69 naming it: when one of them
   // ends before mpirun has reaped rank 1, mpirun exits with their 69 instead. Either way the
   // status is 69 and the output says which rank and why.
+  REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
