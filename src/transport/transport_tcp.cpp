@@ -306,7 +306,7 @@ class TcpTransport final : public Transport {
     std::uint64_t total = 0;
     for (const Range& r : ranges) total += r.bytes;
     if (total == 0 || world_size() == 1) return nullptr;
-    std::vector<std::pair<int, std::shared_ptr<Transfer>>> transfers;
+    std::vector<Planned> transfers;
     auto make = [&] {
       auto t = std::make_shared<Transfer>();
       t->header = Header{total, kind_broadcast, 0};
@@ -345,10 +345,9 @@ class TcpTransport final : public Transport {
                         fmt::format("transport tcp: rank {}'s message {} to itself has {} bytes, "
                                     "its receive {}",
                                     rank(), i, self_sends[i]->bytes, self_receives[i]->bytes));
-      std::memmove(self_receives[i]->data, self_sends[i]->data, self_sends[i]->bytes);
     }
     // One transfer per peer and direction, the peer's messages in posting order.
-    std::vector<std::pair<int, std::shared_ptr<Transfer>>> transfers;
+    std::vector<Planned> transfers;
     auto gather = [&](std::span<const Message> messages, bool send) {
       std::vector<std::shared_ptr<Transfer>> by_peer(static_cast<std::size_t>(world_size()));
       for (const Message& m : messages) {
@@ -377,20 +376,39 @@ class TcpTransport final : public Transport {
     };
     gather(sends, true);
     gather(receives, false);
+    // Once nothing can refuse the operation any more.
+    for (std::size_t i = 0; i < self_sends.size(); ++i) {
+      std::memmove(self_receives[i]->data, self_sends[i]->data, self_sends[i]->bytes);
+    }
     return start(std::move(transfers));
   }
 
  private:
-  void enqueue(int peer, bool send, std::shared_ptr<Transfer> t,
-               std::vector<std::pair<int, std::shared_ptr<Transfer>>>& transfers) {
-    Link& l = _connections->link(peer);
-    if (l.broken) l.rethrow();
-    (send ? l.sends : l.receives).push_back(t);
-    transfers.emplace_back(peer, std::move(t));
+  // Collected first, queued only once every transfer of the operation is known to be
+  // accepted: a refusal (a broken link, a message the star cannot carry) must not leave a
+  // transfer queued on another link, whose buffers the caller frees after the throw.
+  struct Planned {
+    int peer;
+    bool send;
+    std::shared_ptr<Transfer> transfer;
+  };
+
+  static void enqueue(int peer, bool send, std::shared_ptr<Transfer> t,
+                      std::vector<Planned>& planned) {
+    planned.push_back({peer, send, std::move(t)});
   }
 
-  std::unique_ptr<Pending> start(std::vector<std::pair<int, std::shared_ptr<Transfer>>> transfers) {
-    if (transfers.empty()) return nullptr;
+  std::unique_ptr<Pending> start(std::vector<Planned> planned) {
+    if (planned.empty()) return nullptr;
+    for (const Planned& p : planned) {
+      if (const Link& l = _connections->link(p.peer); l.broken) l.rethrow();
+    }
+    std::vector<std::pair<int, std::shared_ptr<Transfer>>> transfers;
+    for (Planned& p : planned) {
+      Link& l = _connections->link(p.peer);
+      (p.send ? l.sends : l.receives).push_back(p.transfer);
+      transfers.emplace_back(p.peer, std::move(p.transfer));
+    }
     auto pending = std::make_unique<TcpPending>(_connections, std::move(transfers));
     // A first push now: the bytes start moving before the loader's first poll.
     pending->test();
