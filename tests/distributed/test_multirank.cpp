@@ -1299,3 +1299,23 @@ TEST_CASE("multirank: transport tcp, a peer SIGKILLed mid-load ends the others w
   CHECK(count(r.out, "weightcast: error: rank 2 is gone: its control connection closed") == 2);
   CHECK_THAT(r.out, !Contains("transport tcp: connection to rank"));
 }
+
+TEST_CASE("multirank: transport tcp, a peer stopped mid-load ends the job with 75 naming it",
+          "[multirank][tcp][failure]") {
+  // Rank 0's sends to the stopped rank fill its socket buffers and wait; no thread blocks on
+  // the socket, so the load's watchdog sees the stall and rank 0 names the silent rank.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(local_launch(checkpoint, "tcp", {"--set", "timeout=3s"}),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 2]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("RANK=2");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  const auto r = wait_with_stopped_rank(job, victim, job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  CHECK_THAT(r.out, !Contains("bit-exact"));
+  CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") >= 2);
+  CHECK_THAT(r.out, Contains("rank(s) 2 sent nothing over the control plane for "));
+}
