@@ -78,7 +78,7 @@ bool wait_for(int fd, short events, Clock::time_point deadline, const std::stop_
               std::string_view what) {
   while (true) {
     if (stop.stop_requested()) {
-      throw Error(Errc::unavailable, fmt::format("transport tcp: stopped while {}", what));
+      throw Error(Errc::interrupted, fmt::format("transport tcp: stopped while {}", what));
     }
     const auto wait = std::min(left(deadline), std::chrono::milliseconds(50));
     pollfd p{fd, events, 0};
@@ -559,7 +559,7 @@ std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_si
   };
   while (joined < world_size - 1) {
     if (stop.stop_requested()) {
-      throw Error(Errc::unavailable, "transport tcp: stopped while rank 0 waited for the ranks");
+      throw Error(Errc::interrupted, "transport tcp: stopped while rank 0 waited for the ranks");
     }
     if (Clock::now() >= deadline) {
       std::string missing;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <future>
 #include <random>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -262,4 +263,24 @@ TEST_CASE("tcp: a lost peer fails with 69 naming it; plans that differ fail with
       CHECK_THAT(e.what(), Contains("abandoned"));
     }
   }
+}
+
+TEST_CASE("tcp: a stop ends rank 0's wait for the ranks with 130", "[tcp]") {
+  weightcast::TcpListener listener("127.0.0.1");
+  std::stop_source stop;
+  const auto begin = std::chrono::steady_clock::now();
+  auto root = std::async(std::launch::async, [&, l = std::move(listener)]() mutable {
+    return weightcast::make_tcp_transport(std::move(l), 2, weightcast::tcp_nonce(), 30s,
+                                          stop.get_token());
+  });
+  std::this_thread::sleep_for(100ms);
+  stop.request_stop();
+  try {
+    root.get();
+    FAIL("rank 0 went on without its rank");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::interrupted);
+    CHECK_THAT(e.what(), Contains("stopped while rank 0 waited for the ranks"));
+  }
+  CHECK(std::chrono::steady_clock::now() - begin < 5s);  // not the 30 s timeout
 }

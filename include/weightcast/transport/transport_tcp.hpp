@@ -97,10 +97,11 @@ class TcpListener {
  * a refused rank knows it was refused. Sockets get `TCP_NODELAY` and 16 MiB send and receive
  * buffers (the kernel caps them at net.core.wmem_max / rmem_max).
  * @param timeout bound on the whole wait for the ranks.
- * @param stop when requested (another rank failed), the wait ends at once.
+ * @param stop when requested (the caller's stop, or another rank failed), the wait ends
+ *        within 50 ms.
  * @throws Error `timeout` (75) naming the ranks that did not connect and the port, when
  *         some are missing after @p timeout; `unavailable` (69) when accept or a socket call
- *         fails, or on @p stop; `internal` (70) when @p world_size < 2.
+ *         fails; `interrupted` (130) on @p stop; `internal` (70) when @p world_size < 2.
  */
 std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_size,
                                               const TcpNonce& nonce,
@@ -115,8 +116,9 @@ std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_si
  * @param stop as above.
  * @throws Error `unavailable` (69) naming rank 0's address and port when the connection is
  *         refused or lost, or rank 0 closes it without accepting (a wrong nonce: not this
- *         job's rank 0), or on @p stop; `timeout` (75) when the connection or the acceptance
- *         takes longer than @p timeout; `internal` (70) when @p rank is out of range.
+ *         job's rank 0); `interrupted` (130) on @p stop; `timeout` (75) when the connection
+ *         or the acceptance takes longer than @p timeout; `internal` (70) when @p rank is out
+ *         of range.
  */
 std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::string_view address,
                                               std::uint16_t port, const TcpNonce& nonce,
