@@ -83,8 +83,9 @@ def vm_hwm() -> int:
 # ----------------------------------------------------------------------------- one rank
 
 def worker(args) -> int:
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    rank = int(os.environ["RANK" if torchrun else "OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["WORLD_SIZE" if torchrun else "OMPI_COMM_WORLD_SIZE"])
     res: dict = {"rank": rank, "method": args.method}
     out = Path(args.result.format(rank=rank))
     try:
@@ -103,8 +104,11 @@ def worker(args) -> int:
 
         torch.set_num_threads(1)  # 4 ranks on a few cores, as torchrun sets it
         ckpt = Path(args.checkpoint)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
-                                world_size=world)
+        if torchrun:  # torchrun's env://; weightcast takes its endpoint over the group
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                    rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig.from_pretrained(ckpt))
@@ -151,11 +155,12 @@ def worker(args) -> int:
             else:
                 if args.method.startswith("weightcast"):
                     reader = weightcast.dcp.HuggingFaceStorageReader(
-                        ckpt, rendezvous_port=args.wc_port, progress=False,
+                        ckpt, rendezvous_port=None if torchrun else args.wc_port,
+                        progress=False, config=args.config,
                         verify=args.method != "weightcast_unverified",
                         direct_io=False if args.method == "weightcast_buffered" else None)
                     stats: dict = {}
-                    orig = _options._run_job
+                    orig = _options.run_job
 
                     def run_and_keep(*a, **k):
                         t1 = time.perf_counter()
@@ -163,14 +168,14 @@ def worker(args) -> int:
                         phases["wc_run_job"] = time.perf_counter() - t1
                         stats.update(r.stats)
                         return r
-                    _options._run_job = run_and_keep
+                    _options.run_job = run_and_keep
                 else:
                     reader = dcp.HuggingFaceStorageReader(str(ckpt))
                 for name in ("read_metadata", "prepare_global_plan", "read_data"):
                     timed(reader, name)
                 dcp.load(model.state_dict(), storage_reader=reader)
                 if args.method.startswith("weightcast"):
-                    _options._run_job = orig
+                    _options.run_job = orig
                     res["wc_stats"] = {k: stats.get(k) for k in
                                        ("bytes", "seconds", "staging_bytes", "reader",
                                         "io_mode", "transport")}
@@ -225,13 +230,20 @@ def direct_floor(files: list[Path]) -> float:
 
 def run_job(args, method: str, work: Path, tag: str, check: bool) -> dict:
     result = work / f"{tag}-rank{{rank}}.json"
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "4"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cmd += ["-x", "OMP_NUM_THREADS=1", "-x", "HF_HUB_OFFLINE=1", "-x", "TRANSFORMERS_OFFLINE=1",
-            sys.executable, os.path.abspath(__file__), "--worker", "--method", method,
+    if args.launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "4"]
+    else:
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "4"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += ["-x", "OMP_NUM_THREADS=1", "-x", "HF_HUB_OFFLINE=1", "-x",
+                "TRANSFORMERS_OFFLINE=1", sys.executable]
+    cmd += [os.path.abspath(__file__), "--worker", "--method", method,
             str(args.checkpoint), "--port", str(free_port()),
             "--wc-port", str(free_port()), "--result", str(result)]
+    if args.config:
+        cmd += ["--config", args.config]
     if check:
         cmd.append("--check")
     t0 = time.perf_counter()
@@ -422,6 +434,11 @@ def main() -> int:
     ap.add_argument("--wc-port", type=int)
     ap.add_argument("--result")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
+                    help="who starts the 4 ranks: mpirun (weightcast's world from Open MPI's "
+                         "variables) or torchrun (from the process group)")
+    ap.add_argument("--config", help="a weightcast config file for the weightcast methods "
+                                     "(e.g. one that sets transport)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="cold,warm")
     ap.add_argument("--methods", default=",".join(METHODS[:3]))

@@ -11,7 +11,9 @@
 #        it), REPS (3), MODES (cold,warm), METHODS (weightcast,torch_reader,broadcast; also
 #        weightcast_unverified: verify=False, weightcast_buffered: direct_io=False), STOP_AT
 #        (UTC HH:MM after which no repetition starts), WORK (/tmp/weightcast-dcp-bench),
-#        RESULTS_MD (a file to append the tables to).
+#        RESULTS_MD (a file to append the tables to), LAUNCHER (mpirun, the default, or
+#        torchrun: the ranks' world from torch's process group), WC_CONFIG (a weightcast
+#        config for the weightcast methods, e.g. one setting transport).
 # Root only for MODES with cold: the page cache is dropped with `echo 3 > /proc/sys/vm/drop_caches`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +32,6 @@ args=(--reps "${REPS:-3}" --modes "${MODES:-cold,warm}"
       --work "${WORK:-/tmp/weightcast-dcp-bench}")
 [[ -n ${STOP_AT:-} ]] && args+=(--stop-at "$STOP_AT")
 [[ -n ${RESULTS_MD:-} ]] && args+=(--results-md "$RESULTS_MD")
+[[ -n ${LAUNCHER:-} ]] && args+=(--launcher "$LAUNCHER")
+[[ -n ${WC_CONFIG:-} ]] && args+=(--config "$WC_CONFIG")
 exec "$py" bench/dcp_bench.py "$ckpt" "${args[@]}"

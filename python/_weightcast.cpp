@@ -161,6 +161,15 @@ NB_MODULE(_weightcast, m) {
       .def_prop_ro("total_bytes", [](const PyCatalogue& c) { return c.catalogue.total_bytes(); },
                    "Sum of all tensor sizes, bytes.");
 
+  nb::class_<PyCancel>(m, "Cancel",
+                      "A request to stop a load (LoadHandle.cancel()): set from any thread, "
+                      "read by the load every 50 ms.")
+      .def(nb::init<>())
+      .def("cancel", [](PyCancel& c) { c.requested.store(true); },
+           "Requests the stop; the load then raises Error 130 within moments.")
+      .def_prop_ro("requested", [](const PyCancel& c) { return c.requested.load(); },
+                   "Whether cancel() was called.");
+
   nb::class_<PyLoadResult>(m, "LoadResult", "A finished load: its stats, and the arena.")
       .def_prop_ro("stats", [](const PyLoadResult& r) { return stats_dict(checked(r).stats); })
       .def_prop_ro("rank", [](const PyLoadResult& r) { return r.rank; }, "This rank.")
@@ -192,32 +201,51 @@ NB_MODULE(_weightcast, m) {
                          "keywords over them (each the override of its config key).");
   m.def(
       "settings",
-      [](std::optional<nb::bytes> config, const nb::dict& overrides) {
-        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt, {}};
+      [](std::optional<nb::bytes> config, const nb::dict& overrides, const nb::dict& group) {
+        PyOptions o{config ? std::optional<std::string>(fs_path(*config)) : std::nullopt, {},
+                    {}};
         for (const auto& [key, value] : overrides) {
           o.overrides.emplace_back(nb::cast<std::string>(key), nb::cast<std::string>(value));
         }
+        for (const auto& [key, value] : group) {
+          o.group_overrides.emplace_back(nb::cast<std::string>(key),
+                                         nb::cast<std::string>(value));
+        }
         return PySettings{effective_config(o)};
       },
-      "config"_a.none(), "overrides"_a,
+      "config"_a.none(), "overrides"_a, "group"_a = nb::dict(),
       "Reads the config file (if any) once, then each override (config key -> the text of its "
       "value, in the dict's order) over it: the config's rules and messages (Error, status "
-      "78, 'keyword key=value: ' and the reason).");
+      "78, 'keyword key=value: ' and the reason); then group's (keys a torch process group "
+      "gives), recorded as set by \"torch.distributed's process group\".");
+
+  m.def(
+      "explicit_keys",
+      [](const PySettings& settings) {
+        nb::dict d;
+        for (const auto& [key, where] : settings.config.set_at) d[key.c_str()] = where;
+        return d;
+      },
+      "settings"_a,
+      "The config keys the settings set (from the file or an override), each with where: "
+      "'x.yaml:7' or the override's origin; a key left at its default is absent.");
 
   m.def(
       "load",
       [](const PyCatalogue& catalogue, const std::string& device, int ordinal,
          const PySettings& settings, nb::object progress, double progress_interval_s,
-         std::optional<std::uintptr_t> cuda_stream) {
+         std::optional<std::uintptr_t> cuda_stream, const PyCancel* cancel) {
         return py_load(catalogue, device, ordinal, settings.config, cuda_stream,
-                       std::move(progress), progress_interval_s);
+                       std::move(progress), progress_interval_s, cancel);
       },
       "catalogue"_a, "device"_a, "ordinal"_a, "settings"_a, "progress"_a.none(),
       "progress_interval_s"_a, "cuda_stream"_a.none() = nb::none(),
+      "cancel"_a.none() = nb::none(),
       "Loads a catalogue into a host or CUDA arena on this process (world size 1); the load "
       "writes after the work queued on cuda_stream (a cudaStream_t as an int: 0 is CUDA's "
       "default stream, ordered like any other; None: no stream) and that stream waits for the "
-      "load's writes. cudaStreamPerThread (2) is refused (78).");
+      "load's writes. cudaStreamPerThread (2) is refused (78). cancel: a Cancel that stops the "
+      "load (130) once set.");
 
   m.def(
       "run_job",
@@ -225,17 +253,19 @@ NB_MODULE(_weightcast, m) {
          const PySettings& settings, std::optional<std::string> placement,
          std::optional<int> rendezvous_port, nb::object plan, nb::object progress,
          double progress_interval_s, bool alone, std::optional<std::uintptr_t> cuda_stream,
-         bool pieces) {
+         bool pieces, const PyCancel* cancel) {
         return py_run_job(fs_path(checkpoint), device, ordinal, settings.config, cuda_stream,
                           std::move(placement), rendezvous_port, std::move(plan),
-                          std::move(progress), progress_interval_s, alone, pieces);
+                          std::move(progress), progress_interval_s, alone, pieces, cancel);
       },
       "checkpoint"_a, "device"_a, "ordinal"_a, "settings"_a, "placement"_a.none(),
       "rendezvous_port"_a.none(), "plan"_a.none(), "progress"_a.none(), "progress_interval_s"_a,
       "alone"_a = false, "cuda_stream"_a.none() = nb::none(), "pieces"_a = false,
+      "cancel"_a.none() = nb::none(),
       "This rank's part of a load on every rank of the world (weightcast::run_job); rank 0 "
       "alone reads the checkpoint. cuda_stream: as for load. pieces: a directory of tensor "
-      "pieces opens as CheckpointPieces::separate (the DCP reader's).");
+      "pieces opens as CheckpointPieces::separate (the DCP reader's). cancel: as for load; "
+      "every rank ends with this rank's message.");
   m.def("after_fork_in_child", [] { JobThread::get().after_fork_in_child(); },
         "Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork).");
   m.def("shutdown", [] {

@@ -121,10 +121,14 @@ class JobThread {
 /// KeyboardInterrupt) requests a stop and re-raises here once the load has ended.
 /// With @p on_job_thread, the work runs on the JobThread instead of a thread of its own.
 /// @p keyboard_interrupt, when given, is set before the stop when the handler raised
-/// KeyboardInterrupt (SIGINT's), for the work's message.
+/// KeyboardInterrupt (SIGINT's), for the work's message. @p cancel, when given, is read at
+/// the same 50 ms beat: once set (LoadHandle.cancel(), from any thread) the stop is
+/// requested too. A load started off the main thread (`load_async`'s) needs it: Python runs
+/// signal handlers on the main thread only, so PyErr_CheckSignals never raises there.
 template <class Work>
 auto run_interruptible(Work work, bool on_job_thread = false,
-                       std::atomic<bool>* keyboard_interrupt = nullptr) {
+                       std::atomic<bool>* keyboard_interrupt = nullptr,
+                       const std::atomic<bool>* cancel = nullptr) {
   std::stop_source stop;
   std::optional<nb::python_error> raised;
   using Result = decltype(work(stop.get_token()));
@@ -142,6 +146,7 @@ auto run_interruptible(Work work, bool on_job_thread = false,
         }
         stop.request_stop();
       }
+      if (cancel != nullptr && cancel->load() && !stop.stop_requested()) stop.request_stop();
     }
   }
   if (raised) throw std::move(*raised);

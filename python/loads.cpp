@@ -149,7 +149,7 @@ auto with_progress(ProgressRelay& relay, Work work) {
 
 PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kind,
                      int device_ordinal, const Config& config, std::optional<std::uintptr_t> cuda_stream,
-                     nb::object progress, double progress_interval_s) {
+                     nb::object progress, double progress_interval_s, const PyCancel* cancel) {
   LoadOptions options = load_options(config);
   const DeviceKind kind = parse_device_kind(device_kind);
   options.tensor_alignment = setting::torch_tensor_alignment(kind);
@@ -160,14 +160,17 @@ PyLoadResult py_load(const PyCatalogue& catalogue, const std::string& device_kin
 
   Catalogue copy = catalogue.catalogue;
   auto result = with_progress(relay, [&] {
-    return run_interruptible([&](std::stop_token stop) {
-      LoadOptions o = options;
-      o.stop = stop;
-      auto device = kind == DeviceKind::cuda ? make_cuda_device(device_ordinal)
-                                             : make_host_device();
-      auto transport = make_local_transport();
-      return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
-    });
+    return run_interruptible(
+        [&](std::stop_token stop) {
+          LoadOptions o = options;
+          o.stop = stop;
+          auto device = kind == DeviceKind::cuda ? make_cuda_device(device_ordinal)
+                                                 : make_host_device();
+          auto transport = make_local_transport();
+          return std::make_shared<LoadResult>(load(std::move(copy), *device, *transport, o));
+        },
+        /*on_job_thread=*/false, /*keyboard_interrupt=*/nullptr,
+        cancel != nullptr ? &cancel->requested : nullptr);
   });
   PyLoadResult out;
   out.result = std::move(result);
@@ -306,7 +309,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
                         std::optional<std::string> placement,
                         std::optional<int> rendezvous_port, nb::object plan,
                         nb::object progress, double progress_interval_s, bool alone,
-                        bool pieces) {
+                        bool pieces, const PyCancel* cancel) {
   const Config config = with_rendezvous_port(settings, rendezvous_port);
   // Alone: a world of one rank, whatever the launcher's environment says.
   World world = alone ? World{} : detect_world(config);
@@ -358,7 +361,8 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
     };
   }
   // Host tensors travel over MPI where the config says mpi, or says auto in an MPI world
-  // (mpirun's ranks, MPI initialised); torchrun's and torch.multiprocessing's ranks use tcp.
+  // (mpirun's ranks, MPI initialised); torchrun's and torch.multiprocessing's ranks use tcp,
+  // and `transport: shm` shares the node's staging ring instead (no MPI at all).
   const bool mpi = several && kind == DeviceKind::host &&
                    (job.transport == TransportKind::mpi ||
                     (job.transport == TransportKind::automatic && mpi_world_present()));
@@ -366,8 +370,12 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
   job.on_load_start = [started] { started->store(true); };
   // A load stopped by Ctrl-C says so: the other ranks end with this rank's message.
   auto keyboard = std::make_shared<std::atomic<bool>>(false);
-  job.on_load_end = [keyboard](std::exception_ptr failure) {
-    if (!failure || !keyboard->load()) return;
+  // A load stopped by LoadHandle.cancel() says so too (a stop for any other reason keeps
+  // the library's message).
+  const std::atomic<bool>* cancelled = cancel != nullptr ? &cancel->requested : nullptr;
+  job.on_load_end = [keyboard, cancelled](std::exception_ptr failure) {
+    const bool by_cancel = cancelled != nullptr && cancelled->load();
+    if (!failure || (!keyboard->load() && !by_cancel)) return;
     try {
       std::rethrow_exception(failure);
     } catch (const Error& e) {
@@ -375,7 +383,10 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
     } catch (...) {
       return;
     }
-    throw Error(Errc::interrupted, "interrupted by SIGINT (Ctrl-C) during the load");
+    if (keyboard->load()) {
+      throw Error(Errc::interrupted, "interrupted by SIGINT (Ctrl-C) during the load");
+    }
+    throw Error(Errc::interrupted, "cancelled (LoadHandle.cancel()) during the load");
   };
   if (mpi) job.mpi_source = [world] { return job_mpi(world); };
 
@@ -392,7 +403,7 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
             throw;
           }
         },
-        /*on_job_thread=*/true, keyboard.get());
+        /*on_job_thread=*/true, keyboard.get(), cancelled);
   });
   PyLoadResult out;
   out.rank = result->world.rank;

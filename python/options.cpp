@@ -3,6 +3,7 @@
 
 #include "options.hpp"
 
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
 
@@ -26,7 +27,15 @@ Config effective_config(const PyOptions& o) {
   for (const auto& [key, value] : o.overrides) {
     overrides.push_back(fmt::format("{}={}", key, value));
   }
-  return load_config(o.config.value_or(std::string()), overrides, "keyword");
+  Config config = load_config(o.config.value_or(std::string()), overrides, "keyword");
+  // A second layer with its own origin, so that the world knows it came from the group.
+  std::vector<std::string> group;
+  group.reserve(o.group_overrides.size());
+  for (const auto& [key, value] : o.group_overrides) {
+    group.push_back(fmt::format("{}={}", key, value));
+  }
+  apply_overrides(config, group, process_group_origin);
+  return config;
 }
 
 Config with_rendezvous_port(Config config, std::optional<int> port) {

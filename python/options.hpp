@@ -26,6 +26,9 @@ DeviceKind parse_device_kind(const std::string& kind);
 struct PyOptions {
   std::optional<std::string> config;
   std::vector<std::pair<std::string, std::string>> overrides;  ///< key, value as text
+  /// Keys a torch process group gives (`world.*`, `rendezvous.*`), set after `overrides`
+  /// with `process_group_origin` (world.hpp) as where they were set.
+  std::vector<std::pair<std::string, std::string>> group_overrides;
 };
 
 /// A Python call's configuration, read once (`weightcast._weightcast.Settings`): the config

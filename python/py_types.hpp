@@ -8,6 +8,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -43,6 +44,13 @@ struct PyLoadResult {
   int rank = 0;
   int world_size = 1;
   std::string verdict;
+};
+
+/// A request to stop a load started by `load_async` or `load_into_async`
+/// (LoadHandle.cancel()): set from any thread, read by run_interruptible every 50 ms. Python
+/// owns it (the handle holds it), so it outlives the call that reads it.
+struct PyCancel {
+  std::atomic<bool> requested{false};
 };
 
 inline LoadResult& checked(const PyLoadResult& r) {

@@ -279,6 +279,7 @@ bool use_mpirun(const LaunchArgs& args, const Config& config) {
     case TransportKind::mpi: return true;
     case TransportKind::nccl:
     case TransportKind::tcp:
+    case TransportKind::shm:
     case TransportKind::local: return false;
     case TransportKind::automatic:
       // On host memory mpirun's ranks pick mpi and plain processes tcp: mpirun where the

@@ -101,6 +101,16 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
                    rank, world.world_size, result.catalogue.tensors.size(), shards,
                    shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
                    result.stats.seconds, result.stats.gbps(), result.stats.transport);
+        // The promise of the front page, measured: rank 0's memory is the window plus what
+        // it keeps itself, not the model. Not a "# rank " line: those are one per rank.
+        if (rank == 0) {
+          fmt::print("# memory on rank 0: peak RSS {} against a window of {} (chunk_size {} × "
+                     "buffer_depth {}) plus its own {}; the model is {}\n",
+                     format_bytes(peak_rss_bytes()), format_bytes(result.stats.staging_bytes),
+                     format_bytes(config.chunk_bytes), config.buffer_depth,
+                     format_bytes(result.stats.bytes),
+                     format_bytes(result.catalogue.total_bytes()));
+        }
       }
       const std::string report_path = report_path_for_rank(args.report_path, rank,
                                                            world.world_size);

@@ -61,14 +61,15 @@ _atexit.register(_weightcast.shutdown)
 # A forked child (a DataLoader worker) has no copy of the job thread, and may not use the
 # parent's MPI: it forgets both rather than join or finalise them.
 _os.register_at_fork(after_in_child=_weightcast.after_fork_in_child)
-from ._api import LoadReport, load, load_into  # noqa: E402
+from ._api import LoadReport, load, load_async, load_into, load_into_async  # noqa: E402
+from ._async import LoadHandle  # noqa: E402
 from ._errors import Error, InputOutputError, MissingInputError  # noqa: E402
 from ._progress import Progress  # noqa: E402
 
 __version__: str = _weightcast.build_info()["version"]
 
-__all__ = ["Error", "InputOutputError", "LoadReport", "MissingInputError", "Progress",
-           "build_info", "load", "load_into"]
+__all__ = ["Error", "InputOutputError", "LoadHandle", "LoadReport", "MissingInputError",
+           "Progress", "build_info", "load", "load_async", "load_into", "load_into_async"]
 
 
 def build_info() -> dict[str, object]:

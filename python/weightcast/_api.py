@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Tuple, Union
 
 from . import _dtypes, _landing, _progress
 from . import _weightcast as _core
+from ._async import LoadHandle
 from ._errors import CONFIG, INVALID_CHECKPOINT, USAGE, Error
 from ._options import (PROGRESS_INTERVAL_S, Options, PathLike, caller_stream, check_placement,
-                       checked_port, fs_path, own_world, progress_hook, ranked, run_job,
-                       stream_handle, world_of)
+                       check_progress, checked_port, fs_path, own_world, progress_hook, ranked,
+                       resolve_world, run_job, stream_handle)
 
 if TYPE_CHECKING:
     import torch
@@ -50,12 +51,15 @@ def load(
     unsupported_dtypes: str = "error",
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors checkpoint, on this rank or on every rank.
 
-    Under a launcher (mpirun, srun, torchrun: the world as ``weightcast run`` detects it,
-    from the config's ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's
-    variables) every rank calls it: rank 0 alone reads the checkpoint (the others never open
+    Where torch.distributed is initialised, its process group (``group``, else the default
+    one) is the world, however the processes were started (torchrun, ``mp.spawn``, mpirun);
+    else the launcher's (the world as ``weightcast run`` detects it: the config's
+    ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's variables). Every rank
+    calls it: rank 0 alone reads the checkpoint (the others never open
     ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
     must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
     every rank, its message naming the rank ("rank 2: ..."). Every rank must make the same
@@ -118,6 +122,15 @@ def load(
         alone: True loads on this process only, as a world of one rank, whatever the
             launcher's environment says (e.g. rank 0 alone under mpirun, for an evaluation):
             no rendezvous, no MPI. Default False. Anything but a bool raises (64).
+        group: the torch.distributed process group whose ranks load together (None: the
+            default group, where one is initialised). Its rank and size are the world's; one
+            ``all_gather_object`` over it tells which ranks share a node and carries rank 0's
+            rendezvous endpoint (127.0.0.1 on one node; else ``rendezvous.address``,
+            ``$MASTER_ADDR`` or an address of rank 0's host) and port (one free on rank 0,
+            unless ``rendezvous_port`` or the config names one) and a job token rank 0 draws;
+            no launcher variable is needed. A config whose ``world.rank``/``world.size``
+            number the ranks otherwise raises 78. Given without an initialised
+            torch.distributed: 64.
         unsupported_dtypes: ``"error"`` (default): a dtype torch has no dtype for (F6_E2M3,
             F6_E3M2; F8_E8M0 or F4 on a torch without float8_e8m0fnu/float4_e2m1fn_x2; F4 with
             an odd last dimension) raises before any byte is read, as
@@ -149,19 +162,31 @@ def load(
     import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
 
     try:
-        return _load(checkpoint, device=device, chunk_size=chunk_size,
-                     buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io,
-                     timeout=timeout, placement=placement, config=config, progress=progress,
-                     reader=reader, verify=verify, unsupported_dtypes=unsupported_dtypes,
-                     rendezvous_port=rendezvous_port, alone=alone)
+        work, _, _ = _load(checkpoint, device=device, chunk_size=chunk_size,
+                           buffer_depth=buffer_depth, io_depth=io_depth, direct_io=direct_io,
+                           timeout=timeout, placement=placement, config=config,
+                           progress=progress, reader=reader, verify=verify,
+                           unsupported_dtypes=unsupported_dtypes,
+                           rendezvous_port=rendezvous_port, alone=alone, group=group,
+                           handle=None)
+        return work()
     except Error as e:
-        raise ranked(e, own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone, group)) from None
+
+
+# What _load and _load_into prepare on the caller's thread: (the load itself, which a
+# blocking call runs at once and a LoadHandle on its thread; the load's device; whether it
+# runs on several ranks).
+_Prepared = Tuple[Callable[[], Any], Tuple[str, int], bool]
 
 
 def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: Any,
           io_depth: Any, direct_io: Any, timeout: Any, placement: Any, config: Any,
           progress: Any, reader: Any, verify: Any, unsupported_dtypes: Any,
-          rendezvous_port: Any, alone: Any) -> dict[str, torch.Tensor]:
+          rendezvous_port: Any, alone: Any, group: Any,
+          handle: LoadHandle | None) -> _Prepared:
+    """Checks every keyword (raising here, on the caller's thread) and returns the load,
+    which opens the checkpoint: a missing or malformed one raises when it runs."""
     if unsupported_dtypes not in ("error", "bytes"):
         raise Error(f"unsupported_dtypes: {unsupported_dtypes!r} is not 'error' or 'bytes'",
                     CONFIG)
@@ -170,7 +195,12 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
     options = Options.of(config=config, chunk_size=chunk_size, buffer_depth=buffer_depth,
                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                          verify=verify)
-    world = world_of(options, alone)
+    check_progress(progress)
+    path = fs_path(checkpoint, "checkpoint")
+    # On the caller's thread: the process group's exchange is a collective, ordered with
+    # the caller's own (a background thread's would race them).
+    options, world = resolve_world(options, group=group, alone=alone,
+                                   port_given=port is not None)
     dev = _landing.resolve_device(device, options, world)
     if world["world_size"] > 1:
         # Every rank checks the catalogue rank 0 sends it, so a dtype torch cannot hold
@@ -178,17 +208,25 @@ def _load(checkpoint: PathLike, *, device: Any, chunk_size: Any, buffer_depth: A
         def plan(catalogue: Any, rank: int, world_size: int) -> None:
             _check_catalogue(catalogue, unsupported_dtypes)
 
-        result = run_job(checkpoint, options, device=dev, placement=placement,
-                         rendezvous_port=port, plan=plan, progress=progress,
-                         rank=world["rank"], alone=False)
+        def several() -> dict[str, torch.Tensor]:
+            result = run_job(checkpoint, options, device=dev, placement=placement,
+                             rendezvous_port=port, plan=plan, progress=progress,
+                             rank=world["rank"], alone=False, handle=handle)
+            return _tensors(result)
+
+        return several, dev, True
+
+    def one() -> dict[str, torch.Tensor]:
+        catalogue = _core.open_checkpoint(path)
+        _check_catalogue(catalogue, unsupported_dtypes)
+        hook = progress_hook(progress, world["rank"], None if handle is None else handle._record)
+        with caller_stream(dev) as stream:
+            result = _core.load(catalogue, dev[0], dev[1], options.settings, hook,
+                                PROGRESS_INTERVAL_S, cuda_stream=stream_handle(stream),
+                                cancel=None if handle is None else handle._cancel_request)
         return _tensors(result)
-    catalogue = _core.open_checkpoint(fs_path(checkpoint, "checkpoint"))
-    _check_catalogue(catalogue, unsupported_dtypes)
-    with caller_stream(dev) as stream:
-        result = _core.load(catalogue, dev[0], dev[1], options.settings,
-                            progress_hook(progress, world["rank"]), PROGRESS_INTERVAL_S,
-                            cuda_stream=stream_handle(stream))
-    return _tensors(result)
+
+    return one, dev, False
 
 
 @dataclass(frozen=True)
@@ -382,6 +420,7 @@ def load_into(
     verify: bool | None = None,
     rendezvous_port: int | None = None,
     alone: bool = False,
+    group: Any = None,
 ) -> LoadReport:
     """Loads a checkpoint into the caller's own tensors, in place.
 
@@ -417,7 +456,7 @@ def load_into(
         device: the arena's device (as for ``load``); default: the destinations' GPU when they
             all live on one, else cpu.
         chunk_size, buffer_depth, io_depth, direct_io, timeout, config, progress, reader,
-            verify, rendezvous_port, alone: as for ``load``.
+            verify, rendezvous_port, alone, group: as for ``load``.
 
     Returns:
         A ``LoadReport``: missing_keys, unexpected_keys, loaded_keys, cast_keys, staged_keys,
@@ -435,19 +474,26 @@ def load_into(
             every rank.
     """
     try:
-        return _load_into(model_or_state_dict, checkpoint, strict=strict, key_map=key_map,
-                          device=device, chunk_size=chunk_size, buffer_depth=buffer_depth,
-                          io_depth=io_depth, direct_io=direct_io, timeout=timeout,
-                          config=config, progress=progress, reader=reader, verify=verify,
-                          rendezvous_port=rendezvous_port, alone=alone)
+        work, _, _ = _load_into(model_or_state_dict, checkpoint, strict=strict,
+                                key_map=key_map, device=device, chunk_size=chunk_size,
+                                buffer_depth=buffer_depth, io_depth=io_depth,
+                                direct_io=direct_io, timeout=timeout, config=config,
+                                progress=progress, reader=reader, verify=verify,
+                                rendezvous_port=rendezvous_port, alone=alone, group=group,
+                           handle=None)
+        return work()
     except Error as e:
-        raise ranked(e, own_world(config, alone)) from None
+        raise ranked(e, own_world(config, alone, group)) from None
 
 
 def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, key_map: Any,
                device: Any, chunk_size: Any, buffer_depth: Any, io_depth: Any,
                direct_io: Any, timeout: Any, config: Any, progress: Any, reader: Any,
-               verify: Any, rendezvous_port: Any, alone: Any) -> LoadReport:
+               verify: Any, rendezvous_port: Any, alone: Any, group: Any,
+               handle: LoadHandle | None) -> _Prepared:
+    """Checks every keyword and destination (raising here, on the caller's thread) and
+    returns the load; what needs the checkpoint's catalogue (keys, shapes, dtypes) raises
+    when it runs."""
     import torch
 
     if not isinstance(strict, bool):
@@ -477,7 +523,8 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
                          io_depth=io_depth, direct_io=direct_io, timeout=timeout, reader=reader,
                          verify=verify)
     port = checked_port(rendezvous_port)
-    world = world_of(options, alone)
+    options, world = resolve_world(options, group=group, alone=alone,
+                                   port_given=port is not None)
     shards = {key: _local_shard(owner, key, t) for key, t in target.items()}
     for key, shard in shards.items():
         _check_writable(owner, key, shard.local)
@@ -504,24 +551,166 @@ def _load_into(model_or_state_dict: Any, checkpoint: PathLike, *, strict: Any, k
                      staged=staged)
         return wants
 
+    check_progress(progress)
+    fs_path(checkpoint, "checkpoint")  # its type, now
+
+    def run() -> LoadReport:
+        try:
+            result = run_job(checkpoint, options, device=dev, placement=None,
+                             rendezvous_port=port, plan=plan, progress=progress,
+                             rank=world["rank"], alone=alone, handle=handle)
+        except Error:
+            if "raised" in state:
+                raise state.pop("raised") from None
+            raise
+        stats = result.stats
+        staged = state.pop("staged")
+        _landing.copy_staged(((local, landed) for _, local, landed in staged), dev)
+        staged_keys = [key for key, _, _ in staged]
+        del staged
+        return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
+                          loaded_keys=list(state["routes"]), cast_keys=state["casts"],
+                          staged_keys=staged_keys,
+                          bytes=int(stats["bytes"]), seconds=float(stats["seconds"]),
+                          verdict=result.verdict)
+
+    return run, dev, world["world_size"] > 1
+
+
+def _in_background(what: str, prepare: Callable[[LoadHandle], _Prepared], config: Any,
+                   alone: Any, group: Any) -> LoadHandle:
+    """Prepares a load with a new handle (a bad keyword raises here) and starts it on the
+    handle's thread; its errors name the rank as the blocking call's do."""
+    handle: LoadHandle = LoadHandle(what)
     try:
-        result = run_job(checkpoint, options, device=dev, placement=None,
-                         rendezvous_port=port, plan=plan, progress=progress,
-                         rank=world["rank"], alone=alone)
-    except Error:
-        if "raised" in state:
-            raise state.pop("raised") from None
-        raise
-    stats = result.stats
-    staged = state.pop("staged")
-    _landing.copy_staged(((local, landed) for _, local, landed in staged), dev)
-    staged_keys = [key for key, _, _ in staged]
-    del staged
-    return LoadReport(missing_keys=state["missing"], unexpected_keys=state["unexpected"],
-                      loaded_keys=list(state["routes"]), cast_keys=state["casts"],
-                      staged_keys=staged_keys,
-                      bytes=int(stats["bytes"]), seconds=float(stats["seconds"]),
-                      verdict=result.verdict)
+        work, dev, several = prepare(handle)
+    except Error as e:
+        raise ranked(e, own_world(config, alone, group)) from None
+
+    def run() -> Any:
+        try:
+            return work()
+        except Error as e:
+            raise ranked(e, own_world(config, alone, group)) from None
+
+    return handle._start(run, dev, several)
+
+
+def load_async(
+    checkpoint: PathLike,
+    *,
+    device: str | int | torch.device | None = None,
+    chunk_size: int | str | None = None,
+    buffer_depth: int | None = None,
+    io_depth: int | None = None,
+    direct_io: bool | str | None = None,
+    timeout: float | str | datetime.timedelta | None = None,
+    placement: str | None = None,
+    config: PathLike | None = None,
+    progress: bool | Callable[[_progress.Progress], None] | None = None,
+    reader: str | None = None,
+    verify: bool | None = None,
+    unsupported_dtypes: str = "error",
+    rendezvous_port: int | None = None,
+    alone: bool = False,
+    group: Any = None,
+) -> LoadHandle[dict[str, torch.Tensor]]:
+    """Starts ``load`` in the background and returns its ``LoadHandle`` at once;
+    ``handle.wait()`` returns the dict ``load`` would have returned.
+
+    The same load as ``load`` (the same pipeline, keywords, checks, results and errors),
+    run on a thread of the handle's own with the GIL released, so this thread can run other
+    Python and torch work meanwhile (build the next model, warm up a kernel). A bad keyword
+    raises here; whatever comes of the checkpoint (missing, malformed, a stall, a peer rank
+    lost) raises from ``wait()``.
+
+    On CUDA the load is ordered after the work queued so far on the caller's current stream
+    (at this call), as ``load`` is; ``wait()`` returns once the data is complete on that
+    stream, and makes the caller's current stream at ``wait()`` wait for it too.
+
+    Loads on several ranks run one at a time per process, as for the blocking calls: a
+    second one while a handle's load on several ranks is not done raises 64 here (and a
+    blocking call on several ranks meanwhile raises 64 too). On one process loads may run
+    side by side.
+
+    Args:
+        checkpoint, device, chunk_size, buffer_depth, io_depth, direct_io, timeout,
+            placement, config, progress, reader, verify, unsupported_dtypes,
+            rendezvous_port, alone, group: as for ``load`` (the process group's exchange
+            runs here, on the calling thread, as the collective it is). ``progress`` runs as
+            for ``load``;
+            ``handle.progress`` has the latest update whatever it is.
+
+    Returns:
+        A ``LoadHandle``: ``done()``, ``wait(timeout=None)``, ``progress``, ``cancel()``.
+
+    Raises:
+        Error: 78 or 64 for a bad keyword, and 64 when a load on several ranks started by a
+            handle is still running in this process; the load's own errors come from
+            ``wait()``.
+    """
+    import torch  # noqa: F401  (the result is torch tensors; fail early without torch)
+
+    return _in_background("load", lambda handle: _load(
+        checkpoint, device=device, chunk_size=chunk_size, buffer_depth=buffer_depth,
+        io_depth=io_depth, direct_io=direct_io, timeout=timeout, placement=placement,
+        config=config, progress=progress, reader=reader, verify=verify,
+        unsupported_dtypes=unsupported_dtypes, rendezvous_port=rendezvous_port, alone=alone,
+        group=group, handle=handle), config, alone, group)
+
+
+def load_into_async(
+    model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+    checkpoint: PathLike,
+    *,
+    strict: bool = True,
+    key_map: KeyMap = None,
+    device: str | int | torch.device | None = None,
+    chunk_size: int | str | None = None,
+    buffer_depth: int | None = None,
+    io_depth: int | None = None,
+    direct_io: bool | str | None = None,
+    timeout: float | str | datetime.timedelta | None = None,
+    config: PathLike | None = None,
+    progress: bool | Callable[[_progress.Progress], None] | None = None,
+    reader: str | None = None,
+    verify: bool | None = None,
+    rendezvous_port: int | None = None,
+    alone: bool = False,
+    group: Any = None,
+) -> LoadHandle[LoadReport]:
+    """Starts ``load_into`` in the background and returns its ``LoadHandle`` at once;
+    ``handle.wait()`` returns the ``LoadReport`` ``load_into`` would have returned.
+
+    The same load as ``load_into``, run on a thread of the handle's own (see ``load_async``
+    for the thread, CUDA streams and loads on several ranks). The destinations are taken
+    now (``model.state_dict()`` at this call) and checked here (meta tensors, keys that are
+    not str, tensors ``copy_`` cannot write: raised here); the checks against the checkpoint
+    (missing and unexpected keys, shapes, dtypes) run once its catalogue is read and raise
+    from ``wait()``, before any byte lands. Until ``wait()`` returns, the destinations are
+    being written: reading them, or a forward pass, sees some bytes landed and some not;
+    work that does not touch them (another model, the optimizer's setup, data loading) is
+    what to run meanwhile.
+
+    Args:
+        model_or_state_dict, checkpoint, strict, key_map, device, chunk_size, buffer_depth,
+            io_depth, direct_io, timeout, config, progress, reader, verify, rendezvous_port,
+            alone, group: as for ``load_into``.
+
+    Returns:
+        A ``LoadHandle``: ``done()``, ``wait(timeout=None)``, ``progress``, ``cancel()``.
+
+    Raises:
+        Error: 64 for a bad destination (as ``load_into`` says) or, as for ``load_async``, a
+            load on several ranks already running; 78 or 64 for a bad keyword. The load's
+            own errors come from ``wait()``.
+    """
+    return _in_background("load_into", lambda handle: _load_into(
+        model_or_state_dict, checkpoint, strict=strict, key_map=key_map, device=device,
+        chunk_size=chunk_size, buffer_depth=buffer_depth, io_depth=io_depth,
+        direct_io=direct_io, timeout=timeout, config=config, progress=progress, reader=reader,
+        verify=verify, rendezvous_port=rendezvous_port, alone=alone, group=group,
+        handle=handle), config, alone, group)
 
 
 def _routes(owner: str, target: Mapping[str, Any], ties: list[list[str]], catalogue: Any,

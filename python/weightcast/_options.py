@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
 from . import _progress
+from . import _torch_world
 from . import _weightcast as _core
 from ._errors import CONFIG, USAGE, Error
 
@@ -126,6 +127,26 @@ def world_of(options: Options | None, alone: object) -> dict:
     return _core.detect_world(None if options is None else options.settings)
 
 
+def resolve_world(options: Options, *, group: object, alone: object,
+                  port_given: bool) -> tuple[Options, dict]:
+    """This process's world and the options that say it. Where torch.distributed is
+    initialised (and not ``alone``), the process group ``group`` (None: the default group) is
+    the world: its rank and size, the local rank from which ranks share a node, rank 0's
+    endpoint and a job token drawn by rank 0, all set as config keys the config leaves unset
+    (``_torch_world``); a config that sets ``world.rank``/``world.size`` otherwise raises 78.
+    Else as ``world_of``. Every rank must call it at the same point (a collective over the
+    group)."""
+    if not isinstance(alone, bool):
+        raise Error(f"alone: {alone!r} is not True or False", USAGE)
+    explicit = dict(_core.explicit_keys(options.settings))
+    tw = _torch_world.of_group(group, alone, explicit, port_given)
+    if tw is None:
+        return options, world_of(options, alone)
+    tw.check_config(_core.detect_world(options.settings), explicit)
+    options = options.with_group(tw.overrides(explicit))
+    return options, _core.detect_world(options.settings)
+
+
 def ranked(error: Error, world: dict | None) -> Error:
     """A local error raised on one rank of several, before its job started, names the rank
     as the job's own messages do ("rank 2: ...")."""
@@ -134,10 +155,17 @@ def ranked(error: Error, world: dict | None) -> Error:
     return Error(f"rank {world['rank']}: {error}", error.status)
 
 
-def own_world(config: object, alone: object) -> dict | None:
-    """This process's world, for a message's rank prefix; None when it cannot be told."""
+def own_world(config: object, alone: object, group: object = None) -> dict | None:
+    """This process's world, for a message's rank prefix; None when it cannot be told. Where
+    torch.distributed is initialised, its group's rank and size (no collective)."""
     if alone is True:
         return None
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return {"rank": dist.get_rank(group), "world_size": dist.get_world_size(group)}
+    except Exception:
+        pass
     try:
         return _core.detect_world(None if config is None else fs_path(config, "config"))
     except Exception:
@@ -178,16 +206,34 @@ def fs_path(path: object, what: str) -> bytes:
     return os.fsencode(path)
 
 
-def progress_hook(progress: object, rank: int) -> Callable[..., None] | None:
+def check_progress(progress: object) -> None:
     if not (progress is None or isinstance(progress, bool) or callable(progress)):
         raise Error(f"progress: {progress!r} is not None, True, False or a callable", CONFIG)
+
+
+def progress_hook(progress: object, rank: int,
+                  record: Callable[[_progress.Progress], None] | None = None
+                  ) -> Callable[..., None] | None:
+    """The extension's progress callback for the keyword ``progress``: the caller's callable,
+    the bar, or None (no updates at all). ``record``, when given (a ``LoadHandle``'s), gets
+    every update first, whatever ``progress`` says."""
+    check_progress(progress)
     if callable(progress):
         user = progress
     elif _progress.wants_bar(progress, rank):
         user = _progress.Bar()
     else:
-        return None
-    return lambda *args: user(_progress.Progress(*args))
+        user = None
+    if record is None:
+        return None if user is None else lambda *args: user(_progress.Progress(*args))
+
+    def hook(*args: Any) -> None:
+        update = _progress.Progress(*args)
+        record(update)
+        if user is not None:
+            user(update)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -199,6 +245,7 @@ class Options:
 
     config: bytes | None
     settings: Any
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def of(*, config: object, **keywords: object) -> Options:
@@ -211,7 +258,14 @@ class Options:
                 overrides[key] = text
         if keywords:
             raise TypeError(f"Options.of: no keyword {next(iter(keywords))!r}")
-        return Options(config_s, _core.settings(config_s, overrides))
+        return Options(config_s, _core.settings(config_s, overrides),
+                       tuple(overrides.items()))
+
+    def with_group(self, group: dict[str, str]) -> Options:
+        """These options with ``group`` (config key -> text: what a torch process group
+        gives) set over them, recorded as set by the process group."""
+        return Options(self.config, _core.settings(self.config, dict(self.overrides), group),
+                       self.overrides)
 
 
 # CUDA's handle for the per-thread default stream (cudaStreamPerThread).
@@ -272,14 +326,17 @@ def _on_stream(plan: Callable[..., Any] | None, stream: Any) -> Callable[..., An
 def run_job(checkpoint: object, options: Options, *, device: tuple[str, int],
             placement: str | None, rendezvous_port: int | None,
             plan: Callable[..., Any] | None, progress: object, rank: int,
-            alone: bool, pieces: bool = False) -> Any:
+            alone: bool, pieces: bool = False, handle: Any = None) -> Any:
     """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
     the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
     ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
-    sharded save), each piece its own catalogue entry."""
+    sharded save), each piece its own catalogue entry. ``handle``: the ``LoadHandle`` this
+    load runs for (its progress record and cancel request), None for a blocking call."""
+    record = None if handle is None else handle._record
+    cancel = None if handle is None else handle._cancel_request
     with caller_stream(device) as stream:
         return _core.run_job(fs_path(checkpoint, "checkpoint"), device[0], device[1],
                              options.settings, placement, rendezvous_port,
-                             _on_stream(plan, stream), progress_hook(progress, rank),
+                             _on_stream(plan, stream), progress_hook(progress, rank, record),
                              PROGRESS_INTERVAL_S, alone, cuda_stream=stream_handle(stream),
-                             pieces=pieces)
+                             pieces=pieces, cancel=cancel)

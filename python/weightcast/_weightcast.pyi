@@ -50,10 +50,16 @@ class Settings:
     """A call's configuration, read once: a config file's keys, then the keywords over them
     (each the override of its config key)."""
 
-def settings(config: bytes | None, overrides: dict[str, str]) -> Settings:
+def settings(config: bytes | None, overrides: dict[str, str],
+             group: dict[str, str] = ...) -> Settings:
     """Reads the config file (if any) once, then each override (config key -> the text of its
     value, in the dict's order) over it: the config's rules and messages (``Error``, status
-    78, "keyword chunk_size=0: '0' is out of range (...)")."""
+    78, "keyword chunk_size=0: '0' is out of range (...)"); then ``group``'s (the keys a torch
+    process group gives), recorded as set by "torch.distributed's process group"."""
+
+def explicit_keys(settings: Settings) -> dict[str, str]:
+    """The config keys ``settings`` set, each with where ("x.yaml:7", or the override's
+    origin); a key left at its default is absent."""
 
 def setting_table() -> list[dict[str, Any]]:
     """Every config key of the settings registry (core/settings.hpp), as dicts: name, type,
@@ -64,20 +70,32 @@ def device_kind(text: str) -> str | None:
     """The device kind ('host' or 'cuda') a device name means, exactly as spelt: the config's
     spellings and torch's 'cpu'; None for any other ('auto' too)."""
 
+class Cancel:
+    """A request to stop a load (``LoadHandle.cancel()``): set from any thread, read by the
+    load every 50 ms."""
+
+    def __init__(self) -> None: ...
+    def cancel(self) -> None:
+        """Requests the stop; the load then raises ``Error`` 130 within moments."""
+    @property
+    def requested(self) -> bool:
+        """Whether ``cancel()`` was called."""
+
 def load(catalogue: Catalogue, device: str, ordinal: int, settings: Settings,
          progress: Callable[..., None] | None, progress_interval_s: float,
-         cuda_stream: int | None = None) -> LoadResult:
+         cuda_stream: int | None = None, cancel: Cancel | None = None) -> LoadResult:
     """Loads a catalogue into a host or CUDA arena on this process (world size 1). The load
     writes after the work queued on ``cuda_stream`` (a ``cudaStream_t`` as an int; 0 is CUDA's
     default stream, ordered like any other; None: no stream) and that stream waits for the
-    load's writes (LoadOptions::cuda_stream). ``cudaStreamPerThread`` (2) is refused (78)."""
+    load's writes (LoadOptions::cuda_stream). ``cudaStreamPerThread`` (2) is refused (78).
+    ``cancel``: once set, the load stops and raises 130."""
 
 def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
             placement: str | None, rendezvous_port: int | None,
             plan: Callable[[Catalogue, int, int], list[tuple] | None] | None,
             progress: Callable[..., None] | None, progress_interval_s: float,
             alone: bool = False, cuda_stream: int | None = None,
-            pieces: bool = False) -> LoadResult:
+            pieces: bool = False, cancel: Cancel | None = None) -> LoadResult:
     """This rank's part of a load on every rank of the world (weightcast::run_job); rank 0
     alone reads the checkpoint; with ``alone``, a world of one rank whatever the launcher's
     environment says; ``cuda_stream`` as for ``load``. Every rank's checkpoint, as given,
@@ -88,7 +106,8 @@ def run_job(checkpoint: bytes, device: str, ordinal: int, settings: Settings,
     rank with its status) and returns None (``placement`` decides) or this rank's wants:
     (name, offset, shape, data_ptr, capacity_bytes, "host"|"cuda", dtype name or None)
     tuples, landing in place. ``pieces``: rank 0 opens a directory of tensor pieces as
-    ``open_checkpoint`` does with ``pieces=True``."""
+    ``open_checkpoint`` does with ``pieces=True``. ``cancel``: as for ``load``; every rank
+    ends with this rank's message (130)."""
 
 def after_fork_in_child() -> None:
     """Forgets the parent's job thread and MPI session in a forked child (os.register_at_fork)."""

@@ -161,17 +161,26 @@ class HuggingFaceStorageReader(StorageReader):
     # --- the world -------------------------------------------------------------------------
 
     def _world(self) -> dict:
-        """weightcast's world (the launcher's environment), checked against torch's default
-        process group when one is initialised: DCP exchanges plans over that group while
-        weightcast moves the bytes over its own, so both must number the ranks alike."""
+        """The world of this read: torch's default process group where one is initialised
+        (DCP exchanges plans over it; ``read_data`` takes rank 0's endpoint over it too), else
+        weightcast's (the launcher's environment), which must then be a world of one. No
+        collective here; a config whose ``world.*`` number the ranks otherwise raises 78."""
         world = _options.world_of(self._options, self._alone)
         if dist.is_available() and dist.is_initialized():
             rank, size = dist.get_rank(), dist.get_world_size()
-            if (rank, size) != (world["rank"], world["world_size"]):
-                raise Error(f"HuggingFaceStorageReader: torch.distributed's default process "
-                            f"group says rank {rank} of {size}, weightcast's world says "
-                            f"{world['describe']}: both must number the ranks alike", CONFIG)
-        elif world["world_size"] > 1:
+            explicit = dict(_core.explicit_keys(self._options.settings))
+            if self._alone or "world.rank" in explicit or "world.size" in explicit:
+                if (rank, size) != (world["rank"], world["world_size"]):
+                    raise Error(f"HuggingFaceStorageReader: torch.distributed's default "
+                                f"process group says rank {rank} of {size}, weightcast's world "
+                                f"says {world['describe']}: both must number the ranks alike",
+                                CONFIG)
+                return world
+            return {"rank": rank, "world_size": size, "local_rank": world["local_rank"],
+                    "source": "process_group",
+                    "describe": f"rank {rank} of {size} from torch.distributed's default "
+                                "process group"}
+        if world["world_size"] > 1:
             raise Error(f"HuggingFaceStorageReader: {world['describe']}, but no "
                         "torch.distributed process group is initialised, over which DCP and "
                         "this reader exchange plans and metadata (init_process_group first, "
@@ -180,7 +189,7 @@ class HuggingFaceStorageReader(StorageReader):
 
     def _world_or_none(self) -> dict | None:
         try:
-            return _options.world_of(self._options, self._alone)
+            return self._world()
         except Exception:
             return None
 
@@ -264,7 +273,11 @@ class HuggingFaceStorageReader(StorageReader):
     # --- read_data -------------------------------------------------------------------------
 
     def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        world = self._world()
+        # First, before any check that can raise on one rank: the process group's exchange
+        # (rank 0's endpoint and token), which every rank must join (read_metadata checked
+        # the worlds on every rank already).
+        options, world = _options.resolve_world(self._options, group=None, alone=self._alone,
+                                                port_given=self._port is not None)
         # One box per catalogue entry per rank: the library's want (a local shard) is one box.
         # DCP's planner asks a box per stored chunk it overlaps, so a tensor in pieces is a
         # want per piece, each box in that piece's own coordinates.
@@ -291,7 +304,7 @@ class HuggingFaceStorageReader(StorageReader):
             items[entry] = item
         targets = {entry: planner.resolve_tensor(item).detach() for entry, item in items.items()}
 
-        dev = _landing.load_device(self._device, self._options, world, targets.values())
+        dev = _landing.load_device(self._device, options, world, targets.values())
 
         state: dict[str, Any] = {}
 
@@ -320,7 +333,7 @@ class HuggingFaceStorageReader(StorageReader):
             state["staged"] = staged
             return wants
 
-        _options.run_job(self.path, self._options, device=dev, placement=None,
+        _options.run_job(self.path, options, device=dev, placement=None,
                          rendezvous_port=self._port, plan=wants_for,
                          progress=self._progress, rank=world["rank"],
                          alone=bool(self._alone), pieces=True)

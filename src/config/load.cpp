@@ -402,8 +402,13 @@ Config load_config(const std::string& yaml_path, const std::vector<std::string>&
                    std::string_view origin) {
   Config config;
   if (!yaml_path.empty()) detail::apply_file(config, yaml_path);
-  for (const auto& item : overrides) detail::apply_override(config, item, origin);
+  apply_overrides(config, overrides, origin);
   return config;
+}
+
+void apply_overrides(Config& config, const std::vector<std::string>& overrides,
+                     std::string_view origin) {
+  for (const auto& item : overrides) detail::apply_override(config, item, origin);
 }
 
 }  // namespace weightcast

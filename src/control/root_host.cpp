@@ -103,6 +103,7 @@ std::string launcher_spans_hosts(WorldSource source) {
   // say where the ranks are whichever family the world came from (a script under mpirun that
   // sets RANK/WORLD_SIZE for torch's env://, mpirun inside a Slurm allocation).
   if (source != WorldSource::config && source != WorldSource::communicator &&
+      source != WorldSource::process_group &&
       source != WorldSource::single && env("OMPI_COMM_WORLD_LOCAL_SIZE") != nullptr &&
       env("OMPI_COMM_WORLD_SIZE") != nullptr && env("TORCHELASTIC_RUN_ID") == nullptr) {
     source = WorldSource::openmpi;
@@ -121,6 +122,7 @@ std::string launcher_spans_hosts(WorldSource source) {
     case WorldSource::config:
     case WorldSource::single:
     case WorldSource::communicator:
+    case WorldSource::process_group:
       return {};
   }
   return {};

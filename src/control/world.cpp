@@ -20,6 +20,7 @@ std::string_view to_string(WorldSource source) noexcept {
     case WorldSource::openmpi: return "openmpi";
     case WorldSource::single: return "single";
     case WorldSource::communicator: return "communicator";
+    case WorldSource::process_group: return "process_group";
   }
   return "single";
 }
@@ -110,6 +111,7 @@ std::string World::describe() const {
       break;
     case WorldSource::single: where = "no launcher (a world of one rank)"; break;
     case WorldSource::communicator: where = "the communicator handed to run_job"; break;
+    case WorldSource::process_group: where = "torch.distributed's process group"; break;
   }
   return fmt::format("rank {} of {} (local rank {}) from {}", rank, world_size, local_rank, where);
 }
@@ -145,6 +147,7 @@ void find_job_id(World& world) {
     case WorldSource::config:
     case WorldSource::single:
     case WorldSource::communicator:
+    case WorldSource::process_group:
       return;
   }
 }
@@ -198,8 +201,12 @@ World detect_place(const WorldRequest& request) {
     world.rank = request.rank;
     world.world_size = request.world_size;
     world.local_rank = request.local_rank >= 0 ? request.local_rank : world.rank;
-    world.source = WorldSource::config;
+    world.source = request.rank_set_at == process_group_origin ? WorldSource::process_group
+                                                               : WorldSource::config;
     check(world, "world.rank", "world.size", &request);
+    // A process group numbers its own ranks (a subgroup, processes torch started): the
+    // launcher's variables are not a second opinion there.
+    if (world.source == WorldSource::process_group) return world;
     // The config wins (docs/DESIGN.md § World); under a launcher that placed this process elsewhere
     // every rank started from one config takes the same place: rank 0 twice ended in
     // "Address already in use" with nothing to say why. Say it.

@@ -17,6 +17,7 @@
 #include "weightcast/distributed/detail/job_setup.hpp"
 #include "weightcast/distributed/detail/job_verdict.hpp"
 #include "weightcast/distributed/placement_agreement.hpp"
+#include "weightcast/transport/detail/node_ring.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
 #include "weightcast/transport/transport_tcp.hpp"
 
@@ -324,6 +325,9 @@ class Job {
         _transport = make_mpi_transport(*_mpi);
         return;
       }
+      case TransportKind::shm:
+        open_node_ring();
+        return;
       case TransportKind::nccl: {
         if (_options.nccl_communicator) {
           _transport = make_nccl_transport(*_options.nccl_communicator, _options.load.timeout);
@@ -393,6 +397,45 @@ class Job {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+
+  // `transport: shm`: rank 0 creates the node's staging ring (a memfd) and hands it to every
+  // rank over an abstract Unix socket whose random name, with rank 0's node, travels over the
+  // control plane; a rank on another node fails the job naming both nodes. Sized from the
+  // agreed chunk_size and buffer_depth before the plan: a slot is a chunk plus room for
+  // O_DIRECT's alignment (the read side refuses a shard whose alignment needs more).
+  void open_node_ring() {
+    const std::chrono::milliseconds timeout = control_timeout();
+    if (rank() == 0) {
+      const std::uint64_t slot_bytes = _options.load.chunk_bytes + 2 * node_ring_alignment;
+      detail::NodeRing ring = detail::NodeRing::create(
+          _options.load.buffer_depth, slot_bytes,
+          static_cast<std::uint32_t>(_world.world_size - 1));
+      detail::NodeRingServer server;
+      _control->share(detail::node_id() + "\n" + server.name());
+      server.serve(ring.fd(), _world.world_size - 1, timeout, _stop.get_token());
+      _transport = detail::make_shm_transport(rank(), _world.world_size, std::move(ring));
+      return;
+    }
+    const std::string shared = _control->share({});
+    const std::size_t newline = shared.find('\n');
+    WEIGHTCAST_EXPECT(newline != std::string::npos, Errc::unavailable,
+                      "transport shm: rank 0 sent no node ring socket");
+    const std::string root_node = shared.substr(0, newline);
+    if (const std::string here = detail::node_id(); here != root_node) {
+      throw Error(Errc::config,
+                  fmt::format("transport: shm needs every rank on rank 0's node, but this rank "
+                              "runs on {} and rank 0 on {}; use transport: mpi across nodes",
+                              here, root_node));
+    }
+    detail::NodeRing ring = detail::NodeRing::map(
+        detail::receive_node_ring(shared.substr(newline + 1), timeout, _stop.get_token()));
+    _transport = detail::make_shm_transport(rank(), _world.world_size, std::move(ring));
+  }
+
+  // Room in a node ring slot for O_DIRECT's aligned superset of a chunk: up to one logical
+  // block before it and one after (docs/DESIGN.md § Staging); 4 KiB covers the blocks of
+  // the disks and file systems met so far.
+  static constexpr std::uint64_t node_ring_alignment = 4096;
 
   // ---- step 4b: the placement: every rank's wants, checked on rank 0 -------------------
   // Each rank resolves its own wants (from its placement, or the caller's in-place

@@ -105,6 +105,7 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
       case TransportKind::mpi:
       case TransportKind::nccl:
       case TransportKind::tcp:
+      case TransportKind::shm:
         throw Error(Errc::config,
                     fmt::format("transport: {}: this is a world of one rank, so there is no "
                                 "other rank to broadcast to; use transport: local or auto, or "
@@ -138,6 +139,11 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
                         "transport: nccl broadcasts GPU memory, but the device is host (set "
                         "device: cuda or auto on a GPU machine, or transport: tcp or mpi)");
       return TransportKind::nccl;
+    case TransportKind::shm:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: shm shares a staging ring in host memory, but the device is "
+                        "cuda (set device: host, or transport: nccl)");
+      return TransportKind::shm;
     case TransportKind::automatic:
       // MPI only where it has a world to join: a torchrun or local-spawner world has none,
       // and the tcp transport needs nothing but the rendezvous's address.

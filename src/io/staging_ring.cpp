@@ -54,9 +54,18 @@ StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size
   _slot_bytes = rounded / page * page;
   _memory = HostMapping(total, fmt::format("the staging ring ({} slots of {} bytes)", _slots,
                                            _slot_bytes));
+  _base = _memory.data();
   if (device != nullptr && device->wants_pinned_staging()) pin_slots(*device);
   _leased.assign(_slots, false);
   // Slot 0 first: the first reads fill the ring in address order.
+  for (std::size_t i = _slots; i > 0; --i) _free.push_back(i - 1);
+}
+
+StagingRing::StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
+                         std::uint64_t slot_bytes, std::byte* memory)
+    : _slots(std::max<std::size_t>(slots, 1)), _slot_bytes(slot_bytes), _base(memory),
+      _slot_freed(executor) {
+  _leased.assign(_slots, false);
   for (std::size_t i = _slots; i > 0; --i) _free.push_back(i - 1);
 }
 
@@ -78,6 +87,7 @@ void StagingRing::pin_slots(weightcast::Device& device) {
                    "buffer_depth / chunk_size)",
                    _slots, _slot_bytes, first_refusal, slots, slots == 1 ? "" : "s");
       _memory.shrink(slots * _slot_bytes);
+      _base = _memory.data();
       _slots = slots;
     }
     return;

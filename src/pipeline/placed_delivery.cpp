@@ -2,6 +2,8 @@
 // expected digests; every rank's receives, casts and digests of what landed).
 #include "weightcast/pipeline/detail/placed_delivery.hpp"
 
+#include "weightcast/pipeline/detail/node_ring_delivery.hpp"
+
 #include "weightcast/core/error.hpp"
 
 #include <boost/asio/post.hpp>
@@ -26,6 +28,7 @@ PlacedDelivery::PlacedDelivery(LoadContext& load, std::vector<std::byte*> want_d
     : _load(load),
       _placement(*load.options.placement),
       _me(load.transport.rank()),
+      _node_ring(load.transport.node_ring()),
       _want_data(std::move(want_data)) {}
 
 void PlacedDelivery::report(LoadResult& result) const {
@@ -279,6 +282,13 @@ std::unique_ptr<Pending> PlacedDelivery::copy_to_mine(std::uint32_t w, const std
 awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, const Slot& slot) {
   const std::byte* source = slot.source;
   const Chunk& chunk = _load.plan.chunks[c];
+  // Over the node ring the other ranks copy their own boxes out of the slot while rank 0
+  // copies its own and hashes what it expects; the slot stays held until they are done.
+  if (_node_ring != nullptr) {
+    const std::byte* base = _node_ring->slot_data(lease.index());
+    _node_ring->publish(lease.index(), c, static_cast<std::uint64_t>(source - base),
+                        chunk.bytes);
+  }
   std::vector<std::unique_ptr<Pending>> copies;
   for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
     const Piece& piece = _load.plan.pieces[p];
@@ -359,6 +369,36 @@ awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held,
   }
 }
 
+// A rank other than 0 over the node ring: its boxes of chunk `c`, as copies out of the slot
+// into their destinations (or cast windows, from @p destination), in the order an exchange
+// would land them; a strided slice is copied row by row straight to its place.
+template <class Destination>
+std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& destination) {
+  std::vector<RingCopy> copies;
+  const Chunk& chunk = _load.plan.chunks[c];
+  if (_load.plan.chunk_broadcast[c]) {
+    for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
+      const Piece& piece = _load.plan.pieces[p];
+      const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
+      copies.push_back(
+          {piece.chunk_offset, destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
+    }
+    return copies;
+  }
+  for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1]; ++i) {
+    const weightcast::Delivery& d = _load.plan.deliveries[i];
+    if (d.rank != _me) continue;
+    std::byte* to = destination(d.want, d.local_offset, d.bytes);
+    const Piece& piece = _load.plan.pieces[d.piece];
+    _runs[d.rank][d.want].for_each_stretch(
+        d.local_offset, d.local_offset + d.bytes,
+        [&](std::uint64_t tb, std::uint64_t lb, std::uint64_t n) {
+          copies.push_back({chunk_offset(piece, tb), to + (lb - d.local_offset), n});
+        });
+  }
+  return copies;
+}
+
 // Every rank posts a placed chunk: a broadcast when every rank wants it whole, else rank
 // 0's sends (each rank's slice of the chunk as one message) and this rank's receives.
 InFlight PlacedDelivery::post(std::size_t c, bool root) {
@@ -380,6 +420,14 @@ InFlight PlacedDelivery::post(std::size_t c, bool root) {
     if (!_cast_to[w]) return _want_data[w] + local_offset;
     return posted.add_window(w, local_offset, bytes, window_bytes, _spare_windows);
   };
+  if (_node_ring != nullptr) {
+    if (root) {
+      posted.pending = node_ring_released(*_node_ring, posted.lease.index());
+    } else {
+      posted.pending = node_ring_receive(_load, *_node_ring, c, ring_copies(c, destination));
+    }
+    return posted;
+  }
   if (_load.plan.chunk_broadcast[c]) {
     if (_load.transport.world_size() == 1) return posted;
     _ranges.clear();

@@ -4,6 +4,7 @@
 
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
+#include "weightcast/transport/detail/node_ring.hpp"
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -33,15 +34,33 @@ std::uint64_t slot_bytes_for(const Plan& plan, const ShardFiles& files) {
   return largest + (alignment > 1 ? 2ull * alignment : 0);
 }
 
+// The ring rank 0 reads into: its own, or with `transport: shm` the slots of the node ring,
+// which the node's other ranks copy out of (docs/DESIGN.md § Staging). That ring was sized
+// before the plan, from chunk_size and buffer_depth with room for O_DIRECT's alignment; a
+// shard whose alignment needs more is refused rather than read past a slot.
+StagingRing make_ring(LoadContext& load, const ShardFiles& files) {
+  const std::size_t slots =
+      std::min<std::size_t>(load.options.buffer_depth, load.plan.chunks.size());
+  const std::uint64_t slot_bytes = slot_bytes_for(load.plan, files);
+  NodeRing* node = load.transport.node_ring();
+  if (node == nullptr) return StagingRing(load.executor, slots, slot_bytes, &load.device);
+  if (slot_bytes > node->slot_bytes()) {
+    throw Error(Errc::config,
+                fmt::format("transport: shm: a chunk read with O_DIRECT (alignment {} bytes) "
+                            "needs {} bytes of a node ring slot of {}; set direct_io: off",
+                            files.max_alignment(), slot_bytes, node->slot_bytes()));
+  }
+  return StagingRing(load.executor, std::min(slots, node->slots()), node->slot_bytes(),
+                     node->slot_data(0));
+}
+
 }  // namespace
 
 ReadSide::ReadSide(LoadContext& load, const ReadPolicy& policy)
     : _load(load),
       _policy(policy),
       _files(load.catalogue, load.options.direct_io),
-      _ring(load.executor,
-            std::min<std::size_t>(load.options.buffer_depth, load.plan.chunks.size()),
-            slot_bytes_for(load.plan, _files), &load.device) {}
+      _ring(make_ring(load, _files)) {}
 
 void ReadSide::open() {
   map_cached_shards();

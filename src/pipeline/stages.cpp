@@ -25,8 +25,9 @@ Pipeline::Pipeline(const asio::any_io_executor& executor, const Catalogue& catal
                    Transport& transport, const LoadOptions& options,
                    std::vector<std::byte*> want_data)
     : _load(executor, catalogue, plan, layout, arena, device, transport, options),
-      _delivery(options.placement ? make_placed_delivery(_load, std::move(want_data))
-                                  : make_broadcast_delivery(_load)),
+      _delivery(options.placement            ? make_placed_delivery(_load, std::move(want_data))
+                : transport.node_ring() != nullptr ? make_node_ring_delivery(_load)
+                                                   : make_broadcast_delivery(_load)),
       _to_broadcast(executor, std::max(options.buffer_depth,
                                        static_cast<std::uint32_t>(setting::buffer_depth.min))),
       _to_complete(executor, 1),

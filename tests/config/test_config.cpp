@@ -1021,6 +1021,25 @@ TEST_CASE("config: configs/default.yaml loads and documents every key", "[config
   CHECK(c.to_yaml() == defaults.to_yaml());
 }
 
+TEST_CASE("config: configs/demo.yaml is the front page's job: fsdp on host memory, verified",
+          "[config]") {
+  // scripts/demo.sh launches 3 ranks with it; the README says what it shows, which holds only
+  // while each rank receives its shard alone and every rank's bytes are checked.
+  auto path = std::filesystem::path(WEIGHTCAST_SOURCE_DIR) / "configs" / "demo.yaml";
+  Config c = load_config(path.string(), {});
+  CHECK(c.checkpoint == "/tmp/weightcast-demo");
+  CHECK(c.device == DeviceKind::host);
+  CHECK(c.placement.mode == PlacementMode::fsdp);
+  CHECK(c.placement.rules.empty());
+  CHECK(c.verify == Verify::digest);
+  CHECK(c.destination == Destination::arena);
+  CHECK(c.chunk_bytes * c.buffer_depth == 64ull << 20);  // the window the README names
+  const std::string demo = weightcast::test::read_file(
+      std::filesystem::path(WEIGHTCAST_SOURCE_DIR) / "scripts" / "demo.sh");
+  CHECK(demo.find("launch -n 3 configs/demo.yaml") != std::string::npos);
+  CHECK(demo.find("--target weightcast_cli") != std::string::npos);
+}
+
 TEST_CASE("config: format_bytes", "[config]") {
   CHECK(format_bytes(0) == "0 B");
   CHECK(format_bytes(512) == "512 B");

@@ -423,3 +423,27 @@ TEST_CASE("world: rank 0's host from the launcher, only where no address was giv
     CHECK(rendezvous_options(Config{}, w).address == "127.0.0.1");
   }
 }
+
+TEST_CASE("world: world.* set by a torch process group is that group's world, whatever the "
+          "launcher's variables say",
+          "[world]") {
+  ScopedEnv clean(test::no_launcher_env());
+  // A subgroup under mpirun: the group numbers its own ranks.
+  ScopedEnv mpirun({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  Config config;
+  apply_overrides(config, {"world.rank=1", "world.size=2", "world.local_rank=1"},
+                  process_group_origin);
+  const World w = detect_world(config);
+  CHECK((w.rank == 1 && w.world_size == 2 && w.local_rank == 1));
+  CHECK(w.source == WorldSource::process_group);
+  CHECK(w.job_id.empty());
+  CHECK_THAT(w.describe(), Contains("rank 1 of 2 (local rank 1) from torch.distributed's "
+                                    "process group"));
+  // mpirun's word on hosts is not the group's.
+  CHECK(launcher_spans_hosts(w.source).empty());
+  // The same keys from a file or --set are the config's.
+  Config plain;
+  apply_overrides(plain, {"world.rank=1", "world.size=2"}, "--set");
+  CHECK(detect_world(plain).source == WorldSource::config);
+}

@@ -18,9 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -1247,6 +1249,14 @@ std::vector<std::string> local_launch(const fs::path& checkpoint, const std::str
              more);
 }
 
+// A size as format_bytes prints it ("63.01 MiB", "4 MiB", "512 B"), in bytes, to within its
+// rounding.
+double parsed_bytes(const std::string& number, const std::string& unit) {
+  const std::map<std::string, double> scale{
+      {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024}};
+  return std::stod(number) * scale.at(unit);
+}
+
 }  // namespace
 
 TEST_CASE("multirank: transport tcp on 3 local ranks, and auto without MPI, bit-exact",
@@ -1318,4 +1328,57 @@ TEST_CASE("multirank: transport tcp, a peer stopped mid-load ends the job with 7
   CHECK_THAT(r.out, !Contains("bit-exact"));
   CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") >= 2);
   CHECK_THAT(r.out, Contains("rank(s) 2 sent nothing over the control plane for "));
+}
+
+TEST_CASE("multirank: with fsdp rank 0's summary shows its peak RSS as the window plus its "
+          "own shard: under the model",
+          "[multirank]") {
+  // The front page's claim, as scripts/demo.sh shows it: rank 0 reads the whole checkpoint
+  // but holds only the staging window and its own rows, so its peak RSS stays below the
+  // model's size (here 95 MB, 3 ranks: rank 0 keeps ~32 MB and a 4 MiB window, plus the
+  // process's own ~20 MiB).
+  REQUIRE_MPI();
+  TempDir dir;
+  const auto checkpoint = dir / "model";
+  const auto synth = run_cli({"synth", checkpoint.string(), "--params", "50M"});
+  REQUIRE(synth.exit_status == 0);
+  auto args = cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(), "--set",
+                   "placement=fsdp", "--set", "verify=digest"},
+                  base_sets(free_port()));
+  const auto r = run_cli(args, {}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  CHECK(count(r.out, "# rank ") == 3);  // the memory line is not one of the ranks' lines
+  CHECK(count(r.out, "# memory on rank 0: ") == 1);
+
+  const std::string size = R"(([0-9.]+) (B|KiB|MiB|GiB))";
+  std::smatch line;
+  REQUIRE(std::regex_search(
+      r.out, line,
+      std::regex("# memory on rank 0: peak RSS " + size + " against a window of " + size +
+                 R"( \(chunk_size 1 MiB × buffer_depth 4\) plus its own )" + size +
+                 "; the model is " + size + "\n")));
+  const double peak = parsed_bytes(line[1], line[2]);
+  const double window = parsed_bytes(line[3], line[4]);
+  const double own = parsed_bytes(line[5], line[6]);
+  const double model = parsed_bytes(line[7], line[8]);
+  CHECK(window == 4.0 * 1024 * 1024);
+
+  // Each rank's line gives the bytes it received; with fsdp they add up to the model, and
+  // rank 0's are the "its own" of the memory line.
+  std::map<int, std::uint64_t> received;
+  const std::regex rank_line(R"(# rank ([0-9]) of 3: [^\n]*\(([0-9]+) B\))");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), rank_line);
+       it != std::sregex_iterator(); ++it) {
+    received[std::stoi((*it)[1])] = std::stoull((*it)[2]);
+  }
+  REQUIRE(received.size() == 3);
+  const double total = static_cast<double>(received[0] + received[1] + received[2]);
+  CHECK(std::abs(model - total) < 0.01 * total);
+  CHECK(std::abs(own - static_cast<double>(received[0])) < 0.01 * own);
+  CHECK(own < 0.4 * model);
+
+  CHECK(peak > own);  // it does hold its shard...
+  CHECK(peak < own + window + 64.0 * 1024 * 1024);  // ...and not much else
+  CHECK(peak < 0.8 * model);  // not the model
 }

@@ -92,6 +92,34 @@ ProcessResult run_job(const fs::path& checkpoint, int port, const std::vector<st
   return run_process(job_argv(checkpoint, port, sets, report), env, job_timeout_s);
 }
 
+// `transport: shm` (the node ring): 3 ranks by `weightcast launch --spawner local`, as
+// run_job's, with @p sets after the job's own.
+ProcessResult run_shm_job(const fs::path& checkpoint, const std::vector<std::string>& sets,
+                          const std::string& report) {
+  std::vector<std::string> args{"launch", "-n", "3", "--spawner", "local"};
+  for (const std::string& a :
+       {"checkpoint=" + checkpoint.string(), std::string("device=host"),
+        std::string("transport=shm"), "rendezvous.port=" + std::to_string(test::free_port()),
+        std::string("timeout=60s")}) {
+    args.push_back("--set");
+    args.push_back(a);
+  }
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  args.push_back("--report");
+  args.push_back(report);
+  return run_cli(args, {}, job_timeout_s);
+}
+
+// run_job under @p transport: mpi (mpirun) or shm (run_shm_job).
+ProcessResult run_job_over(const std::string& transport, const fs::path& checkpoint,
+                           const std::vector<std::string>& sets, const std::string& report) {
+  if (transport == "shm") return run_shm_job(checkpoint, sets, report);
+  return run_job(checkpoint, test::free_port(), sets, report);
+}
+
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
   for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
@@ -172,11 +200,15 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows 
   TempDir dir;
   const auto path = dir / "model.safetensors";
   const auto datas = write_typed_checkpoint(path, tensors, 31);
-  // Tiny chunks cut rows and elements; 1 MiB puts the whole file in one chunk.
+  // Tiny chunks cut rows and elements; 1 MiB puts the whole file in one chunk. Over shm
+  // every rank copies its own rows out of the node ring (buffer_depth 2: slots reused).
+  for (const std::string transport : {"mpi", "shm"})
   for (const std::string chunk : {"100B", "1MiB"}) {
-    INFO("chunk_size " << chunk);
+    INFO("transport " << transport << ", chunk_size " << chunk);
     const std::string report = (dir / "r{rank}.json").string();
-    const auto r = run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=" + chunk}, report);
+    const auto r = run_job_over(transport, path,
+                                {"placement=fsdp", "chunk_size=" + chunk, "buffer_depth=2"},
+                                report);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK_THAT(r.out, Contains("local shards bit-exact"));
@@ -274,11 +306,12 @@ TEST_CASE("placement: rules on 3 ranks: dim-1 slices - a TP group of 2 - a stage
       "placement_rules=[{match: cols, shard: {dim: 1}}, {match: tp, shard: {dim: 1, ranks: "
       "[1, 2]}}, {match: stage, ranks: [2]}, {match: gone, skip: true}, {match: 'b*', "
       "replicate: true}]";
+  for (const std::string transport : {"mpi", "shm"})
   for (const std::string chunk : {"64B", "4KiB"}) {
-    INFO("chunk_size " << chunk);
+    INFO("transport " << transport << ", chunk_size " << chunk);
     const std::string report = (dir / "r{rank}.json").string();
     const auto r =
-        run_job(path, test::free_port(), {"placement=fsdp", "chunk_size=" + chunk, rules}, report);
+        run_job_over(transport, path, {"placement=fsdp", "chunk_size=" + chunk, rules}, report);
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK_THAT(r.out, Contains("local shards bit-exact"));

@@ -70,3 +70,22 @@ def test_load_into_cuda_parameters_with_casts(tmp_path):
     assert sorted(report.cast_keys) == ["b", "w"]
     assert raw_bytes(dest["w"]) == raw_bytes(ref["w"].to(torch.bfloat16))
     assert raw_bytes(dest["b"]) == raw_bytes(ref["b"].float())
+
+
+def test_the_async_loads_are_ordered_after_the_callers_stream_at_the_call(tmp_path):
+    """load_into_async under a side stream: a fill queued there before the call (behind a
+    GPU sleep) lands before the load's bytes; wait() on the default stream then sees them
+    (it is made to wait for the side stream). load_async: ready when wait() returns."""
+    path, ref = _checkpoint(tmp_path)
+    dest = {"w": torch.zeros(1024, 513, device="cuda")}
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # GPU time queued before the fill and the load
+        dest["w"].fill_(7.0)
+        handle = weightcast.load_into_async(dest, path, strict=False, progress=False)
+        tensors = weightcast.load_async(path, device="cuda", progress=False)
+    report = handle.wait()
+    assert report.loaded_keys == ["w"]
+    assert raw_bytes(dest["w"]) == raw_bytes(ref["w"])
+    got = tensors.wait()
+    assert_same({k: v.cpu() for k, v in got.items()}, load_file(str(path)))

@@ -24,9 +24,10 @@ def test_stubs_ship_with_the_package():
 
 def test_public_stub_signatures_match_the_runtime():
     stubs = _stub_functions(PKG / "__init__.pyi")
-    assert set(weightcast.__all__) <= set(stubs) | {"Error", "InputOutputError", "LoadReport",
-                                                     "MissingInputError", "Progress"}
-    for name in ("load", "load_into", "build_info"):
+    assert set(weightcast.__all__) <= set(stubs) | {"Error", "InputOutputError", "LoadHandle",
+                                                     "LoadReport", "MissingInputError",
+                                                     "Progress"}
+    for name in ("load", "load_into", "load_async", "load_into_async", "build_info"):
         stub, real = stubs[name], inspect.signature(getattr(weightcast, name))
         params = stub.args.args + stub.args.kwonlyargs
         assert [p.arg for p in params] == list(real.parameters), name
@@ -43,7 +44,8 @@ def test_extension_stub_names_exist():
     for name in stubs:
         assert hasattr(_weightcast, name), name
     public = {n for n in dir(_weightcast) if not n.startswith("_")}
-    assert public <= set(stubs) | {"Catalogue", "LoadResult", "Settings"}, public - set(stubs)
+    assert public <= set(stubs) | {"Cancel", "Catalogue", "LoadResult", "Settings"}, \
+        public - set(stubs)
 
 
 def test_dcp_stub_matches_the_reader():

@@ -156,6 +156,13 @@ using PlainKeys = std::tuple<
 Config load_config(const std::string& yaml_path, const std::vector<std::string>& overrides,
                    std::string_view origin = "--set");
 
+/// Sets @p overrides (`key=value`) over @p config as `load_config` does, recording @p origin
+/// in `Config::set_at`: a second layer with an origin of its own (the Python package's keys
+/// from a torch process group over its keywords).
+/// @throws Error as `load_config` does for an override.
+void apply_overrides(Config& config, const std::vector<std::string>& overrides,
+                     std::string_view origin);
+
 /// @return bytes for "16MiB", "1 GiB", "4096", "16MB", "512B" (binary KiB/MiB/GiB/TiB,
 ///         decimal KB/MB/GB/TB, B; units are case-sensitive, and a bare K/M/G/T is refused
 ///         as ambiguous). A fraction is taken when it makes whole bytes ("1.5GiB"), with

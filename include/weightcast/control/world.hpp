@@ -39,9 +39,17 @@ enum class WorldSource {
   /// The rank and size of the MPI or NCCL communicator handed to `run_job` (job.hpp), where
   /// they differ from the environment's (a communicator split from the launcher's world).
   communicator,
+  /// torch.distributed's process group: the Python package sets `world.rank` and `world.size`
+  /// from it, as overrides whose origin is `process_group_origin` (docs/python.md).
+  process_group,
 };
 
-/// @return "config", "torchrun", "slurm", "openmpi", "single" or "communicator".
+/// The origin (`Config::set_at`) of `world.*` keys the Python package sets from a torch
+/// process group: a world from the config keys set with it is `WorldSource::process_group`.
+inline constexpr std::string_view process_group_origin = "torch.distributed's process group";
+
+/// @return "config", "torchrun", "slurm", "openmpi", "single", "communicator" or
+///         "process_group".
 std::string_view to_string(WorldSource source) noexcept;
 
 /// This process's place in the job.

@@ -28,10 +28,14 @@
 
 namespace weightcast {
 
+namespace detail {
+class NodeRing;
+}  // namespace detail
+
 class Transport {
  public:
   virtual ~Transport() = default;
-  /// @return "local", "mpi", "nccl" or "tcp".
+  /// @return "local", "mpi", "nccl", "shm" or "tcp".
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
   /// @return this rank, 0 ≤ rank < world size.
   [[nodiscard]] virtual int rank() const noexcept = 0;
@@ -43,6 +47,10 @@ class Transport {
   ///         read-only file mapping included (docs/DESIGN.md § Placement); elsewhere the
   ///         network stack may have to register it for writing, and `false` says not to.
   [[nodiscard]] virtual bool receivers_read_sender_memory() const noexcept { return false; }
+  /// @return the staging ring this node's ranks share (`shm`: rank 0 reads into it, every
+  ///         rank copies out of it; docs/DESIGN.md § Staging), else null. The transport owns
+  ///         it.
+  [[nodiscard]] virtual detail::NodeRing* node_ring() noexcept { return nullptr; }
   /// Orders this transport's later device writes after the work queued so far on the
   /// caller's @p stream, as `Device::order_after` does for uploads: `nccl`'s comm stream
   /// waits on an event recorded on it. Nothing when @p stream is none; others: nothing to

@@ -78,6 +78,14 @@ class StagingRing {
    */
   StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
               std::uint64_t slot_bytes, weightcast::Device* device = nullptr);
+  /**
+   * @brief A ring over memory someone else owns and maps: the node ring's slots (`transport:
+   *        shm`, transport/detail/node_ring.hpp), which every rank of the node reads.
+   * @param slots number of slots (≥ 1) at @p memory, each @p slot_bytes (a multiple of the
+   *        page size) after the previous; the memory must outlive the ring. Never pinned.
+   */
+  StagingRing(const boost::asio::any_io_executor& executor, std::size_t slots,
+              std::uint64_t slot_bytes, std::byte* memory);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -100,7 +108,7 @@ class StagingRing {
 
   /// @return the first byte of slot @p index (< `slots()`; not checked).
   [[nodiscard]] std::byte* slot_data(std::size_t index) const noexcept {
-    return _memory.data() + index * _slot_bytes;
+    return _base + index * _slot_bytes;
   }
   /// @return bytes per slot: the asked size rounded up to the page size.
   [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
@@ -118,7 +126,8 @@ class StagingRing {
 
   std::size_t _slots;
   std::uint64_t _slot_bytes;
-  HostMapping _memory;  // 2 MiB aligned
+  HostMapping _memory;  // 2 MiB aligned; empty over memory someone else owns
+  std::byte* _base = nullptr;  // slot 0: `_memory`'s, or the owner's
   weightcast::Device* _pinned_by = nullptr;  // unpins in the destructor
   std::vector<std::size_t> _free;            // free slot indices, the last given back last
   std::vector<bool> _leased;                 // per slot: a lease holds it

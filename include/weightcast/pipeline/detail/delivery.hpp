@@ -68,6 +68,9 @@ class Delivery {
 /// Every rank receives every byte into its arena; with `destination: discard` rank 0 hashes
 /// the chunks instead and keeps nothing (broadcast_delivery.cpp).
 std::unique_ptr<Delivery> make_broadcast_delivery(LoadContext& load);
+/// Every rank of one node copies every chunk out of the staging ring they share
+/// (`transport: shm`; node_ring_delivery.cpp).
+std::unique_ptr<Delivery> make_node_ring_delivery(LoadContext& load);
 /// Each rank receives its wants (`LoadOptions::placement`) at @p want_data, one per want
 /// (placed_delivery.cpp).
 std::unique_ptr<Delivery> make_placed_delivery(LoadContext& load,

@@ -4,6 +4,9 @@
  *        its wants — whole tensors by broadcast, slices point to point — cast where asked,
  *        and hashed for `verify: digest` (docs/DESIGN.md § Placement).
  *
+ * Over `transport: shm` nothing is sent: every rank copies its boxes out of the node ring's
+ * slot itself (node_ring_delivery.hpp), rank 0 holding the slot until all have.
+ *
  * Internal (includes Boost.Asio; never installed). NOT THREAD SAFE (delivery.hpp), but for
  * the device read-backs of landed wants, which run on one thread of its own (`_hashing`).
  */
@@ -20,6 +23,8 @@
 #include <vector>
 
 namespace weightcast::detail {
+
+struct RingCopy;  // node_ring_delivery.hpp
 
 class PlacedDelivery final : public Delivery {
  public:
@@ -69,6 +74,10 @@ class PlacedDelivery final : public Delivery {
   boost::asio::awaitable<void> upload_sends(std::size_t c, HeldSlot& held,
                                            std::vector<std::unique_ptr<Pending>>& copies);
   [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const;
+  // A rank other than 0 over the node ring: its boxes of chunk `c` as copies out of the slot,
+  // landing where `destination(want, local_offset, bytes)` says (a want's memory or a window).
+  template <class Destination>
+  std::vector<RingCopy> ring_copies(std::size_t c, Destination&& destination);
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes);
   void land(std::uint32_t w, std::uint64_t bytes);
   void want_ready(std::uint32_t w);
@@ -76,6 +85,9 @@ class PlacedDelivery final : public Delivery {
   LoadContext& _load;
   const LoadPlacement& _placement;
   const int _me;
+  // `transport: shm`: the node ring every rank copies its own boxes out of (rank 0 publishes
+  // each slot and holds it until every other rank has released it); null otherwise.
+  NodeRing* _node_ring;
   // Rank 0 over nccl: per slot, its chunk's sends on the device. Held here, and so freed
   // after the stages' exchanges in flight (the pipeline's) have been aborted and drained.
   std::shared_ptr<Arena> _device_sends;

@@ -1,0 +1,66 @@
+/**
+ * @file node_ring_delivery.hpp
+ * @brief The delivery of `transport: shm`: every rank of the node copies each chunk out of the
+ *        staging ring they share (transport/detail/node_ring.hpp), in parallel; no byte goes
+ *        through a transport (docs/DESIGN.md § Pipeline).
+ *
+ * Internal (includes Boost.Asio; never installed). NOT THREAD SAFE (delivery.hpp). This class
+ * is the replicated load: every rank gets every byte into its arena, as `BroadcastDelivery`,
+ * whose landing (progress, hooks) it shares; a placed load's `PlacedDelivery` uses the two
+ * pendings below over the same ring, each rank copying only its own boxes. Rank 0's `upload` publishes the slot to the other ranks, copies
+ * its own arena's bytes and keeps the slot; its `post` returns the wait for every consumer's
+ * release, so the slot goes back to the ring (and a new read) only once nobody reads it. On
+ * another rank `post` is the wait for the slot holding the chunk, and its completion is the
+ * copy into the arena and the release.
+ */
+#pragma once
+
+#include "weightcast/pipeline/detail/broadcast_delivery.hpp"
+#include "weightcast/transport/detail/node_ring.hpp"
+
+#include <deque>
+#include <vector>
+
+namespace weightcast::detail {
+
+/// One copy out of a node ring slot: @p bytes from @p chunk_offset into the chunk to @p to.
+struct RingCopy {
+  std::uint64_t chunk_offset = 0;
+  std::byte* to = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+/**
+ * @brief A rank other than 0: completes once the slot holding chunk @p c is published and
+ *        @p copies are done out of it, then releases the slot. Each `test()` sleeps at most
+ *        100 ms on the ring's futex (none once `load.options.stop` is requested), so the
+ *        landing stage's loop, the watchdog and a stop run at least that often.
+ * @throws Error `internal` from `test()` when the slot's chunk is not the plan's size.
+ */
+std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ring,
+                                           std::size_t c, std::vector<RingCopy> copies);
+/// Rank 0: completes once every consumer has released slot @p slot (polled, never waits).
+std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot);
+
+class NodeRingDelivery final : public BroadcastDelivery {
+ public:
+  /// @p load's transport must have a node ring (`Transport::node_ring`).
+  explicit NodeRingDelivery(LoadContext& load);
+  /// Every chunk is staged in the shared ring: never read into rank 0's arena or sent from a
+  /// mapping, since the other ranks copy out of the slot.
+  [[nodiscard]] ReadPolicy read_policy() const override { return {}; }
+  /// Rank 0: publishes @p slot (chunk @p c) to the other ranks, copies the chunk into its own
+  /// arena and keeps @p lease for `post`. @return nothing queued: the copy is done.
+  boost::asio::awaitable<Uploading> upload(std::size_t c, SlotLease lease,
+                                           const Slot& slot) override;
+  /// Rank 0 (@p root): the wait for every consumer's release of chunk @p c's slot, holding its
+  /// lease. Another rank: the wait for the slot holding chunk @p c, whose completion copies
+  /// the chunk into the arena and releases the slot (`node_ring_receive`).
+  InFlight post(std::size_t c, bool root) override;
+
+ private:
+  NodeRing& _ring;
+  std::deque<SlotLease> _held;  // rank 0: published slots not yet posted, plan order
+};
+
+}  // namespace weightcast::detail

@@ -1,0 +1,275 @@
+// `transport: shm`: the node's ranks share rank 0's staging ring (a memfd handed over a Unix
+// socket) and copy every chunk out of it themselves. The ring's own protocol in one process,
+// then 3 real ranks: bit-exact, refused where it cannot work, and a rank killed mid-load.
+#include "weightcast/core/error.hpp"
+#include "weightcast/transport/detail/node_ring.hpp"
+
+#include "support/job.hpp"
+#include "support/paths.hpp"
+#include "support/ports.hpp"
+#include "support/process.hpp"
+#include "support/report.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <thread>
+#include <unistd.h>
+
+using namespace weightcast;
+using namespace weightcast::test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int job_timeout_s = 120;
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<std::string> shm_sets(const std::string& timeout = "60s") {
+  // Small chunks and two slots: every slot is reused many times.
+  return {"--set", "device=host", "--set", "transport=shm", "--set",
+          "rendezvous.port=" + std::to_string(free_port()), "--set", "timeout=" + timeout,
+          "--set", "chunk_size=256KiB", "--set", "buffer_depth=2"};
+}
+
+std::set<std::string> dev_shm() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/dev/shm", ec)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+// Entries of /dev/shm now that were not in @p before: other jobs on the machine (an MPI
+// test's segments) may come and go meanwhile, so only what is new counts.
+std::set<std::string> new_in_dev_shm(const std::set<std::string>& before) {
+  std::set<std::string> added;
+  for (const std::string& name : dev_shm()) {
+    if (before.count(name) == 0) added.insert(name);
+  }
+  return added;
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("node ring: a published chunk is found, copied and released across mappings",
+          "[node_ring]") {
+  auto root = detail::NodeRing::create(2, 5000, 1);
+  CHECK(root.slots() == 2);
+  CHECK(root.slot_bytes() % static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) == 0);
+  CHECK(root.slot_bytes() >= 5000);
+  // The header page holds at most 169 slots' state: more is the config's to fix.
+  try {
+    static_cast<void>(detail::NodeRing::create(170, 4096, 1));
+    FAIL("a ring of 170 slots was created");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::config);
+    CHECK_THAT(e.what(), Contains("buffer_depth 170 is more slots than the node ring holds "
+                                  "(169 at most)"));
+  }
+  // A second mapping of the same memfd, as another rank has it.
+  auto peer = detail::NodeRing::map(detail::UniqueFd(::dup(root.fd())));
+  REQUIRE(peer.slots() == 2);
+  CHECK(peer.consumers() == 1);
+
+  // Nothing published: the wait ends at its timeout, not before and not much after.
+  const auto begin = std::chrono::steady_clock::now();
+  CHECK_FALSE(peer.find(0, std::chrono::milliseconds(50)).has_value());
+  const auto waited = std::chrono::steady_clock::now() - begin;
+  CHECK(waited >= std::chrono::milliseconds(45));
+  CHECK(waited < std::chrono::milliseconds(1000));
+
+  std::memset(root.slot_data(1) + 16, 0x5a, 100);
+  root.publish(1, 0, 16, 100);
+  CHECK(root.readers(1) == 1);
+  const auto found = peer.find(0, std::chrono::milliseconds(0));
+  REQUIRE(found.has_value());
+  CHECK(found->slot == 1);
+  CHECK(found->bytes == 100);
+  CHECK(found->data[0] == std::byte{0x5a});
+  CHECK(found->data[99] == std::byte{0x5a});
+  CHECK_FALSE(peer.find(1, std::chrono::milliseconds(0)).has_value());
+  peer.release(1);
+  CHECK(root.readers(1) == 0);
+
+  // A waiting consumer wakes on the publish (a futex), well before its timeout.
+  std::thread publisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    root.publish(0, 1, 0, 10);
+  });
+  const auto wait_begin = std::chrono::steady_clock::now();
+  const auto next = peer.find(1, std::chrono::seconds(10));
+  publisher.join();
+  REQUIRE(next.has_value());
+  CHECK(next->slot == 0);
+  CHECK(std::chrono::steady_clock::now() - wait_begin < std::chrono::seconds(5));
+}
+
+TEST_CASE("node ring: the memfd travels over the abstract socket to a process of this user",
+          "[node_ring]") {
+  auto root = detail::NodeRing::create(1, 4096, 1);
+  std::memcpy(root.slot_data(0), "ring", 4);
+  detail::NodeRingServer server;
+  CHECK(server.name().find('/') == std::string::npos);
+  std::thread serving([&] {
+    server.serve(root.fd(), 1, std::chrono::seconds(10), std::stop_token{});
+  });
+  auto peer = detail::NodeRing::map(
+      detail::receive_node_ring(server.name(), std::chrono::seconds(10), std::stop_token{}));
+  serving.join();
+  CHECK(std::memcmp(peer.slot_data(0), "ring", 4) == 0);
+
+  // Nobody comes: the hand-over ends at its timeout, saying how many came.
+  detail::NodeRingServer lonely;
+  try {
+    lonely.serve(root.fd(), 2, std::chrono::milliseconds(200), std::stop_token{});
+    FAIL("serve returned without its peers");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::timeout);
+    CHECK_THAT(e.what(), Contains("0 of 2 local ranks took the node ring"));
+  }
+  // A name nobody listens on: this rank is not on rank 0's node.
+  try {
+    static_cast<void>(detail::receive_node_ring("weightcast-ring-nobody", std::chrono::seconds(1),
+                                                std::stop_token{}));
+    FAIL("connected to nobody");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::unavailable);
+    CHECK_THAT(e.what(), Contains("rank 0's node ring socket"));
+  }
+}
+
+TEST_CASE("node ring: 3 ranks with transport shm are bit-exact with one rank's load",
+          "[node_ring][multirank]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto single = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
+                               "device=host", "--report", (dir / "one.json").string()},
+                              {}, job_timeout_s);
+  INFO(single.out << single.err);
+  REQUIRE(single.exit_status == 0);
+  const auto alone = read_json(dir / "one.json");
+  REQUIRE(alone["tensors"].size() > 10);
+
+  for (const std::string direct_io : {"off", "on"}) {
+    INFO("direct_io " << direct_io);
+    const auto before = dev_shm();
+    const std::string report = (dir / ("r{rank}-" + direct_io + ".json")).string();
+    const auto r = run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
+                                "--set", "direct_io=" + direct_io, "--report", report},
+                               shm_sets()),
+                           {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "bit-exact") == 1);
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto got =
+          read_json(dir / ("r" + std::to_string(rank) + "-" + direct_io + ".json"));
+      CHECK(got["rank"] == rank);
+      CHECK(got["world_size"] == 3);
+      CHECK(got["tensors"] == alone["tensors"]);
+    }
+    CHECK(new_in_dev_shm(before).empty());  // the ring was a memfd: nothing named is left
+  }
+}
+
+TEST_CASE("node ring: transport shm refuses a one-rank world", "[node_ring]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto alone = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
+                              "device=host", "--set", "transport=shm"},
+                             {}, job_timeout_s);
+  CHECK(alone.exit_status == 78);
+  CHECK_THAT(alone.out + alone.err, Contains("transport: shm: this is a world of one rank"));
+}
+
+TEST_CASE("node ring: a rank killed mid-load ends every rank with one message, and leaves "
+          "no shared memory",
+          "[node_ring][multirank]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const std::string placement = GENERATE(as<std::string>{}, "replicate", "fsdp");
+  INFO("placement " << placement);
+  const auto before = dev_shm();
+  // 200 ms after each chunk lands on every rank: the load is still running when rank 1 dies.
+  BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                         "--set", "checkpoint=" + checkpoint.string(), "--set",
+                         "placement=" + placement},
+                        shm_sets("20s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t rank0 = job.find_descendant_with_env("RANK=0");
+  const pid_t rank1 = job.find_descendant_with_env("RANK=1");
+  const pid_t rank2 = job.find_descendant_with_env("RANK=2");
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  REQUIRE(rank2 > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(rank1, SIGKILL) == 0);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // < timeout
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.out, Contains("weightcast launch: rank 1 was killed by signal 9"));
+  // Ranks 0 and 2 each print the one line naming rank 1, and nothing else went wrong.
+  CHECK(count(r.out, "weightcast: error: rank 1 is gone") == 2);
+  CHECK(count(r.out, "weightcast: error:") == 2);
+  for (const pid_t pid : {rank0, rank2}) {
+    CHECK((::kill(pid, 0) != 0 && errno == ESRCH));
+  }
+  CHECK(new_in_dev_shm(before).empty());
+}
+
+TEST_CASE("node ring: a rank stopped mid-load ends the others after the timeout",
+          "[node_ring][multirank]") {
+  // Rank 1 holds its slot while stopped: rank 0 cannot reuse it, rank 2 waits for chunks rank
+  // 0 cannot read. Neither waits forever: the watchdog (or the heartbeat) ends them.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                         "--set", "checkpoint=" + checkpoint.string()},
+                        shm_sets("3s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t rank0 = job.find_descendant_with_env("RANK=0");
+  const pid_t rank1 = job.find_descendant_with_env("RANK=1");
+  const pid_t rank2 = job.find_descendant_with_env("RANK=2");
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  REQUIRE(rank2 > 0);
+  REQUIRE(::kill(rank1, SIGSTOP) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto gone = [](pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; };
+  while (!(gone(rank0) && gone(rank2)) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto ended = std::chrono::steady_clock::now() - start;
+  ::kill(rank1, SIGKILL);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  // Ranks 0 and 2 ended on their own (with 75); launch's status is then that of rank 1,
+  // which the test killed while stopped.
+  CHECK(ended < std::chrono::seconds(20));
+  CHECK(r.exit_status != 0);
+  // One message, rank 0's diagnosis naming rank 1, printed by ranks 0 and 2.
+  CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") == 2);
+  CHECK(count(r.out, "weightcast: error:") == 2);
+  CHECK_THAT(r.out, Contains("rank(s) 1 sent nothing over the control plane"));
+}
