@@ -360,9 +360,12 @@ PyLoadResult py_run_job(const std::string& checkpoint, const std::string& device
       }
     };
   }
-  // Host memory on several ranks travels over MPI, unless `transport: shm` shares the node's
-  // staging ring instead (no MPI at all).
-  const bool mpi = several && kind == DeviceKind::host && job.transport != TransportKind::shm;
+  // Host tensors travel over MPI where the config says mpi, or says auto in an MPI world
+  // (mpirun's ranks, MPI initialised); torchrun's and torch.multiprocessing's ranks use tcp,
+  // and `transport: shm` shares the node's staging ring instead (no MPI at all).
+  const bool mpi = several && kind == DeviceKind::host &&
+                   (job.transport == TransportKind::mpi ||
+                    (job.transport == TransportKind::automatic && mpi_world_present()));
   auto started = std::make_shared<std::atomic<bool>>(false);
   job.on_load_start = [started] { started->store(true); };
   // A load stopped by Ctrl-C says so: the other ranks end with this rank's message.

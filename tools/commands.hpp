@@ -186,17 +186,20 @@ std::uint64_t peak_rss_bytes();
  * @brief The data plane a world of @p world_size > 1 ranks uses with @p config, on a device
  *        that is host memory (@p host_device) or a GPU (`resolve_transport`, job.hpp): every
  *        rank's `run_job` applies it, and `launch` before it starts any rank.
- * @return `mpi` or `nccl` (`auto` resolved: mpi for host memory, nccl for a GPU).
+ * @param mpi_world whether the ranks run in an MPI world (mpirun starts them).
+ * @return `mpi`, `tcp` or `nccl` (`auto` resolved: nccl for a GPU; for host memory mpi in an
+ *         MPI world with MPI in the build, else tcp).
  * @throws Error `config` (78) for transport local (it moves no bytes between processes),
- *         mpi with a GPU device, or nccl with host memory; the message names both keys.
+ *         mpi or tcp with a GPU device, or nccl with host memory; the message names both keys.
  */
-TransportKind transport_for_world(const Config& config, bool host_device, int world_size);
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size,
+                                  bool mpi_world);
 
 /**
  * @brief Refuses a data plane in a world of one rank (tools/run.cpp): `run` applies it when
  *        it finds itself alone, and `launch -n 1` before it starts the rank.
- * @throws Error `config` (78) for transport mpi or nccl (there is no other rank to broadcast
- *         to); local and auto pass.
+ * @throws Error `config` (78) for transport mpi, nccl or tcp (there is no other rank to
+ *         broadcast to); local and auto pass.
  */
 void check_world_of_one(const Config& config);
 

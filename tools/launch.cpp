@@ -10,6 +10,7 @@
 #include "weightcast/core/error.hpp"
 #include "weightcast/pipeline/loader.hpp"
 #include "weightcast/core/log.hpp"
+#include "weightcast/transport/transport_mpi.hpp"
 
 #include <fmt/core.h>
 
@@ -253,21 +254,22 @@ void check_launch(const LaunchArgs& args, const Config& config, bool mpirun) {
   if (config.device == DeviceKind::cuda) host_device = false;
   if (config.device == DeviceKind::automatic && !mpirun) host_device = cuda_device_count() == 0;
   if (!host_device) {  // device auto on mpirun's hosts: only what fails on any device
-    if (config.transport == TransportKind::local) transport_for_world(config, true, args.ranks);
+    if (config.transport == TransportKind::local) {
+      transport_for_world(config, true, args.ranks, mpirun);
+    }
     return;
   }
-  // Throws for local, mpi on a GPU, nccl on host memory: what each rank would say.
-  const TransportKind kind = transport_for_world(config, *host_device, args.ranks);
+  // Throws for local, mpi or tcp on a GPU, nccl on host memory: what each rank would say.
+  // Ranks that mpirun starts are in an MPI world (auto picks mpi there); the local spawner's
+  // are not (auto picks tcp).
+  const TransportKind kind = transport_for_world(config, *host_device, args.ranks, mpirun);
   if (!mpirun && kind == TransportKind::mpi && !test_hooks::local_spawner_allows_mpi()) {
     throw Error(Errc::config,
                 fmt::format("launch --spawner {}: transport {} needs its ranks started by mpirun "
                             "(MPI joins them), but the local spawner starts them as plain "
-                            "processes; use --spawner mpirun (or auto), or transport: nccl",
-                            args.spawner,
-                            config.transport != TransportKind::automatic ? "mpi"
-                            : config.device == DeviceKind::host
-                                ? "auto (mpi, as the device is host)"
-                                : "auto (mpi, as device auto finds no GPU here)"));
+                            "processes; use --spawner mpirun (or auto), or transport: tcp "
+                            "(host memory, no MPI) or nccl",
+                            args.spawner, "mpi"));
   }
 }
 
@@ -276,12 +278,15 @@ bool use_mpirun(const LaunchArgs& args, const Config& config) {
   switch (config.transport) {
     case TransportKind::mpi: return true;
     case TransportKind::nccl:
+    case TransportKind::tcp:
     case TransportKind::shm:
     case TransportKind::local: return false;
     case TransportKind::automatic:
-      // The ranks' `auto` picks mpi on host memory and nccl on a GPU; spawn to match.
-      if (config.device == DeviceKind::host) return true;
+      // On host memory mpirun's ranks pick mpi and plain processes tcp: mpirun where the
+      // build has MPI, else the local spawner (tcp needs nothing else). nccl on a GPU.
       if (config.device == DeviceKind::cuda) return false;
+      if (!mpi_compiled_in()) return false;
+      if (config.device == DeviceKind::host) return true;
       return cuda_device_count() == 0;
   }
   return true;

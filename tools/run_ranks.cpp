@@ -39,8 +39,9 @@ void report_failure(const Error& e, InterruptHandler& interrupts) {
 
 }  // namespace
 
-TransportKind transport_for_world(const Config& config, bool host_device, int world_size) {
-  return resolve_transport(config.transport, host_device, std::max(world_size, 2));
+TransportKind transport_for_world(const Config& config, bool host_device, int world_size,
+                                  bool mpi_world) {
+  return resolve_transport(config.transport, host_device, std::max(world_size, 2), mpi_world);
 }
 
 int run_ranks(const RunArgs& args, const Config& config, const World& world,

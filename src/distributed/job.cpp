@@ -19,6 +19,7 @@
 #include "weightcast/distributed/placement_agreement.hpp"
 #include "weightcast/transport/detail/node_ring.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
+#include "weightcast/transport/transport_tcp.hpp"
 
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
@@ -125,7 +126,12 @@ class Job {
       if (_options.nccl_communicator && asked == TransportKind::automatic) {
         asked = TransportKind::nccl;
       }
-      _kind = resolve_transport(asked, _host, _world.world_size);
+      // An MPI world: the caller handed MPI in, or mpirun (or MPI already initialised) is
+      // there; elsewhere auto on host memory is tcp, which needs no MPI.
+      const bool mpi_world =
+          mpi_compiled_in() &&
+          (_options.mpi_communicator || _options.mpi_source || mpi_world_present());
+      _kind = resolve_transport(asked, _host, _world.world_size, mpi_world);
       if (_options.mpi_communicator && _kind != TransportKind::mpi) {
         throw Error(Errc::config, "JobOptions::mpi_communicator is set, but the transport is " +
                                       std::string(to_string(_kind)) + " (set transport: mpi)");
@@ -344,6 +350,51 @@ class Job {
                                          _options.load.timeout);
         return;
       }
+      case TransportKind::tcp:
+        open_tcp();
+        return;
+    }
+  }
+
+  // The tcp transport's connections: rank 0 listens on an ephemeral port of the address its
+  // rendezvous listens on (every peer reaches it already), and shares the port with a fresh
+  // secret over the control plane, which only ranks that showed the job token hear; each peer
+  // dials it and shows the secret, so a stranger on the port is refused.
+  void open_tcp() {
+    constexpr std::size_t port_bytes = 2;
+    TcpNonce nonce{};
+    if (rank() == 0) {
+      TcpListener listener(_rendezvous.address);
+      nonce = tcp_nonce();
+      std::string bytes(port_bytes + nonce.size(), '\0');
+      bytes[0] = static_cast<char>(listener.port() >> 8);
+      bytes[1] = static_cast<char>(listener.port() & 0xff);
+      std::memcpy(bytes.data() + port_bytes, nonce.data(), nonce.size());
+      _control->share(std::move(bytes));
+      _transport = make_tcp_transport(std::move(listener), _world.world_size, nonce,
+                                      _options.load.timeout, _stop.get_token());
+      return;
+    }
+    const std::string bytes = _control->share({});
+    WEIGHTCAST_EXPECT(bytes.size() == port_bytes + nonce.size(), Errc::unavailable,
+                      fmt::format("transport tcp: rank 0's data port and secret came as {} "
+                                  "bytes, expected {}",
+                                  bytes.size(), port_bytes + nonce.size()));
+    const auto port = static_cast<std::uint16_t>(
+        (static_cast<unsigned char>(bytes[0]) << 8) | static_cast<unsigned char>(bytes[1]));
+    std::memcpy(nonce.data(), bytes.data() + port_bytes, nonce.size());
+    _transport = make_tcp_transport(rank(), _world.world_size, _rendezvous.address, port, nonce,
+                                    _options.load.timeout, _stop.get_token());
+  }
+
+  // A tcp connection lost mid-load is the transport's view of a rank that failed or died; the
+  // control plane names that rank and its failure (its ABORT, or "lost" with the signal), so
+  // give it a moment to arrive rather than spread the weaker message first. Bounded: the
+  // control plane sees a dead peer's connection close as soon as the transport does.
+  void await_remote_failure() {
+    const auto until = Clock::now() + root_grace(control_timeout());
+    while (!_control->remote_failure() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 
@@ -538,6 +589,12 @@ class Job {
       end_with(e, true);
     } catch (const Error& e) {
       Error mine = prefixed(e, e.code());
+      if (dynamic_cast<const TcpConnectionLost*>(&e) != nullptr) {
+        await_remote_failure();
+        if (auto remote = _control->remote_failure(); remote && !_control->aborted()) {
+          end_with(*remote, true);
+        }
+      }
       if (e.code() == Errc::timeout) {
         // A stall: rank 0, if it answers, names the rank behind it; else say what this rank
         // knows (whether rank 0 answers, the chunks landed).

@@ -3,6 +3,7 @@
 #include "weightcast/distributed/detail/job_setup.hpp"
 
 #include "weightcast/config/launch_options.hpp"
+#include "weightcast/control/world.hpp"
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
 #include "weightcast/core/units.hpp"
@@ -90,11 +91,20 @@ void check_shared_settings(const std::string& mine, const std::string& root) {
 
 }  // namespace detail
 
-TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size) {
+// A world that mpirun (or a PMIx launcher) started, or MPI that the caller has
+// initialised, is an MPI world; a torchrun or local-spawner world is not, and MPI_Init_thread
+// there would make a singleton world of one rank (MPI 4.0 §11.2).
+bool mpi_world_present() noexcept {
+  return mpi_compiled_in() && (mpi_initialized() || started_by_mpi_launcher());
+}
+
+TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size,
+                                bool mpi_world) {
   if (world_size <= 1) {
     switch (asked) {
       case TransportKind::mpi:
       case TransportKind::nccl:
+      case TransportKind::tcp:
       case TransportKind::shm:
         throw Error(Errc::config,
                     fmt::format("transport: {}: this is a world of one rank, so there is no "
@@ -111,17 +121,23 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
     case TransportKind::local:
       throw Error(Errc::config,
                   fmt::format("transport: local moves no bytes between processes; a world of {} "
-                              "ranks needs transport mpi (device host) or nccl (device cuda)",
+                              "ranks needs transport tcp or mpi (device host) or nccl (device "
+                              "cuda)",
                               world_size));
     case TransportKind::mpi:
       WEIGHTCAST_EXPECT(host_device, Errc::config,
                         "transport: mpi broadcasts host memory, but the device is cuda (set "
                         "device: host, or transport: nccl)");
       return TransportKind::mpi;
+    case TransportKind::tcp:
+      WEIGHTCAST_EXPECT(host_device, Errc::config,
+                        "transport: tcp sends host memory, but the device is cuda (set "
+                        "device: host, or transport: nccl)");
+      return TransportKind::tcp;
     case TransportKind::nccl:
       WEIGHTCAST_EXPECT(!host_device, Errc::config,
                         "transport: nccl broadcasts GPU memory, but the device is host (set "
-                        "device: cuda or auto on a GPU machine, or transport: mpi)");
+                        "device: cuda or auto on a GPU machine, or transport: tcp or mpi)");
       return TransportKind::nccl;
     case TransportKind::shm:
       WEIGHTCAST_EXPECT(host_device, Errc::config,
@@ -129,9 +145,12 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
                         "cuda (set device: host, or transport: nccl)");
       return TransportKind::shm;
     case TransportKind::automatic:
-      return host_device ? TransportKind::mpi : TransportKind::nccl;
+      // MPI only where it has a world to join: a torchrun or local-spawner world has none,
+      // and the tcp transport needs nothing but the rendezvous's address.
+      if (!host_device) return TransportKind::nccl;
+      return mpi_world ? TransportKind::mpi : TransportKind::tcp;
   }
-  return TransportKind::mpi;
+  return TransportKind::tcp;
 }
 
 }  // namespace weightcast

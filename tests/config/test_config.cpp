@@ -176,7 +176,7 @@ TEST_CASE("config: each key's good values", "[config]") {
 
 TEST_CASE("config: each key's bad values name the key and the value", "[config]") {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"device", "gpu"},          {"transport", "tcp"},       {"chunk_size", "0"},
+      {"device", "gpu"},          {"transport", "ucx"},       {"chunk_size", "0"},
       {"chunk_size", "5GiB"},     {"chunk_size", "abc"},      {"buffer_depth", "0"},
       {"buffer_depth", "1025"},   {"buffer_depth", "2.5"},    {"buffer_depth", "-1"},
       {"io_depth", "0"},          {"io_depth", "4097"},       {"io_depth", "many"},

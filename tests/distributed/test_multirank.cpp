@@ -286,6 +286,7 @@ TEST_CASE("multirank: a rank killed under mpirun ends launch with 69 saying so",
   // control connection close at the same moment and exit 69 naming it: when one of them
   // ends before mpirun has reaped rank 1, mpirun exits with their 69 instead. Either way the
   // status is 69 and the output says which rank and why.
+  REQUIRE_MPI();
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const auto job = start_paused(cat({cli_path().string(), "launch", "-n", "3", "--spawner",
@@ -459,9 +460,13 @@ TEST_CASE("multirank: launch refuses an impossible spawner, transport or device 
       {{"--spawner", "mpirun", "--set", "transport=nccl", "--set", "device=host"},
        "transport: nccl: this is a world of one rank",
        "1"},
-      {{"--spawner", "local", "--set", "device=host"},
-       "launch --spawner local: transport auto (mpi, as the device is host) needs its ranks "
-       "started by mpirun"},
+      // auto on host memory with the local spawner is tcp (tested below); tcp needs host
+      // memory and a second rank.
+      {{"--spawner", "local", "--set", "transport=tcp", "--set", "device=cuda"},
+       "transport: tcp sends host memory, but the device is cuda"},
+      {{"--spawner", "local", "--set", "transport=tcp", "--set", "device=host"},
+       "transport: tcp: this is a world of one rank, so there is no other rank to broadcast to",
+       "1"},
       {{"--spawner", "mpirun", "--set", "transport=local"},
        "transport: local moves no bytes between processes; a world of 2 ranks"},
       {{"--set", "transport=nccl", "--set", "device=host"},
@@ -1231,7 +1236,18 @@ TEST_CASE("multirank: fsdp delivers a chunk of 33,000 short slices and a few lon
   CHECK_THAT(r.out, Contains("2 ranks, 66000 local shards bit-exact"));
 }
 
+// ---- transport tcp: several ranks on host memory without MPI --------------------------------
+
 namespace {
+
+// `weightcast launch -n 3 --spawner local` with transport @p transport on host memory.
+std::vector<std::string> local_launch(const fs::path& checkpoint, const std::string& transport,
+                                      const std::vector<std::string>& more) {
+  return cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local", "--set",
+              "checkpoint=" + checkpoint.string(), "--set", "device=host", "--set",
+              "transport=" + transport, "--set", free_port_set(), "--set", "chunk_size=1MiB"},
+             more);
+}
 
 // A size as format_bytes prints it ("63.01 MiB", "4 MiB", "512 B"), in bytes, to within its
 // rounding.
@@ -1242,6 +1258,77 @@ double parsed_bytes(const std::string& number, const std::string& unit) {
 }
 
 }  // namespace
+
+TEST_CASE("multirank: transport tcp on 3 local ranks, and auto without MPI, bit-exact",
+          "[multirank][tcp]") {
+  // No mpirun: plain processes, as torchrun or torch.multiprocessing start them. auto picks
+  // tcp there (no MPI world), so it needs no test hook to pass launch's checks.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  for (const std::string transport : {"tcp", "auto"}) {
+    INFO("transport " << transport);
+    const std::string report = (dir / "rank{rank}.json").string();
+    const auto r = run_process(
+        local_launch(checkpoint, transport, {"--set", "timeout=60s", "--report", report}), {},
+        job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK(count(r.out, "bit-exact") == 1);
+    CHECK(count(r.out, "transport tcp") == 3);  // every rank's summary names its data plane
+    const auto root = read_json(dir / "rank0.json");
+    REQUIRE(root["tensors"].size() > 10);
+    for (int rank = 1; rank < 3; ++rank) {
+      const auto got = read_json(dir / ("rank" + std::to_string(rank) + ".json"));
+      CHECK(got["rank"] == rank);
+      CHECK(got["world_size"] == 3);
+      CHECK(got["tensors"] == root["tensors"]);  // every tensor's xxh3, as rank 0 read it
+    }
+  }
+}
+
+TEST_CASE("multirank: transport tcp, a peer SIGKILLed mid-load ends the others with 69 naming "
+          "it - no hang",
+          "[multirank][tcp][failure]") {
+  // Rank 0's sends to rank 2 are in flight when it dies; its data connection and its control
+  // connection close together. The job's message is the control plane's ("rank 2 is gone"),
+  // not the transport's view of it, on both surviving ranks.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(local_launch(checkpoint, "tcp", {"--set", "timeout=60s"}),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 2]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("RANK=2");
+  REQUIRE(victim > 0);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));  // timeout 60 s
+  CHECK(r.exit_status == 69);
+  CHECK_THAT(r.out, !Contains("bit-exact"));
+  CHECK(count(r.out, "weightcast: error: rank 2 is gone: its control connection closed") == 2);
+  CHECK_THAT(r.out, !Contains("transport tcp: connection to rank"));
+}
+
+TEST_CASE("multirank: transport tcp, a peer stopped mid-load ends the job with 75 naming it",
+          "[multirank][tcp][failure]") {
+  // Rank 0's sends to the stopped rank fill its socket buffers and wait; no thread blocks on
+  // the socket, so the load's watchdog sees the stall and rank 0 names the silent rank.
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  BackgroundJob job(local_launch(checkpoint, "tcp", {"--set", "timeout=3s"}),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
+  REQUIRE(job.wait_for_output("[rank 2]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  const pid_t victim = job.find_descendant_with_env("RANK=2");
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGSTOP) == 0);
+  const auto r = wait_with_stopped_rank(job, victim, job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 75);
+  CHECK_THAT(r.out, !Contains("bit-exact"));
+  CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") >= 2);
+  CHECK_THAT(r.out, Contains("rank(s) 2 sent nothing over the control plane for "));
+}
 
 TEST_CASE("multirank: with fsdp rank 0's summary shows its peak RSS as the window plus its "
           "own shard: under the model",

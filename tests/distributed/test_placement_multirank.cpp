@@ -216,6 +216,32 @@ TEST_CASE("placement: fsdp on 3 ranks gives each rank exactly its Shard(0) rows 
   }
 }
 
+TEST_CASE("placement: fsdp on 3 local ranks over transport tcp - bit-exact, no MPI",
+          "[placement][multirank][tcp]") {
+  // `weightcast launch --spawner local`: plain processes, rank 0 sends each rank its rows over
+  // its own connection (the exchange), and the whole-tensor pieces by broadcast.
+  TempDir dir;
+  const auto path = dir / "model.safetensors";
+  const auto datas = write_typed_checkpoint(path, tensors, 33);
+  for (const std::string chunk : {"100B", "1MiB"}) {
+    INFO("chunk_size " << chunk);
+    std::vector<std::string> argv{cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                                  "--report", (dir / "r{rank}.json").string()};
+    for (const std::string& a :
+         {"checkpoint=" + path.string(), std::string("device=host"), std::string("transport=tcp"),
+          "rendezvous.port=" + std::to_string(test::free_port()), std::string("timeout=60s"),
+          std::string("placement=fsdp"), "chunk_size=" + chunk}) {
+      argv.push_back("--set");
+      argv.push_back(a);
+    }
+    const auto r = run_process(argv, {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    CHECK_THAT(r.out, Contains("local shards bit-exact"));
+    check_fsdp_reports(dir.path(), datas);
+  }
+}
+
 TEST_CASE("placement: a cached checkpoint is sent from the page cache - a cold one is read",
           "[placement][multirank]") {
   // Rank 0 maps a shard it finds in the page cache and sends from the mapping (the summary's

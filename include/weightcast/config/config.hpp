@@ -28,7 +28,7 @@ namespace weightcast {
 struct Config {
   std::string checkpoint;                           ///< File, directory or index path.
   DeviceKind device = default_choice<DeviceKind>(setting::device);  ///< `auto|host|cuda`.
-  /// `auto|local|mpi|nccl`.
+  /// `auto|local|mpi|nccl|tcp`.
   TransportKind transport = default_choice<TransportKind>(setting::transport);
   /// `chunk_size`: bytes per chunk.
   std::uint64_t chunk_bytes = static_cast<std::uint64_t>(setting::chunk_size.default_value);

@@ -25,10 +25,11 @@ namespace weightcast {
 
 /// `device:` where tensors land: a GPU if one is visible (auto), host memory, or a GPU.
 enum class DeviceKind { automatic, host, cuda };
-/// `transport:` the data plane: auto (local for one rank, mpi on host, nccl on cuda),
-/// local (world size 1), mpi (host memory, OpenMPI), nccl (device memory), shm (host memory,
-/// every rank on rank 0's node: one staging ring shared by the node's ranks).
-enum class TransportKind { automatic, local, mpi, nccl, shm };
+/// `transport:` the data plane: auto (local for one rank; on host mpi where an MPI world is
+/// there, else tcp; nccl on cuda), local (world size 1), mpi (host memory, OpenMPI), nccl
+/// (device memory), shm (host memory, every rank on rank 0's node: one staging ring shared by
+/// the node's ranks), tcp (host memory over plain TCP sockets from rank 0, no MPI needed).
+enum class TransportKind { automatic, local, mpi, nccl, shm, tcp };
 /// `direct_io:` O_DIRECT policy for rank 0's reads: auto (buffered when the shard is in the
 /// page cache or O_DIRECT is refused), on (refusal is an error, 74), off (buffered).
 enum class DirectIo { automatic, on, off };
@@ -104,12 +105,13 @@ inline constexpr std::array<Spelling, 3> device_spellings{{
     {"auto", static_cast<int>(DeviceKind::automatic)},
     {"host", static_cast<int>(DeviceKind::host)},
     {"cuda", static_cast<int>(DeviceKind::cuda)}}};
-inline constexpr std::array<Spelling, 5> transport_spellings{{
+inline constexpr std::array<Spelling, 6> transport_spellings{{
     {"auto", static_cast<int>(TransportKind::automatic)},
     {"local", static_cast<int>(TransportKind::local)},
     {"mpi", static_cast<int>(TransportKind::mpi)},
     {"nccl", static_cast<int>(TransportKind::nccl)},
-    {"shm", static_cast<int>(TransportKind::shm)}}};
+    {"shm", static_cast<int>(TransportKind::shm)},
+    {"tcp", static_cast<int>(TransportKind::tcp)}}};
 // YAML 1.1 booleans are accepted because `direct_io: true` is what people write.
 inline constexpr std::array<Spelling, 7> direct_io_spellings{{
     {"auto", static_cast<int>(DirectIo::automatic)}, {"on", static_cast<int>(DirectIo::on)},
@@ -155,7 +157,7 @@ inline constexpr Setting device{"device", SettingType::choice,
                                 device_spellings, "auto, host, cuda", "where tensors land"};
 inline constexpr Setting transport{"transport", SettingType::choice,
                                    static_cast<int>(TransportKind::automatic), 0, 0,
-                                   transport_spellings, "auto, local, mpi, nccl, shm",
+                                   transport_spellings, "auto, local, mpi, nccl, shm, tcp",
                                    "how tensor bytes travel from rank 0 to the others"};
 // The staging ring allocates chunk_size bytes per slot and io_uring reads at most 2^31 bytes
 // per request anyway; 4 GiB keeps every size in 32-bit arithmetic of the kernel's iovecs safe

@@ -165,8 +165,9 @@ struct JobOptions {
   /// Where tensors land: host memory, a CUDA device (the world's local rank is its ordinal,
   /// or `nccl_communicator->cuda_device`), or auto (cuda where a GPU is usable).
   DeviceKind device = DeviceKind::automatic;
-  /// The data plane: auto is `local` at world size 1, else `mpi` for host memory and `nccl`
-  /// for GPU memory (`resolve_transport`).
+  /// The data plane: auto is `local` at world size 1, else `nccl` for GPU memory and, for
+  /// host memory, `mpi` in an MPI world (mpirun's ranks, MPI initialised, a communicator or
+  /// `mpi_source` handed in) or `tcp` elsewhere (`resolve_transport`).
   TransportKind transport = TransportKind::automatic;
   /// The caller's MPI communicator to broadcast on (duplicated: see "MPI" above); nullopt:
   /// `MPI_COMM_WORLD`. Implies `transport` mpi.
@@ -278,16 +279,27 @@ JobResult run_job(const JobOptions& options);
 /// `run_job` there (the job throws `unavailable` otherwise).
 std::future<JobResult> run_job_async(JobOptions options);
 
+/// @return true when this build has MPI and this process is in an MPI world: MPI is
+///         initialised already, or an MPI launcher started it (`started_by_mpi_launcher`:
+///         `OMPI_COMM_WORLD_SIZE`, `PMIX_RANK`, `PMI_RANK`, `PMI_SIZE`). What `transport: auto`
+///         on host memory asks before it picks mpi over tcp (`resolve_transport`). Never throws.
+bool mpi_world_present() noexcept;
+
 /**
  * @brief The data plane of a world of @p world_size ranks for @p asked on a device that is
  *        host memory (@p host_device) or a GPU; `run_job` applies it, and a launcher may
  *        before it starts any rank.
- * @return `local` at world size 1; else `mpi` or `nccl` (auto: mpi for host memory, nccl for
- *         a GPU).
- * @throws Error `config` (78): at world size 1 for mpi or nccl (there is no other rank to
- *         broadcast to); at more ranks for local (it moves no bytes between processes), mpi
- *         with a GPU device, or nccl with host memory. The message names the keys to change.
+ * @param mpi_world whether the ranks are in an MPI world (the build has MPI and
+ *        `mpi_world_present()`, or an MPI communicator or `mpi_source` is handed in): what
+ *        `auto` on host memory needs to pick mpi.
+ * @return `local` at world size 1; else `mpi`, `tcp` or `nccl` (auto: nccl for a GPU; for
+ *         host memory mpi where @p mpi_world, else tcp).
+ * @throws Error `config` (78): at world size 1 for mpi, nccl or tcp (there is no other rank
+ *         to broadcast to); at more ranks for local (it moves no bytes between processes),
+ *         mpi or tcp with a GPU device, or nccl with host memory. The message names the keys
+ *         to change.
  */
-TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size);
+TransportKind resolve_transport(TransportKind asked, bool host_device, int world_size,
+                                bool mpi_world = false);
 
 }  // namespace weightcast

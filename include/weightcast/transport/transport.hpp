@@ -3,7 +3,8 @@
  * @brief The data plane: broadcasts each chunk from the root rank into every rank's arena.
  *
  * `local` (world size 1) does nothing; `mpi` (host memory, `MPI_Ibcast`) is in
- * transport_mpi.hpp; `nccl` (device memory, docs/DESIGN.md § Transports) broadcasts on a dedicated
+ * transport_mpi.hpp; `tcp` (host memory over TCP from rank 0, no MPI) in transport_tcp.hpp;
+ * `nccl` (device memory, docs/DESIGN.md § Transports) broadcasts on a dedicated
  * comm stream. Every rank calls `broadcast` for the same chunks in the same order (the
  * plan), as NCCL and MPI collectives require.
  *
@@ -34,7 +35,7 @@ class NodeRing;
 class Transport {
  public:
   virtual ~Transport() = default;
-  /// @return "local", "mpi", "nccl" or "shm".
+  /// @return "local", "mpi", "nccl", "shm" or "tcp".
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
   /// @return this rank, 0 ≤ rank < world size.
   [[nodiscard]] virtual int rank() const noexcept = 0;

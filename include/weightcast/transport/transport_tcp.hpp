@@ -1,0 +1,149 @@
+/**
+ * @file transport_tcp.hpp
+ * @brief The `tcp` data plane: host-memory broadcast and exchange over plain TCP sockets, for
+ *        several ranks without MPI (torchrun on CPU, torch.multiprocessing, `weightcast
+ *        launch --spawner local`).
+ *
+ * A star: rank 0 holds one connection to every other rank, and every byte goes over one of
+ * them. `broadcast` / `broadcast_group` send rank 0's ranges to each rank in turn, so rank 0's
+ * link carries (world size − 1) copies of every chunk; that is the price of needing nothing
+ * but a TCP port, and what `transport: mpi` avoids where MPI is there
+ * (docs/DESIGN.md § Transports).
+ *
+ * Progress is made inside `Pending::test()` on non-blocking sockets: no thread of the
+ * loader's ever blocks on a socket, and no thread of the transport's own runs. Bytes go
+ * straight from the sender's arena (`sendmsg` of several buffers) into the receiver's
+ * destination (`readv`): no copy on the way. Each operation on a connection starts with a
+ * 16-byte header (its byte count, its kind and tag) that the receiver checks against what it
+ * posted, so ranks whose plans differ fail (`internal`, 70) instead of landing wrong bytes.
+ *
+ * NOT THREAD SAFE: one thread calls the transport and tests its pendings (the loader's). A
+ * pending shares ownership of the connections, so it may outlive the transport.
+ */
+#pragma once
+
+#include "weightcast/core/detail/unique_fd.hpp"
+#include "weightcast/core/error.hpp"
+#include "weightcast/transport/transport.hpp"
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace weightcast {
+
+/// Size of the secret a peer shows rank 0's data port, bytes.
+inline constexpr std::size_t tcp_nonce_bytes = 16;
+/// A fresh random secret (getrandom(2)) for one job's data port; the control plane carries it
+/// from rank 0 to the other ranks, so only ranks that passed the rendezvous's token know it.
+using TcpNonce = std::array<std::byte, tcp_nonce_bytes>;
+
+/// What a tcp pending throws when its connection to @p peer is lost (closed or reset: the
+/// peer failed or was killed): `unavailable` (69). Its own type, so that a job can give the
+/// control plane, which names the lost rank and why, a moment to say so first.
+class TcpConnectionLost : public Error {
+ public:
+  TcpConnectionLost(int peer, std::string message)
+      : Error(Errc::unavailable, std::move(message)), _peer(peer) {}
+  /// @return the rank at the other end of the lost connection.
+  [[nodiscard]] int peer() const noexcept { return _peer; }
+
+ private:
+  int _peer;
+};
+
+/// @return a fresh `TcpNonce` from getrandom(2).
+/// @throws Error `unavailable` (69) when getrandom fails (errno's text).
+TcpNonce tcp_nonce();
+
+/**
+ * @brief Rank 0's listening socket for the tcp transport: an ephemeral port on @p address,
+ *        the address rank 0's rendezvous listens on (which every peer reaches already).
+ */
+class TcpListener {
+ public:
+  /// Listens on @p address (an IP address or a host name, as `RendezvousOptions::address`),
+  /// on a port the kernel picks.
+  /// @throws Error `unavailable` (69) naming the address when it does not resolve, or the
+  ///         socket cannot be bound or listen (errno's text).
+  explicit TcpListener(std::string_view address);
+  /// @return the port the kernel gave the listener (host byte order).
+  [[nodiscard]] std::uint16_t port() const noexcept { return _port; }
+  /// @return the address it listens on, as given.
+  [[nodiscard]] const std::string& address() const noexcept { return _address; }
+  /// @return the listening descriptor (still owned).
+  [[nodiscard]] int fd() const noexcept { return _fd.get(); }
+
+ private:
+  detail::UniqueFd _fd;
+  std::uint16_t _port = 0;
+  std::string _address;
+};
+
+/**
+ * @brief Rank 0's end: accepts a connection from each of ranks 1..@p world_size − 1 on
+ *        @p listener, then returns the transport.
+ *
+ * Each connection must first send its hello (a magic, its rank, the world size, @p nonce)
+ * within the wait; a connection whose hello is wrong, late by the deadline, or names a rank
+ * that has connected already, is a stranger: it is closed (logged, at most a few lines) and
+ * rank 0 keeps accepting. Once every rank is in, rank 0 answers each with an acceptance, so
+ * a refused rank knows it was refused. Sockets get `TCP_NODELAY` and 16 MiB send and receive
+ * buffers (the kernel caps them at net.core.wmem_max / rmem_max).
+ * @param timeout bound on the whole wait for the ranks.
+ * @param stop when requested (the caller's stop, or another rank failed), the wait ends
+ *        within 50 ms.
+ * @throws Error `timeout` (75) naming the ranks that did not connect and the port, when
+ *         some are missing after @p timeout; `unavailable` (69) when accept or a socket call
+ *         fails; `interrupted` (130) on @p stop; `internal` (70) when @p world_size < 2.
+ */
+std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_size,
+                                              const TcpNonce& nonce,
+                                              std::chrono::milliseconds timeout,
+                                              std::stop_token stop = {});
+
+/**
+ * @brief A rank other than 0: connects to rank 0's data port @p address : @p port, shows
+ *        its rank and @p nonce, and waits for rank 0's acceptance.
+ * @param rank this rank, 1 ≤ rank < @p world_size.
+ * @param timeout bound on connecting and on the acceptance.
+ * @param stop as above.
+ * @throws Error `unavailable` (69) naming rank 0's address and port when the connection is
+ *         refused or lost, or rank 0 closes it without accepting (a wrong nonce: not this
+ *         job's rank 0); `interrupted` (130) on @p stop; `timeout` (75) when the connection
+ *         or the acceptance takes longer than @p timeout; `internal` (70) when @p rank is out
+ *         of range.
+ */
+std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::string_view address,
+                                              std::uint16_t port, const TcpNonce& nonce,
+                                              std::chrono::milliseconds timeout,
+                                              std::stop_token stop = {});
+
+/*
+ * What the transport's operations do and throw (the `Transport` interface's contract, for
+ * tcp):
+ *  - `broadcast` / `broadcast_group`: @p root must be 0 (`config`, 78, otherwise: the star
+ *    has no other root). Rank 0 queues the ranges on every connection; the others receive
+ *    them into their ranges. Null for 0 bytes.
+ *  - `exchange`: messages between rank 0 and another rank, either way; a message from a rank
+ *    to itself is a memcpy, paired in posting order with this call's receives from itself
+ *    (`internal`, 70, when their counts or sizes differ). A message between two ranks other
+ *    than 0 is refused with `config` (78): the star has no such connection.
+ *  - Operations on one connection go in posting order, one after the other, whichever
+ *    pending is tested. A pending's `test()` throws `TcpConnectionLost` (`unavailable`,
+ *    69) naming the peer rank when its connection is lost (the peer closed it, or reset it: a
+ *    killed rank) or a socket call fails; `internal` (70) when what arrives does not match what this rank posted
+ *    (another byte count, kind or tag: the ranks' plans differ). After that every operation
+ *    on that connection fails the same way.
+ *  - Destroying a pending that has not completed closes the connections it was using: none
+ *    of its memory is read or written afterwards, and later operations on them fail
+ *    (`unavailable`).
+ */
+
+}  // namespace weightcast
