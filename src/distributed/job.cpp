@@ -132,6 +132,7 @@ class Job {
           mpi_compiled_in() &&
           (_options.mpi_communicator || _options.mpi_source || mpi_world_present());
       _kind = resolve_transport(asked, _host, _world.world_size, mpi_world);
+      _auto_tcp = asked == TransportKind::automatic && _kind == TransportKind::tcp;
       if (_options.mpi_communicator && _kind != TransportKind::mpi) {
         throw Error(Errc::config, "JobOptions::mpi_communicator is set, but the transport is " +
                                       std::string(to_string(_kind)) + " (set transport: mpi)");
@@ -351,9 +352,36 @@ class Job {
         return;
       }
       case TransportKind::tcp:
+        // transport: auto outside an MPI world: the node's ranks share one staging ring
+        // where every rank runs on rank 0's node; tcp only where some do not.
+        if (_auto_tcp && every_rank_on_root_node()) {
+          _kind = TransportKind::shm;
+          open_node_ring();
+          return;
+        }
         open_tcp();
         return;
     }
+  }
+
+  // Whether every rank runs on rank 0's node (host name and boot id, `detail::node_id`):
+  // rank 0 shares its node, each rank says whether it is its own, and rank 0 shares the
+  // verdict, so that every rank takes the same transport.
+  bool every_rank_on_root_node() {
+    const std::string here = detail::node_id();
+    std::string root = here;
+    if (rank() == 0) {
+      _control->share(here);
+    } else {
+      root = _control->share({});
+    }
+    const std::vector<RankReport> said = _control->gather(
+        RankReport{rank(), root == here ? 1U : 0U, 0, {}}, "word whether it runs on rank 0's node");
+    if (rank() != 0) return _control->share({}) == "1";
+    const bool all = std::all_of(said.begin(), said.end(),
+                                 [](const RankReport& r) { return r.bytes == 1; });
+    _control->share(all ? "1" : "0");
+    return all;
   }
 
   // The tcp transport's connections: rank 0 listens on an ephemeral port of the address its
@@ -646,6 +674,9 @@ class Job {
   std::unique_ptr<Device> _device;
   bool _host = true;
   TransportKind _kind = TransportKind::local;
+  // transport: auto resolved to tcp (host memory, no MPI world): open_transport takes the
+  // node ring instead where every rank is on rank 0's node.
+  bool _auto_tcp = false;
   std::optional<ControlPlane> _control;
   std::shared_ptr<const LoadPlacement> _placement;  // null: every rank wants every tensor
   std::optional<Watchdog> _watchdog;  // after _control: gone before it

@@ -1262,11 +1262,13 @@ double parsed_bytes(const std::string& number, const std::string& unit) {
 TEST_CASE("multirank: transport tcp on 3 local ranks, and auto without MPI, bit-exact",
           "[multirank][tcp]") {
   // No mpirun: plain processes, as torchrun or torch.multiprocessing start them. auto picks
-  // tcp there (no MPI world), so it needs no test hook to pass launch's checks.
+  // the node ring there (no MPI world, every rank on rank 0's node), so it needs no test hook
+  // to pass launch's checks.
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   for (const std::string transport : {"tcp", "auto"}) {
     INFO("transport " << transport);
+    const std::string picked = transport == "auto" ? "shm" : transport;
     const std::string report = (dir / "rank{rank}.json").string();
     const auto r = run_process(
         local_launch(checkpoint, transport, {"--set", "timeout=60s", "--report", report}), {},
@@ -1274,7 +1276,8 @@ TEST_CASE("multirank: transport tcp on 3 local ranks, and auto without MPI, bit-
     INFO(r.out << r.err);
     REQUIRE(r.exit_status == 0);
     CHECK(count(r.out, "bit-exact") == 1);
-    CHECK(count(r.out, "transport tcp") == 3);  // every rank's summary names its data plane
+    // Every rank's summary names its data plane.
+    CHECK(count(r.out, "transport " + picked) == 3);
     const auto root = read_json(dir / "rank0.json");
     REQUIRE(root["tensors"].size() > 10);
     for (int rank = 1; rank < 3; ++rank) {

@@ -111,4 +111,8 @@ def test_a_rank_killed_mid_load_ends_every_other_rank_with_one_message(checkpoin
         assert status in (69, 75), message
         assert "rank 2" in message, message
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    assert shm_after <= shm_before, sorted(shm_after - shm_before)
+    # Others' segments (torch's, Open MPI's tests beside this one) aside: the node ring is a
+    # memfd, which has no name there.
+    left = {n for n in shm_after - shm_before
+            if not n.startswith(("torch_", "vader_segment", "sm_segment"))}
+    assert not left, sorted(left)
