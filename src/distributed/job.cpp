@@ -19,7 +19,7 @@
 #include "weightcast/distributed/placement_agreement.hpp"
 #include "weightcast/transport/detail/node_ring.hpp"
 #include "weightcast/transport/transport_mpi.hpp"
-#include "weightcast/transport/transport_tcp.hpp"
+#include "weightcast/transport/detail/transport_tcp.hpp"
 
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>

@@ -1,6 +1,6 @@
-// The tcp transport (weightcast/transport/transport_tcp.hpp): a star of non-blocking sockets
+// The tcp transport (weightcast/transport/detail/transport_tcp.hpp): a star of non-blocking sockets
 // from rank 0, advanced inside Pending::test().
-#include "weightcast/transport/transport_tcp.hpp"
+#include "weightcast/transport/detail/transport_tcp.hpp"
 
 #include "weightcast/core/error.hpp"
 

@@ -1,7 +1,7 @@
 // The tcp transport in one process: ranks on threads over real loopback sockets. The
 // handshake refuses strangers, broadcasts and exchanges land bit-exact, and a lost peer, a
 // missing rank or a plan that differs fail with the rank named and the right status.
-#include "weightcast/transport/transport_tcp.hpp"
+#include "weightcast/transport/detail/transport_tcp.hpp"
 
 #include "weightcast/core/error.hpp"
 
@@ -213,7 +213,7 @@ TEST_CASE("tcp: a rank that never connects ends rank 0 with 75 naming it", "[tcp
   }
 }
 
-TEST_CASE("tcp: a lost peer fails with 69 naming it; plans that differ fail with 70", "[tcp]") {
+TEST_CASE("tcp: a lost peer fails with 69 naming it, and plans that differ with 70", "[tcp]") {
   SECTION("lost") {
     auto world = connect_world(2);
     auto data = random_bytes(64u << 20, 5);  // more than the buffers hold
