@@ -1382,6 +1382,12 @@ TEST_CASE("multirank: with fsdp rank 0's summary shows its peak RSS as the windo
   CHECK(own < 0.4 * model);
 
   CHECK(peak > own);  // it does hold its shard...
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // A sanitizer's shadow memory and quarantine count in the RSS of this build's CLI: the
+  // bounds below are the plain build's.
+  WARN("peak RSS bounds not checked under a sanitizer");
+#else
   CHECK(peak < own + window + 64.0 * 1024 * 1024);  // ...and not much else
   CHECK(peak < 0.8 * model);  // not the model
+#endif
 }
