@@ -109,13 +109,30 @@ string(APPEND CMAKE_CXX_STANDARD_LIBRARIES " -lpthread -ldl -lrt")
 # The functions newer than the floor that libstdc++.a, libgcc and the host's headers reference:
 # linked as objects (not an archive) into every executable and module of this build, so they
 # resolve references from the static libstdc++ and libgcc archives that come later on the
-# link line too. The library's archive gets them too, unused.
+# link line too. Added once every target exists (a deferred call at the end of the top-level
+# directory), to the linked targets only: on the static library it would enter its exported
+# link interface.
 add_library(weightcast_glibc_floor OBJECT ${CMAKE_CURRENT_LIST_DIR}/weightcastGlibcFloor.cpp)
 set_target_properties(weightcast_glibc_floor PROPERTIES POSITION_INDEPENDENT_CODE ON
   CXX_VISIBILITY_PRESET hidden)
 string(REGEX REPLACE "^2\\." "" _floor_minor "${WEIGHTCAST_GLIBC_FLOOR}")
 target_compile_definitions(weightcast_glibc_floor PRIVATE
   WEIGHTCAST_GLIBC_FLOOR_MINOR=${_floor_minor})
-link_libraries(weightcast_glibc_floor)
+
+function(_weightcast_glibc_floor_link dir)
+  get_property(_targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(_target IN LISTS _targets)
+    get_target_property(_type ${_target} TYPE)
+    if(_type MATCHES "^(EXECUTABLE|SHARED_LIBRARY|MODULE_LIBRARY)$")
+      set_property(TARGET ${_target} APPEND PROPERTY LINK_LIBRARIES weightcast_glibc_floor)
+    endif()
+  endforeach()
+  get_property(_subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(_subdir IN LISTS _subdirs)
+    _weightcast_glibc_floor_link(${_subdir})
+  endforeach()
+endfunction()
+cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL
+  _weightcast_glibc_floor_link ${CMAKE_SOURCE_DIR})
 message(STATUS "weightcast: self-contained: glibc floor ${WEIGHTCAST_GLIBC_FLOOR} "
   "(stubs in ${_floor_dir})")
