@@ -42,9 +42,10 @@ if(NOT WEIGHTCAST_ZIG OR NOT EXISTS "${WEIGHTCAST_ZIG}")
     "-DWEIGHTCAST_ZIG=<site-packages>/ziglang/zig (scripts/wheel.sh does)")
 endif()
 
-# The stubs, once per build folder and floor: zig builds them into its cache (about a minute
-# the first time; $ZIG_GLOBAL_CACHE_DIR, else one in the build folder) while linking an empty
-# program, and its verbose link line names them.
+# The stubs, once per build folder and floor: zig builds them into its cache (seconds; the
+# cache is $ZIG_GLOBAL_CACHE_DIR, else one in the build folder) while linking an empty
+# program, and its verbose link line names them. Its -target names no CPU: the start files
+# and libc_nonshared.a are for the baseline x86-64.
 set(_floor_dir ${CMAKE_BINARY_DIR}/glibc-${WEIGHTCAST_GLIBC_FLOOR})
 set(_floor_stamp "${WEIGHTCAST_ZIG} ${CMAKE_SYSTEM_PROCESSOR}")
 set(_floor_have "")
@@ -109,8 +110,8 @@ string(APPEND CMAKE_CXX_STANDARD_LIBRARIES " -lpthread -ldl -lrt")
 # The functions newer than the floor that libstdc++.a, libgcc and the host's headers reference:
 # linked as objects (not an archive) into every executable and module of this build, so they
 # resolve references from the static libstdc++ and libgcc archives that come later on the
-# link line too. Added once every target exists (a deferred call at the end of the top-level
-# directory), to the linked targets only: on the static library it would enter its exported
+# link line too. Added once every target exists (a deferred call at the end of weightcast's
+# top-level directory), to the linked targets only: on the static library it would enter its exported
 # link interface.
 add_library(weightcast_glibc_floor OBJECT ${CMAKE_CURRENT_LIST_DIR}/weightcastGlibcFloor.cpp)
 set_target_properties(weightcast_glibc_floor PROPERTIES POSITION_INDEPENDENT_CODE ON
@@ -132,7 +133,7 @@ function(_weightcast_glibc_floor_link dir)
     _weightcast_glibc_floor_link(${_subdir})
   endforeach()
 endfunction()
-cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL
-  _weightcast_glibc_floor_link ${CMAKE_SOURCE_DIR})
+cmake_language(DEFER DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR} CALL
+  _weightcast_glibc_floor_link ${CMAKE_CURRENT_SOURCE_DIR})
 message(STATUS "weightcast: self-contained: glibc floor ${WEIGHTCAST_GLIBC_FLOOR} "
   "(stubs in ${_floor_dir})")

