@@ -16,6 +16,11 @@ cd "$(dirname "$0")/.."
 defining=(include/weightcast/core/settings.hpp include/weightcast/config/config.hpp
           docs/config.md configs/default.yaml)
 (($#)) || set -- io_depth
+# The files come from git (tracked and new ones); without it the count would silently be 0.
+git rev-parse --is-inside-work-tree >/dev/null 2>&1 || {
+  echo "setting_footprint.sh: needs git and a git checkout of weightcast (here: $PWD)" >&2
+  exit 69
+}
 for name in "$@"; do
   mapfile -t files < <(git ls-files -z --cached --others --exclude-standard -- \
                            . ':!tests' ':!bench' ':!scripts/setting_footprint.sh' |
