@@ -11,6 +11,8 @@
 # killed and its link removed mid-load; mpirun then ends node 0's ranks, and each must have
 # printed its line first) |
 # torchrun (torchrun's environment on two nodes, a loopback MASTER_ADDR) |
+# relay (transport: tcp from torchrun's environment, replicate: bit-exact, and node 1's leader
+# forwards to its node, so about one copy leaves node 0: ≤ 1.05 × the minimum) |
 # teardown (a killed cluster leaves nothing) |
 # lossy (1 % loss, 20 ms delay on node 1's link: bit-exact; netem, skipped where the kernel has none).
 # Exit 0 passed, 1 failed, 77 skipped (ctest's SKIP_RETURN_CODE), with the reason printed.
@@ -268,6 +270,42 @@ if [[ $case_name == inner-* ]]; then
         ! node_runs_weightcast "$node" || fail "$node: a weightcast rank is still running"
       done
       ;;
+    relay)
+      # transport: tcp across nodes, started as torchrun starts ranks (no MPI): replicate
+      # bit-exact, and one copy of the checkpoint leaves node 0 for node 1 (its leader, rank 2,
+      # forwards to rank 3), not one per far rank. Bytes off node 0: its eth0's tx_bytes over
+      # the whole job (rendezvous, control plane, TCP/IP headers included).
+      tx() { ip -j -s link show dev eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])'; }
+      # The least replicate needs: the tensor bytes once, from the header's data offsets.
+      minimum=$(python3 -c 'import json,struct,sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+print(sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in h.items() if k != "__metadata__"))' "$ckpt/model.safetensors")
+      before=$(tx)
+      for r in 0 1 2 3; do
+        node=node$((r / 2))
+        "$NETNS_CLUSTER_AGENT" "$node" "RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) \
+          LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=2 MASTER_ADDR=node0 MASTER_PORT=29731 \
+          TORCHELASTIC_RUN_ID=relay timeout 60 '$cli' run ${common[*]} --set timeout=20s \
+          --set transport=tcp --set placement=replicate --set verify=digest \
+          >/tmp/rank.$r.log 2>&1; echo \$? >/tmp/rank.$r.status" &
+      done
+      wait
+      after=$(tx)
+      collect "$out"
+      for r in 0 1 2 3; do
+        [[ $(cat "$out/rank.$r.status") == 0 ]] || { cat "$out/rank.$r.log"; fail "rank $r ended with $(cat "$out/rank.$r.status")"; }
+      done
+      grep -q "^# 4 ranks × 282 tensors bit-exact" "$out/rank.0.log" || { cat "$out/rank.0.log"; fail "no replicate verdict"; }
+      grep -q "rank 3 gets its broadcasts through rank 2" "$out/rank.3.log" ||
+        { cat "$out/rank.3.log"; fail "rank 3 did not get its broadcasts through node 1's leader"; }
+      grep -q "rank 2 leads its node: it forwards broadcasts to rank(s) 3" "$out/rank.2.log" ||
+        { cat "$out/rank.2.log"; fail "rank 2 does not lead node 1"; }
+      sent=$((after - before))
+      ratio=$(python3 -c "print(f'{$sent / $minimum:.3f}')")
+      echo "bytes off node 0: $sent; replicate's minimum (one copy to node 1): $minimum; ratio $ratio"
+      python3 -c "import sys; sys.exit(0 if $sent <= 1.05 * $minimum else 1)" ||
+        fail "bytes off node 0 ÷ the minimum = $ratio, over 1.05"
+      ;;
     torchrun)
       # torchrun's environment on two nodes (no MPI launcher): a loopback MASTER_ADDR is
       # refused on every rank at once, naming torchrun's variables.
@@ -345,7 +383,7 @@ case $case_name in
     fi
     ip netns del "$probe"
     ;&
-  replicate | fsdp | loopback | unreachable | linkcut | crawl | nodekill | torchrun)
+  replicate | fsdp | relay | loopback | unreachable | linkcut | crawl | nodekill | torchrun)
     ckpt=$(mktemp -d)
     trap 'rm -rf "$ckpt"' EXIT
     "$cli" synth --params 2M --dtype BF16 "$ckpt" >/dev/null || fail "synth"
