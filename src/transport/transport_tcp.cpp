@@ -130,7 +130,8 @@ struct Transfer {
 // payload bytes its source has received so far.
 std::uint64_t sendable(const Transfer& t) {
   if (!t.source) return UINT64_MAX;
-  const std::uint64_t landed = t.source->moved > sizeof(Header) ? t.source->moved - sizeof(Header) : 0;
+  const std::uint64_t landed =
+      t.source->moved > sizeof(Header) ? t.source->moved - sizeof(Header) : 0;
   return sizeof(Header) + landed - t.moved;
 }
 

@@ -100,6 +100,9 @@ if [[ $case_name == inner-* ]]; then
           { cat "$out/rank.$r.log"; fail "rank $r did not take the network path"; }
       done
       grep -q "joined from 10.99.0.2" "$out/rank.0.log" || fail "no rank joined from node 1"
+      # Broadcasts in two levels: node 1 gets one copy, through its leader.
+      grep -q "transport mpi: 2 node(s) for 4 ranks: broadcasts go to each node's leader, then on the node" "$out/rank.0.log" ||
+        { cat "$out/rank.0.log"; fail "rank 0 did not split the broadcast by node"; }
       # The same load on node 0 alone takes the one-node path on every rank.
       rm -f /tmp/rank.*
       mpirun_on_cluster 2 --host node0:2 -- "${common[@]}" --set timeout=20s \

@@ -338,7 +338,9 @@ TEST_CASE("tcp relay: a node's leader forwards broadcasts to its ranks, bit-exac
       std::vector<Transport::Message> sends;
       auto* from = const_cast<std::byte*>(source.data());
       if (r == 0) {
-        for (int peer = 0; peer < world_size; ++peer) sends.push_back({peer, from + peer * 1000, 1000});
+        for (int peer = 0; peer < world_size; ++peer) {
+          sends.push_back({peer, from + peer * 1000, 1000});
+        }
       }
       const Transport::Message receives[] = {{0, slices[r].data(), 1000}};
       finish(world[r]->exchange(sends, receives, 3));

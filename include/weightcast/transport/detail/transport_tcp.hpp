@@ -171,10 +171,10 @@ std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::str
  *  - Operations on one connection go in posting order, one after the other, whichever
  *    pending is tested. A pending's `test()` throws `TcpConnectionLost` (`unavailable`,
  *    69) naming the peer rank (rank 0, a leader, or a leader's rank) when its connection is
- *    lost (the peer closed it, or reset it: a
- *    killed rank) or a socket call fails; `internal` (70) when what arrives does not match what this rank posted
- *    (another byte count, kind or tag: the ranks' plans differ). After that every operation
- *    on that connection fails the same way.
+ *    lost (the peer closed it, or reset it: a killed rank) or a socket call fails;
+ *    `internal` (70) when what arrives does not match what this rank posted (another byte
+ *    count, kind or tag: the ranks' plans differ). After that every operation on that
+ *    connection fails the same way.
  *  - Destroying a pending that has not completed closes the connections it was using: none
  *    of its memory is read or written afterwards, and later operations on them fail
  *    (`unavailable`).
