@@ -290,11 +290,11 @@ TEST_CASE("tcp: a stop ends rank 0's wait for the ranks with 130", "[tcp]") {
   CHECK(std::chrono::steady_clock::now() - begin < 5s);  // not the 30 s timeout
 }
 
-// Three simulated nodes: ranks 0-1 on rank 0's node, 2-4 on a second (rank 2 leads it), 5
-// alone on a third.
+// Three simulated nodes, the ranks interleaved as a round-robin launcher places them: ranks
+// 0 and 2 on rank 0's node, 1, 3 and 5 on a second (rank 1 leads it), 4 alone on a third.
 weightcast::TcpNodes three_nodes() {
   weightcast::TcpNodes nodes;
-  nodes.node = {7, 7, 3, 3, 3, 9};
+  nodes.node = {7, 3, 7, 3, 9, 3};
   const TcpNonce id = weightcast::tcp_nonce();
   std::memcpy(&nodes.relay_id, id.data(), sizeof nodes.relay_id);
   return nodes;
@@ -360,14 +360,14 @@ TEST_CASE("tcp relay: a lost leader is named by its ranks, a plan that differs f
     auto world = connect_world(world_size, three_nodes());
     std::vector<std::byte> got(32u << 20);
     auto receiving = world[3]->broadcast(got.data(), got.size(), 0);
-    world[2].reset();  // the leader's process died: its sockets close
+    world[1].reset();  // the leader's process died: its sockets close
     try {
       finish(receiving);
       FAIL("a broadcast through a lost leader completed");
     } catch (const weightcast::TcpConnectionLost& e) {
       CHECK(e.code() == Errc::unavailable);
-      CHECK(e.peer() == 2);  // its broadcasts come from the leader, not from rank 0
-      CHECK_THAT(e.what(), Contains("connection to rank 2 lost"));
+      CHECK(e.peer() == 1);  // its broadcasts come from the leader, not from rank 0
+      CHECK_THAT(e.what(), Contains("connection to rank 1 lost"));
     }
   }
   SECTION("a leader's rank posts another size") {
@@ -375,15 +375,15 @@ TEST_CASE("tcp relay: a lost leader is named by its ranks, a plan that differs f
     auto data = random_bytes(100, 14);
     std::vector<std::vector<std::byte>> got(world_size, std::vector<std::byte>(200));
     auto sent = world[0]->broadcast(data.data(), 100, 0);
-    auto relayed = world[2]->broadcast(got[2].data(), 100, 0);
+    auto relayed = world[1]->broadcast(got[1].data(), 100, 0);
     try {
-      finish(world[4]->broadcast(got[4].data(), 200, 0));
+      finish(world[5]->broadcast(got[5].data(), 200, 0));
       FAIL("a broadcast of another size was taken");
     } catch (const Error& e) {
       CHECK(e.code() == Errc::internal);
-      CHECK_THAT(e.what(), Contains("rank 2 sent a broadcast of 100 bytes"));
+      CHECK_THAT(e.what(), Contains("rank 1 sent a broadcast of 100 bytes"));
       CHECK_THAT(e.what(), Contains("posted a broadcast of 200 bytes"));
     }
-    CHECK(std::all_of(got[4].begin(), got[4].end(), [](std::byte x) { return x == std::byte{0}; }));
+    CHECK(std::all_of(got[5].begin(), got[5].end(), [](std::byte x) { return x == std::byte{0}; }));
   }
 }
