@@ -7,13 +7,14 @@
 #   sudo bench/netns_bandwidth.sh [BUILD_DIR] [PARAMS]
 #   env: RATES ("200mbit 1gbit"; "none": no shaping, what the CPUs manage), PLACEMENTS
 #        ("fsdp replicate"), NODES (2), SLOTS (2), BENCH_DIR (/tmp: where the checkpoint goes),
-#        JOB_TIMEOUT (120 s per mpirun), CHUNK_SIZE (the config's default)
+#        JOB_TIMEOUT (120 s per mpirun), CHUNK_SIZE (the config's default), TRANSPORT (mpi;
+#        tcp: weightcast's own data plane, started by mpirun all the same)
 #
 # The least a placement needs to send off node 0, from the checkpoint's header (not from
 # weightcast): fsdp, the local shards of the ranks on other nodes (dim 0 in world-size chunks
 # of ceil(rows / world), 0-dim tensors whole, torch's FSDP2 Shard(0)); replicate, the tensor
-# bytes once to each other node (a per-node relay; MPI's broadcast tree may send more, which
-# the ratio shows). With 2 nodes node 0's bytes all go to node 1, so shaping node 1's link
+# bytes once to each other node (a per-node relay, as transport tcp has; MPI's broadcast tree
+# may send more, which the ratio shows). With 2 nodes node 0's bytes all go to node 1, so shaping node 1's link
 # (its switch port p1, traffic towards the node) bounds them at RATE. The bytes off node 0
 # count everything the job sent: Open MPI's launch and wire-up, the control plane, TCP/IP.
 # Load s is the slowest rank's report `seconds` (first read to last landing); mpirun wall s
@@ -48,7 +49,7 @@ if [[ ${1:-} == inner ]]; then
       begin=$(date +%s.%N)
       timeout "${JOB_TIMEOUT:-120}" mpirun --allow-run-as-root --hostfile "$NETNS_CLUSTER_HOSTFILE" \
         --mca plm_rsh_agent "$NETNS_CLUSTER_AGENT" -np "$np" \
-        "$cli" run --set "checkpoint=$ckpt" --set device=host --set transport=mpi \
+        "$cli" run --set "checkpoint=$ckpt" --set device=host --set "transport=${TRANSPORT:-mpi}" \
         --set "placement=$placement" --set timeout=60s --set "rendezvous.port=$port" "${chunk[@]}" \
         --report '/tmp/bw.{rank}.json' --quiet >/tmp/bw.job 2>&1
       status=$?
@@ -81,7 +82,7 @@ cli=$(realpath "$cli")
 why=$("$cluster" check) || { echo "SKIPPED: $why"; exit 77; }
 command -v mpirun >/dev/null || { echo "SKIPPED: no mpirun"; exit 77; }
 export RATES=${RATES:-200mbit 1gbit} PLACEMENTS=${PLACEMENTS:-fsdp replicate}
-export SLOTS=${SLOTS:-2}
+export SLOTS=${SLOTS:-2} TRANSPORT=${TRANSPORT:-mpi}
 nodes=${NODES:-2}
 
 ckpt=$(mktemp -d "${BENCH_DIR:-/tmp}/weightcast-netns-bw.XXXXXX")

@@ -387,32 +387,64 @@ class Job {
   // The tcp transport's connections: rank 0 listens on an ephemeral port of the address its
   // rendezvous listens on (every peer reaches it already), and shares the port with a fresh
   // secret over the control plane, which only ranks that showed the job token hear; each peer
-  // dials it and shows the secret, so a stranger on the port is refused.
+  // dials it and shows the secret, so a stranger on the port is refused. With them goes where
+  // each rank runs (its `detail::node_id`, gathered as a hash and numbered by rank 0), so that
+  // a broadcast leaves rank 0's node once per other node (TcpNodes: the relay).
   void open_tcp() {
     constexpr std::size_t port_bytes = 2;
+    constexpr std::size_t id_bytes = 8;
+    const std::string here = detail::node_id();
+    const std::vector<RankReport> said =
+        _control->gather(RankReport{rank(), xxh3_64(here.data(), here.size()), 0, {}},
+                         "word of which node it runs on");
     TcpNonce nonce{};
+    TcpNodes nodes;
     if (rank() == 0) {
       TcpListener listener(_rendezvous.address);
       nonce = tcp_nonce();
-      std::string bytes(port_bytes + nonce.size(), '\0');
+      const TcpNonce relay_id = tcp_nonce();
+      std::memcpy(&nodes.relay_id, relay_id.data(), sizeof nodes.relay_id);
+      std::vector<std::uint64_t> seen;
+      nodes.node.resize(static_cast<std::size_t>(_world.world_size));
+      for (const RankReport& r : said) {
+        const auto at = std::find(seen.begin(), seen.end(), r.bytes);
+        nodes.node.at(static_cast<std::size_t>(r.rank)) = static_cast<int>(at - seen.begin());
+        if (at == seen.end()) seen.push_back(r.bytes);
+      }
+      std::string bytes(port_bytes + nonce.size() + id_bytes + nodes.node.size() * 4, '\0');
       bytes[0] = static_cast<char>(listener.port() >> 8);
       bytes[1] = static_cast<char>(listener.port() & 0xff);
       std::memcpy(bytes.data() + port_bytes, nonce.data(), nonce.size());
+      std::memcpy(bytes.data() + port_bytes + nonce.size(), &nodes.relay_id, id_bytes);
+      for (std::size_t r = 0; r < nodes.node.size(); ++r) {
+        const auto n = static_cast<std::uint32_t>(nodes.node[r]);
+        std::memcpy(bytes.data() + port_bytes + nonce.size() + id_bytes + 4 * r, &n, 4);
+      }
       _control->share(std::move(bytes));
+      spdlog::debug("transport tcp: the ranks run on {} node(s)", seen.size());
       _transport = make_tcp_transport(std::move(listener), _world.world_size, nonce,
-                                      _options.load.timeout, _stop.get_token());
+                                      _options.load.timeout, _stop.get_token(), nodes);
       return;
     }
     const std::string bytes = _control->share({});
-    WEIGHTCAST_EXPECT(bytes.size() == port_bytes + nonce.size(), Errc::unavailable,
-                      fmt::format("transport tcp: rank 0's data port and secret came as {} "
-                                  "bytes, expected {}",
-                                  bytes.size(), port_bytes + nonce.size()));
+    const std::size_t expected =
+        port_bytes + nonce.size() + id_bytes + 4 * static_cast<std::size_t>(_world.world_size);
+    WEIGHTCAST_EXPECT(bytes.size() == expected, Errc::unavailable,
+                      fmt::format("transport tcp: rank 0's data port, secret and nodes came as "
+                                  "{} bytes, expected {}",
+                                  bytes.size(), expected));
     const auto port = static_cast<std::uint16_t>(
         (static_cast<unsigned char>(bytes[0]) << 8) | static_cast<unsigned char>(bytes[1]));
     std::memcpy(nonce.data(), bytes.data() + port_bytes, nonce.size());
+    std::memcpy(&nodes.relay_id, bytes.data() + port_bytes + nonce.size(), id_bytes);
+    nodes.node.resize(static_cast<std::size_t>(_world.world_size));
+    for (std::size_t r = 0; r < nodes.node.size(); ++r) {
+      std::uint32_t n = 0;
+      std::memcpy(&n, bytes.data() + port_bytes + nonce.size() + id_bytes + 4 * r, 4);
+      nodes.node[r] = static_cast<int>(n);
+    }
     _transport = make_tcp_transport(rank(), _world.world_size, _rendezvous.address, port, nonce,
-                                    _options.load.timeout, _stop.get_token());
+                                    _options.load.timeout, _stop.get_token(), nodes);
   }
 
   // A tcp connection lost mid-load is the transport's view of a rank that failed or died; the

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -126,9 +128,129 @@ class MpiBroadcast final : public Pending {
   const char* _what;
 };
 
+// A broadcast's two levels where the ranks span several nodes: an MPI_Ibcast among the nodes'
+// leaders (each node's lowest rank), then one on each node from its leader. Open MPI's
+// MPI_Ibcast knows ranks, not nodes (its tree sends a far node as many copies as it has ranks
+// the tree reaches across the link); this sends each other node one.
+struct NodeComms {
+  MpiSession& session;
+  MPI_Comm node = MPI_COMM_NULL;     // this node's ranks
+  MPI_Comm leaders = MPI_COMM_NULL;  // each node's lowest rank; null elsewhere
+  // A leader's broadcasts whose second level is not posted yet, oldest first: every rank must
+  // post the node's broadcasts in one order (MPI 4.0 §6.12), so a later one waits for the
+  // earlier ones' first level even when its own completes first.
+  std::deque<struct TwoLevelState*> waiting;
+
+  explicit NodeComms(MpiSession& s) : session(s) {}
+  ~NodeComms() {
+    // A request left in flight (abandoned) may still use them: leave them to MPI_Finalize.
+    if (session.abandoned()) return;
+    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+  }
+  NodeComms(const NodeComms&) = delete;
+  NodeComms& operator=(const NodeComms&) = delete;
+};
+
+struct TwoLevelState {
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  std::vector<MPI_Request> first;   // among the leaders
+  std::vector<MPI_Request> second;  // on the node
+  bool second_posted = false;
+};
+
+// Posts MPI_Ibcasts of @p bytes at @p data from @p root on @p comm, split at INT_MAX.
+void post_ibcast(std::byte* data, std::uint64_t bytes, int root, MPI_Comm comm,
+                 std::vector<MPI_Request>& requests, std::string_view level) {
+  constexpr std::uint64_t max_count = INT_MAX;
+  for (std::uint64_t offset = 0; offset < bytes; offset += max_count) {
+    const auto count = static_cast<int>(std::min(max_count, bytes - offset));
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int rc = MPI_Ibcast(data + offset, count, MPI_BYTE, root, comm, &request);
+    if (rc != MPI_SUCCESS) {
+      throw Error(Errc::unavailable,
+                  fmt::format("transport mpi: MPI_Ibcast of {} bytes {} failed: {}", count,
+                              level, mpi_error(rc)));
+    }
+    requests.push_back(request);
+  }
+}
+
+// One broadcast over the two levels; test() posts a leader's second level once its first
+// (and every earlier broadcast's) has completed.
+class TwoLevelBroadcast final : public Pending {
+ public:
+  TwoLevelBroadcast(std::shared_ptr<NodeComms> comms, std::unique_ptr<TwoLevelState> state,
+                    bool spin)
+      : _comms(std::move(comms)), _state(std::move(state)), _spin(spin) {}
+  ~TwoLevelBroadcast() override {
+    auto& waiting = _comms->waiting;
+    waiting.erase(std::remove(waiting.begin(), waiting.end(), _state.get()), waiting.end());
+    for (const auto* requests : {&_state->first, &_state->second}) {
+      for (MPI_Request request : *requests) {
+        if (request != MPI_REQUEST_NULL) {
+          _comms->session.abandon();  // as MpiBroadcast: a collective request cannot be freed
+          return;
+        }
+      }
+    }
+    // A leader whose second level never went leaves its node's ranks waiting: the job's
+    // failure handling ends them; nothing of this broadcast's memory is in MPI's hands.
+    if (!_state->second_posted && _comms->leaders != MPI_COMM_NULL) _comms->session.abandon();
+  }
+
+  bool test() override {
+    // As MpiBroadcast: a receiving rank drives progress for a while, the root tests once.
+    const auto until =
+        std::chrono::steady_clock::now() + (_spin ? progress_budget : std::chrono::microseconds(0));
+    do {
+      advance();
+      if (_state->second_posted && test_all(_state->second, "on its node") &&
+          test_all(_state->first, "among the nodes' leaders")) {
+        return true;
+      }
+    } while (std::chrono::steady_clock::now() < until);
+    return false;
+  }
+
+ private:
+  bool test_all(std::vector<MPI_Request>& requests, std::string_view level) {
+    if (requests.empty()) return true;
+    int done = 0;
+    const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                               MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      throw Error(Errc::unavailable, fmt::format("transport mpi: MPI_Ibcast of {} bytes {} "
+                                                 "failed: {}",
+                                                 _state->bytes, level, mpi_error(rc)));
+    }
+    return done != 0;
+  }
+
+  // Posts the second level of the leader's oldest broadcasts whose first level is done.
+  void advance() {
+    auto& waiting = _comms->waiting;
+    while (!waiting.empty()) {
+      TwoLevelState& oldest = *waiting.front();
+      if (!test_all(oldest.first, "among the nodes' leaders")) return;
+      post_ibcast(oldest.data, oldest.bytes, 0, _comms->node, oldest.second, "on its node");
+      oldest.second_posted = true;
+      waiting.pop_front();
+    }
+  }
+
+  std::shared_ptr<NodeComms> _comms;
+  std::unique_ptr<TwoLevelState> _state;
+  bool _spin;
+};
+
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MpiSession& session) : _session(session) {}
+  explicit MpiTransport(MpiSession& session) : _session(session) {
+    // Across nodes (or where the launcher does not say), broadcasts go over two levels.
+    if (!_session.one_node() && _session.world_size() > 2) split_nodes();
+  }
   [[nodiscard]] std::string_view name() const noexcept override { return "mpi"; }
   [[nodiscard]] int rank() const noexcept override { return _session.rank(); }
   [[nodiscard]] int world_size() const noexcept override { return _session.world_size(); }
@@ -139,6 +261,26 @@ class MpiTransport final : public Transport {
   }
   std::unique_ptr<Pending> broadcast(std::byte* data, std::uint64_t bytes, int root) override {
     if (bytes == 0 || _session.world_size() == 1) return nullptr;
+    // Rank 0 leads its node (the lowest rank), so the two levels start from it; another root
+    // takes the flat broadcast.
+    if (_nodes && root == 0) {
+      auto state = std::make_unique<TwoLevelState>();
+      state->data = data;
+      state->bytes = bytes;
+      if (_session.rank() == 0) {
+        // The root has the bytes: its node need not wait for the other nodes.
+        post_ibcast(data, bytes, 0, _nodes->leaders, state->first, "among the nodes' leaders");
+        post_ibcast(data, bytes, 0, _nodes->node, state->second, "on its node");
+        state->second_posted = true;
+      } else if (_nodes->leaders != MPI_COMM_NULL) {
+        post_ibcast(data, bytes, 0, _nodes->leaders, state->first, "among the nodes' leaders");
+        _nodes->waiting.push_back(state.get());
+      } else {
+        post_ibcast(data, bytes, 0, _nodes->node, state->second, "on its node");
+        state->second_posted = true;
+      }
+      return std::make_unique<TwoLevelBroadcast>(_nodes, std::move(state), _session.rank() != 0);
+    }
     std::vector<MPI_Request> requests;
     // MPI_BYTE counts are int: split what is larger (every rank splits identically).
     constexpr std::uint64_t max_count = INT_MAX;
@@ -281,7 +423,40 @@ class MpiTransport final : public Transport {
   }
 
  private:
+  // The node communicators (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED: the ranks that share
+  // memory) and the leaders' (MPI_Comm_split of each node's rank 0, ordered by rank, so rank
+  // 0 leads its node and is rank 0 among the leaders). Kept only where it pays: more than one
+  // node, and some node with more than one rank. Collective: every rank constructs its
+  // transport at the same point.
+  void split_nodes() {
+    const MPI_Comm comm = to_comm(_session.communicator());
+    auto nodes = std::make_shared<NodeComms>(_session);
+    auto check = [](int rc, const char* call) {
+      if (rc != MPI_SUCCESS) {
+        throw Error(Errc::unavailable,
+                    fmt::format("transport mpi: {} for the broadcast's node level failed: {}",
+                                call, mpi_error(rc)));
+      }
+    };
+    check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, _session.rank(), MPI_INFO_NULL,
+                              &nodes->node),
+          "MPI_Comm_split_type");
+    int node_rank = 0;
+    MPI_Comm_rank(nodes->node, &node_rank);
+    const int leader = node_rank == 0 ? 1 : 0;
+    int count = 0;
+    check(MPI_Allreduce(&leader, &count, 1, MPI_INT, MPI_SUM, comm), "MPI_Allreduce");
+    check(MPI_Comm_split(comm, leader != 0 ? 0 : MPI_UNDEFINED, _session.rank(), &nodes->leaders),
+          "MPI_Comm_split");
+    spdlog::debug("transport mpi: {} node(s) for {} ranks: {}", count, _session.world_size(),
+                  count > 1 && count < _session.world_size()
+                      ? "broadcasts go to each node's leader, then on the node"
+                      : "one level");
+    if (count > 1 && count < _session.world_size()) _nodes = std::move(nodes);
+  }
+
   MpiSession& _session;
+  std::shared_ptr<NodeComms> _nodes;  // null: flat broadcasts
 };
 
 // Whether all ranks share this node's memory, from Open MPI's launcher: every rank of the

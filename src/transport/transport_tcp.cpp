@@ -1,5 +1,6 @@
 // The tcp transport (weightcast/transport/detail/transport_tcp.hpp): a star of non-blocking sockets
-// from rank 0, advanced inside Pending::test().
+// from rank 0, with a relay from each other node's leader to its node's ranks for broadcasts,
+// advanced inside Pending::test().
 #include "weightcast/transport/detail/transport_tcp.hpp"
 
 #include "weightcast/core/error.hpp"
@@ -14,16 +15,19 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <optional>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 namespace weightcast {
@@ -115,8 +119,21 @@ struct Transfer {
   Header received;  // a receive's header as it arrives
   std::vector<iovec> iov;
   std::size_t index = 0;  // the iovec in progress
+  std::uint64_t moved = 0;  // bytes sent or received so far, the header's included
+  // A relay's send: the receive whose bytes it forwards; it sends no byte of the payload
+  // before that byte has landed (its header was checked first).
+  std::shared_ptr<const Transfer> source;
   bool done = false;
 };
+
+// How many bytes of @p t may go now: all of them, or, for a relay's send, its header and the
+// payload bytes its source has received so far.
+std::uint64_t sendable(const Transfer& t) {
+  if (!t.source) return UINT64_MAX;
+  const std::uint64_t landed =
+      t.source->moved > sizeof(Header) ? t.source->moved - sizeof(Header) : 0;
+  return sizeof(Header) + landed - t.moved;
+}
 
 struct Link {
   int peer = -1;
@@ -144,6 +161,7 @@ struct Link {
 
 // Marks @p n bytes of @p t's iovecs done. @return true when all are.
 bool consume(Transfer& t, std::size_t n) {
+  t.moved += n;
   while (n > 0 && t.index < t.iov.size()) {
     iovec& v = t.iov[t.index];
     const std::size_t step = std::min(n, v.iov_len);
@@ -182,6 +200,21 @@ class Connections {
         msghdr message{};
         message.msg_iov = t.iov.data() + t.index;
         message.msg_iovlen = std::min<std::size_t>(t.iov.size() - t.index, IOV_MAX);
+        if (t.source) {
+          // A relay forwards only what has landed: the iovecs cut at that many bytes.
+          std::uint64_t budget = sendable(t);
+          if (budget == 0) return;
+          _cut.clear();
+          for (std::size_t i = t.index; i < t.iov.size() && _cut.size() < IOV_MAX && budget > 0;
+               ++i) {
+            iovec v = t.iov[i];
+            v.iov_len = static_cast<std::size_t>(std::min<std::uint64_t>(v.iov_len, budget));
+            budget -= v.iov_len;
+            if (v.iov_len > 0) _cut.push_back(v);
+          }
+          message.msg_iov = _cut.data();
+          message.msg_iovlen = _cut.size();
+        }
         // MSG_NOSIGNAL: a peer that is gone is an error here, not SIGPIPE.
         const ssize_t n = ::sendmsg(l.fd.get(), &message, MSG_NOSIGNAL);
         if (n < 0) {
@@ -244,7 +277,65 @@ class Connections {
 
   int _rank;
   std::vector<Link> _links;
+  std::vector<iovec> _cut;  // a relay's iovecs cut at what has landed
 };
+
+// Who sends a rank its broadcasts, and to whom it sends them: the relay of `TcpNodes`.
+struct Relay {
+  int upstream = 0;             // the rank this rank receives broadcasts from (not rank 0's)
+  std::vector<int> downstream;  // the ranks it sends them to
+};
+
+// A node's leader: its lowest rank.
+int leader_of(const std::vector<int>& node, int rank) {
+  for (int r = 0; r < rank; ++r) {
+    if (node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(rank)]) return r;
+  }
+  return rank;
+}
+
+Relay relay_for(int rank, int world_size, const TcpNodes& nodes) {
+  WEIGHTCAST_EXPECT(nodes.node.empty() || nodes.node.size() == static_cast<std::size_t>(world_size),
+                    Errc::internal,
+                    fmt::format("transport tcp: {} node(s) given for a world of {} ranks",
+                                nodes.node.size(), world_size));
+  Relay relay;
+  const auto& node = nodes.node;
+  // Whether rank r gets its broadcasts from rank 0 itself.
+  auto from_root = [&](int r) {
+    return node.empty() || node[static_cast<std::size_t>(r)] == node[0] || leader_of(node, r) == r;
+  };
+  if (rank == 0) {
+    for (int r = 1; r < world_size; ++r) {
+      if (from_root(r)) relay.downstream.push_back(r);
+    }
+    return relay;
+  }
+  relay.upstream = from_root(rank) ? 0 : leader_of(node, rank);
+  if (!node.empty() && node[static_cast<std::size_t>(rank)] != node[0] &&
+      leader_of(node, rank) == rank) {
+    for (int r = rank + 1; r < world_size; ++r) {
+      if (node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(rank)]) {
+        relay.downstream.push_back(r);
+      }
+    }
+  }
+  return relay;
+}
+
+std::string relay_socket_name(std::uint64_t relay_id, int leader) {
+  return fmt::format("weightcast-relay-{:016x}-{}", relay_id, leader);
+}
+
+void abstract_address(const std::string& name, sockaddr_un& address, socklen_t& length) {
+  address = sockaddr_un{};
+  address.sun_family = AF_UNIX;
+  WEIGHTCAST_EXPECT(name.size() + 1 < sizeof(address.sun_path), Errc::internal,
+                    "transport tcp: relay socket name too long");
+  // Abstract namespace: a leading NUL, so the name is no file and goes with its socket.
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
 
 // One operation: its transfers on each connection, and the memcpys already done.
 class TcpPending final : public Pending {
@@ -285,8 +376,8 @@ class TcpPending final : public Pending {
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(std::shared_ptr<Connections> connections)
-      : _connections(std::move(connections)) {}
+  TcpTransport(std::shared_ptr<Connections> connections, Relay relay)
+      : _connections(std::move(connections)), _relay(std::move(relay)) {}
 
   [[nodiscard]] std::string_view name() const noexcept override { return "tcp"; }
   [[nodiscard]] int rank() const noexcept override { return _connections->rank(); }
@@ -307,20 +398,28 @@ class TcpTransport final : public Transport {
     for (const Range& r : ranges) total += r.bytes;
     if (total == 0 || world_size() == 1) return nullptr;
     std::vector<Planned> transfers;
-    auto make = [&] {
+    auto make = [&](bool send) {
       auto t = std::make_shared<Transfer>();
       t->header = Header{total, kind_broadcast, 0};
       t->iov.reserve(ranges.size() + 1);
-      t->iov.push_back({rank() == 0 ? &t->header : &t->received, sizeof(Header)});
+      t->iov.push_back({send ? &t->header : &t->received, sizeof(Header)});
       for (const Range& r : ranges) {
         if (r.bytes > 0) t->iov.push_back({r.data, static_cast<std::size_t>(r.bytes)});
       }
       return t;
     };
-    if (rank() == 0) {
-      for (int peer = 1; peer < world_size(); ++peer) enqueue(peer, true, make(), transfers);
-    } else {
-      enqueue(0, false, make(), transfers);
+    std::shared_ptr<const Transfer> received;
+    if (rank() != 0) {
+      auto t = make(false);
+      received = t;
+      enqueue(_relay.upstream, false, std::move(t), transfers);
+    }
+    // A leader forwards what it receives, byte by byte as it lands (its upstream is listed
+    // first, so each poll receives before it forwards).
+    for (const int peer : _relay.downstream) {
+      auto t = make(true);
+      t->source = received;
+      enqueue(peer, true, std::move(t), transfers);
     }
     return start(std::move(transfers));
   }
@@ -416,6 +515,7 @@ class TcpTransport final : public Transport {
   }
 
   std::shared_ptr<Connections> _connections;
+  Relay _relay;
 };
 
 // ---- the handshake ----------------------------------------------------------------------------
@@ -539,39 +639,41 @@ TcpListener::TcpListener(std::string_view address) : _address(address) {
                           _address, errno_text(error)));
 }
 
-std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_size,
-                                              const TcpNonce& nonce,
-                                              std::chrono::milliseconds timeout,
-                                              std::stop_token stop) {
-  WEIGHTCAST_EXPECT(world_size >= 2, Errc::internal,
-                    fmt::format("transport tcp: a world of {} rank(s)", world_size));
-  auto connections = std::make_shared<Connections>(0, world_size);
-  const auto deadline = Clock::now() + timeout;
-  const std::string at = fmt::format("{}:{}", listener.address(), listener.port());
+namespace {
+
+// Accepts a connection from each rank of @p expected on @p listen_fd (rank 0's data port, or
+// a leader's relay socket): each must show its hello within the wait; strangers are closed
+// and logged, and once every expected rank is in, each hears that it was accepted.
+// @p who ("rank 0") and @p what ("data port") name the listener in messages.
+void accept_ranks(int listen_fd, Connections& connections, const std::vector<int>& expected,
+                  const TcpNonce& nonce, Clock::time_point deadline,
+                  std::chrono::milliseconds timeout, const std::stop_token& stop,
+                  std::string_view who, std::string_view what, std::string_view at) {
+  const int world_size = connections.world_size();
   std::vector<Unidentified> waiting;
-  int joined = 0;
+  std::size_t joined = 0;
   int strangers = 0;
   auto refuse = [&](std::string_view why) {
     if (++strangers <= max_stranger_logs) {
-      spdlog::warn("transport tcp: rank 0 refused a connection to its data port {}: {}", at,
-                   why);
+      spdlog::warn("transport tcp: {} refused a connection to its {} {}: {}", who, what, at, why);
     }
   };
-  while (joined < world_size - 1) {
+  while (joined < expected.size()) {
     if (stop.stop_requested()) {
-      throw Error(Errc::interrupted, "transport tcp: stopped while rank 0 waited for the ranks");
+      throw Error(Errc::interrupted,
+                  fmt::format("transport tcp: stopped while {} waited for the ranks", who));
     }
     if (Clock::now() >= deadline) {
       std::string missing;
-      for (int r = 1; r < world_size; ++r) {
-        if (!connections->link(r).fd) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      for (const int r : expected) {
+        if (!connections.link(r).fd) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
       throw Error(Errc::timeout,
-                  fmt::format("transport tcp: rank(s) {} did not connect to rank 0's data port "
-                              "{} within {} ms",
-                              missing, at, timeout.count()));
+                  fmt::format("transport tcp: rank(s) {} did not connect to {}'s {} {} within "
+                              "{} ms",
+                              missing, who, what, at, timeout.count()));
     }
-    std::vector<pollfd> polled{{listener.fd(), POLLIN, 0}};
+    std::vector<pollfd> polled{{listen_fd, POLLIN, 0}};
     for (const Unidentified& u : waiting) polled.push_back({u.fd.get(), POLLIN, 0});
     const auto wait = std::min(left(deadline), std::chrono::milliseconds(50));
     const int n = ::poll(polled.data(), polled.size(), static_cast<int>(wait.count()));
@@ -587,19 +689,21 @@ std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_si
       std::string refusal;
       const int rank = read_hello(u, world_size, nonce, refusal);
       if (rank == -1) continue;
-      if (rank >= 1 && connections->link(rank).fd) {
+      if (rank >= 1 && std::find(expected.begin(), expected.end(), rank) == expected.end()) {
+        refusal = fmt::format("it says rank {}, which does not connect here", rank);
+      } else if (rank >= 1 && connections.link(rank).fd) {
         refusal = fmt::format("rank {} has connected already", rank);
       }
       if (!refusal.empty()) {
         refuse(refusal);
       } else {
-        connections->link(rank).fd = std::move(u.fd);
+        connections.link(rank).fd = std::move(u.fd);
         ++joined;
       }
       waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i - 1));
     }
     if (polled[0].revents != 0) {
-      UniqueFd fd(::accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
           throw Error(Errc::unavailable,
@@ -616,25 +720,148 @@ std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_si
   }
   // Every rank is in: each hears that it was accepted, and the strangers are dropped.
   waiting.clear();
-  for (int r = 1; r < world_size; ++r) {
-    Link& l = connections->link(r);
+  for (const int r : expected) {
+    Link& l = connections.link(r);
     tune(l.fd.get());
     send_all(l.fd.get(), accept_magic.data(), accept_magic.size(), deadline, stop,
              fmt::format("accepting rank {} on {}", r, at));
   }
-  spdlog::debug("transport tcp: {} rank(s) connected to {}", world_size - 1, at);
-  return std::make_unique<TcpTransport>(std::move(connections));
+}
+
+// A rank's side of the handshake on a connected @p fd: its hello, then the listener's
+// acceptance. @p whose names the listener ("rank 0's data port 10.0.0.1:5000").
+void show_hello(int fd, int rank, int world_size, const TcpNonce& nonce,
+                Clock::time_point deadline, std::chrono::milliseconds timeout,
+                const std::stop_token& stop, std::string_view whose, std::string_view owner) {
+  std::array<std::byte, hello_bytes> hello{};
+  std::memcpy(hello.data(), hello_magic.data(), hello_magic.size());
+  put_u32(hello.data() + 8, static_cast<std::uint32_t>(rank));
+  put_u32(hello.data() + 12, static_cast<std::uint32_t>(world_size));
+  std::memcpy(hello.data() + 16, nonce.data(), nonce.size());
+  send_all(fd, hello.data(), hello.size(), deadline, stop,
+           fmt::format("sending rank {}'s hello to {}", rank, whose));
+  std::array<char, accept_magic.size()> answer{};
+  std::size_t got = 0;
+  while (got < answer.size()) {
+    const ssize_t n = ::recv(fd, answer.data() + got, answer.size() - got, MSG_DONTWAIT);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_for(fd, POLLIN, deadline, stop,
+                    fmt::format("waiting for {}'s acceptance", owner))) {
+        throw Error(Errc::timeout,
+                    fmt::format("transport tcp: rank {} connected to {}, but {} did not accept "
+                                "it within {} ms (another rank may be missing)",
+                                rank, whose, owner, timeout.count()));
+      }
+      continue;
+    }
+    throw Error(Errc::unavailable,
+                fmt::format("transport tcp: {} closed rank {}'s connection without accepting "
+                            "it ({}): {} refused it (not this job's {}, or this rank's place is "
+                            "taken) or failed",
+                            whose, rank, n == 0 ? "end of stream" : errno_text(errno), owner,
+                            owner));
+  }
+  if (std::memcmp(answer.data(), accept_magic.data(), answer.size()) != 0) {
+    throw Error(Errc::unavailable,
+                fmt::format("transport tcp: {} answered rank {} with something other than a "
+                            "weightcast {}'s acceptance",
+                            whose, rank, owner));
+  }
+}
+
+// A leader's relay socket, listening before the leader dials rank 0: its node's ranks dial
+// it once rank 0 has accepted them, which is after the leader has dialled rank 0.
+UniqueFd relay_listen(const std::string& name) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un address;
+  socklen_t length = 0;
+  abstract_address(name, address, length);
+  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      ::listen(fd.get(), SOMAXCONN) != 0) {
+    throw Error(Errc::unavailable, fmt::format("transport tcp: cannot listen on the relay "
+                                               "socket @{}: {}",
+                                               name, errno_text(errno)));
+  }
+  return fd;
+}
+
+UniqueFd relay_dial(const std::string& name, int leader, Clock::time_point deadline,
+                    std::chrono::milliseconds timeout, const std::stop_token& stop) {
+  sockaddr_un address;
+  socklen_t length = 0;
+  abstract_address(name, address, length);
+  while (true) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) {
+      throw Error(Errc::unavailable,
+                  fmt::format("transport tcp: socket(AF_UNIX): {}", errno_text(errno)));
+    }
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&address), length) == 0) return fd;
+    // A full backlog: the leader is accepting, try again.
+    if (errno != EAGAIN && errno != EINTR) {
+      throw Error(Errc::unavailable,
+                  fmt::format("transport tcp: cannot connect to rank {}'s relay socket @{} (this "
+                              "node's leader): {}; that rank has probably failed",
+                              leader, name, errno_text(errno)));
+    }
+    if (stop.stop_requested()) {
+      throw Error(Errc::interrupted, "transport tcp: stopped while dialling this node's leader");
+    }
+    if (Clock::now() >= deadline) {
+      throw Error(Errc::timeout, fmt::format("transport tcp: could not connect to rank {}'s "
+                                             "relay socket @{} within {} ms",
+                                             leader, name, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string list_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (const int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_size,
+                                              const TcpNonce& nonce,
+                                              std::chrono::milliseconds timeout,
+                                              std::stop_token stop, const TcpNodes& nodes) {
+  WEIGHTCAST_EXPECT(world_size >= 2, Errc::internal,
+                    fmt::format("transport tcp: a world of {} rank(s)", world_size));
+  Relay relay = relay_for(0, world_size, nodes);
+  auto connections = std::make_shared<Connections>(0, world_size);
+  const auto deadline = Clock::now() + timeout;
+  const std::string at = fmt::format("{}:{}", listener.address(), listener.port());
+  std::vector<int> everyone;
+  for (int r = 1; r < world_size; ++r) everyone.push_back(r);
+  accept_ranks(listener.fd(), *connections, everyone, nonce, deadline, timeout, stop, "rank 0",
+               "data port", at);
+  spdlog::debug("transport tcp: {} rank(s) connected to {}; rank 0 broadcasts to rank(s) {}",
+                world_size - 1, at, list_ranks(relay.downstream));
+  return std::make_unique<TcpTransport>(std::move(connections), std::move(relay));
 }
 
 std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::string_view address,
                                               std::uint16_t port, const TcpNonce& nonce,
                                               std::chrono::milliseconds timeout,
-                                              std::stop_token stop) {
+                                              std::stop_token stop, const TcpNodes& nodes) {
   WEIGHTCAST_EXPECT(world_size >= 2 && rank >= 1 && rank < world_size, Errc::internal,
                     fmt::format("transport tcp: rank {} of a world of {} dials rank 0", rank,
                                 world_size));
+  Relay relay = relay_for(rank, world_size, nodes);
   const auto deadline = Clock::now() + timeout;
   const std::string at = fmt::format("{}:{}", address, port);
+  // A leader listens before it dials rank 0 (see relay_listen).
+  UniqueFd relay_listener;
+  const std::string own_socket = relay_socket_name(nodes.relay_id, rank);
+  if (!relay.downstream.empty()) relay_listener = relay_listen(own_socket);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -681,47 +908,29 @@ std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::str
                                                "0's data port {}: {}",
                                                rank, at, errno_text(error)));
   }
-  std::array<std::byte, hello_bytes> hello{};
-  std::memcpy(hello.data(), hello_magic.data(), hello_magic.size());
-  put_u32(hello.data() + 8, static_cast<std::uint32_t>(rank));
-  put_u32(hello.data() + 12, static_cast<std::uint32_t>(world_size));
-  std::memcpy(hello.data() + 16, nonce.data(), nonce.size());
-  send_all(fd.get(), hello.data(), hello.size(), deadline, stop,
-           fmt::format("sending rank {}'s hello to {}", rank, at));
-  std::array<char, accept_magic.size()> answer{};
-  std::size_t got = 0;
-  while (got < answer.size()) {
-    const ssize_t n = ::recv(fd.get(), answer.data() + got, answer.size() - got, MSG_DONTWAIT);
-    if (n > 0) {
-      got += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_for(fd.get(), POLLIN, deadline, stop, "waiting for rank 0's acceptance")) {
-        throw Error(Errc::timeout,
-                    fmt::format("transport tcp: rank {} connected to rank 0's data port {}, but "
-                                "rank 0 did not accept it within {} ms (another rank may be "
-                                "missing)",
-                                rank, at, timeout.count()));
-      }
-      continue;
-    }
-    throw Error(Errc::unavailable,
-                fmt::format("transport tcp: rank 0's data port {} closed rank {}'s connection "
-                            "without accepting it ({}): rank 0 refused it (not this job's rank "
-                            "0, or this rank's place is taken) or failed",
-                            at, rank, n == 0 ? "end of stream" : errno_text(errno)));
-  }
-  if (std::memcmp(answer.data(), accept_magic.data(), answer.size()) != 0) {
-    throw Error(Errc::unavailable,
-                fmt::format("transport tcp: {} answered rank {} with something other than a "
-                            "weightcast rank 0's acceptance",
-                            at, rank));
-  }
+  show_hello(fd.get(), rank, world_size, nonce, deadline, timeout, stop,
+             fmt::format("rank 0's data port {}", at), "rank 0");
   auto connections = std::make_shared<Connections>(rank, world_size);
   connections->link(0).fd = std::move(fd);
-  return std::make_unique<TcpTransport>(std::move(connections));
+  if (relay.upstream != 0) {
+    // Rank 0 accepted every rank at once, so this node's leader is listening already.
+    const std::string socket = relay_socket_name(nodes.relay_id, relay.upstream);
+    UniqueFd to_leader = relay_dial(socket, relay.upstream, deadline, timeout, stop);
+    tune(to_leader.get());
+    show_hello(to_leader.get(), rank, world_size, nonce, deadline, timeout, stop,
+               fmt::format("rank {}'s relay socket @{}", relay.upstream, socket),
+               fmt::format("rank {}", relay.upstream));
+    connections->link(relay.upstream).fd = std::move(to_leader);
+    spdlog::debug("transport tcp: rank {} gets its broadcasts through rank {}, its node's leader",
+                  rank, relay.upstream);
+  }
+  if (!relay.downstream.empty()) {
+    accept_ranks(relay_listener.get(), *connections, relay.downstream, nonce, deadline, timeout,
+                 stop, fmt::format("rank {}", rank), "relay socket", "@" + own_socket);
+    spdlog::debug("transport tcp: rank {} leads its node: it forwards broadcasts to rank(s) {}",
+                  rank, list_ranks(relay.downstream));
+  }
+  return std::make_unique<TcpTransport>(std::move(connections), std::move(relay));
 }
 
 }  // namespace weightcast

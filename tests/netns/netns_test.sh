@@ -11,6 +11,9 @@
 # killed and its link removed mid-load; mpirun then ends node 0's ranks, and each must have
 # printed its line first) |
 # torchrun (torchrun's environment on two nodes, a loopback MASTER_ADDR) |
+# relay (transport: tcp from torchrun's environment, replicate: bit-exact, and node 1's leader
+# forwards to its node, so about one copy leaves node 0: ≤ 1.05 × the minimum) |
+# relaykill (node 1's leader killed mid-load: every rank names it) |
 # teardown (a killed cluster leaves nothing) |
 # lossy (1 % loss, 20 ms delay on node 1's link: bit-exact; netem, skipped where the kernel has none).
 # Exit 0 passed, 1 failed, 77 skipped (ctest's SKIP_RETURN_CODE), with the reason printed.
@@ -97,6 +100,9 @@ if [[ $case_name == inner-* ]]; then
           { cat "$out/rank.$r.log"; fail "rank $r did not take the network path"; }
       done
       grep -q "joined from 10.99.0.2" "$out/rank.0.log" || fail "no rank joined from node 1"
+      # Broadcasts in two levels: node 1 gets one copy, through its leader.
+      grep -q "transport mpi: 2 node(s) for 4 ranks: broadcasts go to each node's leader, then on the node" "$out/rank.0.log" ||
+        { cat "$out/rank.0.log"; fail "rank 0 did not split the broadcast by node"; }
       # The same load on node 0 alone takes the one-node path on every rank.
       rm -f /tmp/rank.*
       mpirun_on_cluster 2 --host node0:2 -- "${common[@]}" --set timeout=20s \
@@ -268,6 +274,86 @@ if [[ $case_name == inner-* ]]; then
         ! node_runs_weightcast "$node" || fail "$node: a weightcast rank is still running"
       done
       ;;
+    relay)
+      # transport: tcp across nodes, started as torchrun starts ranks (no MPI): replicate
+      # bit-exact, and one copy of the checkpoint leaves node 0 for node 1 (its leader, rank 2,
+      # forwards to rank 3), not one per far rank. Bytes off node 0: its eth0's tx_bytes over
+      # the whole job (rendezvous, control plane, TCP/IP headers included).
+      tx() { ip -j -s link show dev eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])'; }
+      # The least replicate needs: the tensor bytes once, from the header's data offsets.
+      minimum=$(python3 -c 'import json,struct,sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+print(sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in h.items() if k != "__metadata__"))' "$ckpt/model.safetensors")
+      torchrun_job() {  # PLACEMENT PORT: 4 ranks on 2 nodes as torchrun starts them
+        local r node
+        for node in $NETNS_CLUSTER_NODES; do "$NETNS_CLUSTER_AGENT" "$node" 'rm -f /tmp/rank.*'; done
+        for r in 0 1 2 3; do
+          "$NETNS_CLUSTER_AGENT" "node$((r / 2))" "RANK=$r WORLD_SIZE=4 \
+            LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=2 MASTER_ADDR=node0 \
+            MASTER_PORT=$2 TORCHELASTIC_RUN_ID=relay timeout 60 '$cli' run ${common[*]} \
+            --set timeout=20s --set transport=tcp --set placement=$1 --set verify=digest \
+            >/tmp/rank.$r.log 2>&1; echo \$? >/tmp/rank.$r.status" &
+        done
+        wait
+        collect "$out"
+        for r in 0 1 2 3; do
+          [[ $(cat "$out/rank.$r.status") == 0 ]] || { cat "$out/rank.$r.log"; fail "$1: rank $r ended with $(cat "$out/rank.$r.status")"; }
+        done
+      }
+      # fsdp: exchange keeps rank 0's direct connections, beside the relay's.
+      torchrun_job fsdp 29730
+      grep -q "^# 4 ranks, [0-9]* local shards bit-exact" "$out/rank.0.log" || { cat "$out/rank.0.log"; fail "no fsdp verdict"; }
+      before=$(tx)
+      torchrun_job replicate 29731
+      after=$(tx)
+      grep -q "^# 4 ranks × [0-9]* tensors bit-exact" "$out/rank.0.log" || { cat "$out/rank.0.log"; fail "no replicate verdict"; }
+      grep -q "rank 3 gets its broadcasts through rank 2" "$out/rank.3.log" ||
+        { cat "$out/rank.3.log"; fail "rank 3 did not get its broadcasts through node 1's leader"; }
+      grep -q "rank 2 leads its node: it forwards broadcasts to rank(s) 3" "$out/rank.2.log" ||
+        { cat "$out/rank.2.log"; fail "rank 2 does not lead node 1"; }
+      sent=$((after - before))
+      ratio=$(python3 -c "print(f'{$sent / $minimum:.3f}')")
+      echo "bytes off node 0: $sent; replicate's minimum (one copy to node 1): $minimum; ratio $ratio"
+      python3 -c "import sys; sys.exit(0 if $sent <= 1.05 * $minimum else 1)" ||
+        fail "bytes off node 0 ÷ the minimum = $ratio, over 1.05"
+      ;;
+    relaykill)
+      # Node 1's leader (rank 2) killed mid-load, node 1's link slowed (40 Mbit/s: the 16 MB
+      # take 3 s) so that the load is under way: every other rank, rank 3 (which gets its
+      # bytes through rank 2) included, ends with 69 and the control plane's one message
+      # naming rank 2, as when any rank dies.
+      ip netns exec "$NETNS_CLUSTER_SWITCH" tc qdisc add dev p1 root tbf rate 40mbit burst 1mb latency 50ms ||
+        fail "cannot shape p1"
+      for r in 0 1 2 3; do
+        "$NETNS_CLUSTER_AGENT" "node$((r / 2))" "RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) \
+          LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=2 MASTER_ADDR=node0 MASTER_PORT=29732 \
+          TORCHELASTIC_RUN_ID=relaykill timeout 60 '$cli' run ${common[*]} --set timeout=20s \
+          --set transport=tcp --set placement=replicate \
+          >/tmp/rank.$r.log 2>&1; echo \$? >/tmp/rank.$r.status" &
+      done
+      # Rank 2's process once its transport is open (it has said it leads its node).
+      # shellcheck disable=SC2016  # expanded on the node
+      find_leader='grep -q "leads its node" /tmp/rank.2.log 2>/dev/null &&
+        for p in $(pgrep -x weightcast); do tr "\0" "\n" </proc/$p/environ | grep -qx RANK=2 && echo $p; done'
+      pid=""
+      for ((i = 0; i < 200; i++)); do
+        pid=$("$NETNS_CLUSTER_AGENT" node1 "$find_leader")
+        [[ -n $pid ]] && break
+        sleep 0.05
+      done
+      [[ -n $pid ]] || fail "rank 2 never led node 1"
+      sleep 0.5
+      "$NETNS_CLUSTER_AGENT" node1 "kill -KILL $pid"
+      wait
+      collect "$out"
+      for r in 0 1 3; do
+        [[ $(cat "$out/rank.$r.status") == 69 ]] || { cat "$out/rank.$r.log"; fail "rank $r ended with $(cat "$out/rank.$r.status"), not 69"; }
+        [[ $(grep -c "error" "$out/rank.$r.log") == 1 ]] || { cat "$out/rank.$r.log"; fail "rank $r: not one error line"; }
+        grep -q "error: rank 2 is gone" "$out/rank.$r.log" || { cat "$out/rank.$r.log"; fail "rank $r did not name rank 2"; }
+        echo "rank $r: $(grep error "$out/rank.$r.log")"
+      done
+      grep -q "bit-exact" "$out/rank.0.log" && fail "the load had ended before rank 2 was killed"
+      ;;
     torchrun)
       # torchrun's environment on two nodes (no MPI launcher): a loopback MASTER_ADDR is
       # refused on every rank at once, naming torchrun's variables.
@@ -345,10 +431,14 @@ case $case_name in
     fi
     ip netns del "$probe"
     ;&
-  replicate | fsdp | loopback | unreachable | linkcut | crawl | nodekill | torchrun)
+  replicate | fsdp | relay | relaykill | loopback | unreachable | linkcut | crawl | nodekill | torchrun)
     ckpt=$(mktemp -d)
     trap 'rm -rf "$ckpt"' EXIT
-    "$cli" synth --params 2M --dtype BF16 "$ckpt" >/dev/null || fail "synth"
+    # The relay's count: 16 MB, so that the control plane's fixed share (some 200 KB) stays
+    # well under the 5 % the bytes are allowed over the checkpoint.
+    params=2M
+    [[ $case_name == relay* ]] && params=8M
+    "$cli" synth --params "$params" --dtype BF16 "$ckpt" >/dev/null || fail "synth"
     "$cluster" run -n 2 --slots 2 --only-on-node0 "$ckpt" -- bash "$self" "inner-$case_name" "$cli" "$ckpt"
     ;;
   *) fail "unknown case $case_name" ;;

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -48,17 +49,21 @@ void finish(const std::unique_ptr<Pending>& pending) {
 }
 
 // A world of @p world_size ranks: rank 0 in this thread's future, the others dialling it.
-std::vector<std::unique_ptr<Transport>> connect_world(int world_size) {
+// @p nodes: where each rank runs, as the job says it (here all on this host: the relay's
+// sockets are this host's too).
+std::vector<std::unique_ptr<Transport>> connect_world(int world_size,
+                                                      const weightcast::TcpNodes& nodes = {}) {
   weightcast::TcpListener listener("127.0.0.1");
   const std::uint16_t port = listener.port();
   const TcpNonce nonce = weightcast::tcp_nonce();
   auto root = std::async(std::launch::async, [&, l = std::move(listener)]() mutable {
-    return weightcast::make_tcp_transport(std::move(l), world_size, nonce, 10s);
+    return weightcast::make_tcp_transport(std::move(l), world_size, nonce, 10s, {}, nodes);
   });
   std::vector<std::future<std::unique_ptr<Transport>>> peers;
   for (int r = 1; r < world_size; ++r) {
     peers.push_back(std::async(std::launch::async, [&, r] {
-      return weightcast::make_tcp_transport(r, world_size, "127.0.0.1", port, nonce, 10s);
+      return weightcast::make_tcp_transport(r, world_size, "127.0.0.1", port, nonce, 10s, {},
+                                            nodes);
     }));
   }
   std::vector<std::unique_ptr<Transport>> world;
@@ -283,4 +288,102 @@ TEST_CASE("tcp: a stop ends rank 0's wait for the ranks with 130", "[tcp]") {
     CHECK_THAT(e.what(), Contains("stopped while rank 0 waited for the ranks"));
   }
   CHECK(std::chrono::steady_clock::now() - begin < 5s);  // not the 30 s timeout
+}
+
+// Three simulated nodes, the ranks interleaved as a round-robin launcher places them: ranks
+// 0 and 2 on rank 0's node, 1, 3 and 5 on a second (rank 1 leads it), 4 alone on a third.
+weightcast::TcpNodes three_nodes() {
+  weightcast::TcpNodes nodes;
+  nodes.node = {7, 3, 7, 3, 9, 3};
+  const TcpNonce id = weightcast::tcp_nonce();
+  std::memcpy(&nodes.relay_id, id.data(), sizeof nodes.relay_id);
+  return nodes;
+}
+
+TEST_CASE("tcp relay: a node's leader forwards broadcasts to its ranks, bit-exact", "[tcp]") {
+  constexpr int world_size = 6;
+  auto world = connect_world(world_size, three_nodes());
+  REQUIRE(world.size() == world_size);
+  // Past the socket buffers: rank 0, the leader and its ranks all wait on each other.
+  const std::size_t a_bytes = (24u << 20) + 3;
+  const std::size_t b_bytes = 4097;
+  const auto a = random_bytes(a_bytes, 11);
+  const auto b = random_bytes(b_bytes, 12);
+  std::vector<std::vector<std::byte>> got_a(world_size, std::vector<std::byte>(a_bytes));
+  std::vector<std::vector<std::byte>> got_b(world_size, std::vector<std::byte>(b_bytes));
+  got_a[0] = a;
+  got_b[0] = b;
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      const Transport::Range ranges[] = {{got_a[r].data(), a_bytes}, {got_b[r].data(), b_bytes}};
+      auto first = world[r]->broadcast_group(ranges, 0, nullptr);
+      auto second = world[r]->broadcast(got_b[r].data(), 100, 0);
+      finish(second);
+      finish(first);
+    }));
+  }
+  for (auto& f : ranks) f.get();
+  for (int r = 1; r < world_size; ++r) {
+    INFO("rank " << r);
+    CHECK(got_a[r] == a);
+    CHECK(got_b[r] == b);
+  }
+  // Exchange still goes between rank 0 and each rank directly, the leader's ranks included.
+  const auto source = random_bytes(6000, 13);
+  std::vector<std::vector<std::byte>> slices(world_size, std::vector<std::byte>(1000));
+  ranks.clear();
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      std::vector<Transport::Message> sends;
+      auto* from = const_cast<std::byte*>(source.data());
+      if (r == 0) {
+        for (int peer = 0; peer < world_size; ++peer) {
+          sends.push_back({peer, from + peer * 1000, 1000});
+        }
+      }
+      const Transport::Message receives[] = {{0, slices[r].data(), 1000}};
+      finish(world[r]->exchange(sends, receives, 3));
+    }));
+  }
+  for (auto& f : ranks) f.get();
+  for (int r = 0; r < world_size; ++r) {
+    INFO("rank " << r);
+    CHECK(std::memcmp(slices[r].data(), source.data() + r * 1000, 1000) == 0);
+  }
+}
+
+TEST_CASE("tcp relay: a lost leader is named by its ranks, a plan that differs fails with 70",
+          "[tcp]") {
+  constexpr int world_size = 6;
+  SECTION("the leader goes") {
+    auto world = connect_world(world_size, three_nodes());
+    std::vector<std::byte> got(32u << 20);
+    auto receiving = world[3]->broadcast(got.data(), got.size(), 0);
+    world[1].reset();  // the leader's process died: its sockets close
+    try {
+      finish(receiving);
+      FAIL("a broadcast through a lost leader completed");
+    } catch (const weightcast::TcpConnectionLost& e) {
+      CHECK(e.code() == Errc::unavailable);
+      CHECK(e.peer() == 1);  // its broadcasts come from the leader, not from rank 0
+      CHECK_THAT(e.what(), Contains("connection to rank 1 lost"));
+    }
+  }
+  SECTION("a leader's rank posts another size") {
+    auto world = connect_world(world_size, three_nodes());
+    auto data = random_bytes(100, 14);
+    std::vector<std::vector<std::byte>> got(world_size, std::vector<std::byte>(200));
+    auto sent = world[0]->broadcast(data.data(), 100, 0);
+    auto relayed = world[1]->broadcast(got[1].data(), 100, 0);
+    try {
+      finish(world[5]->broadcast(got[5].data(), 200, 0));
+      FAIL("a broadcast of another size was taken");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::internal);
+      CHECK_THAT(e.what(), Contains("rank 1 sent a broadcast of 100 bytes"));
+      CHECK_THAT(e.what(), Contains("posted a broadcast of 200 bytes"));
+    }
+    CHECK(std::all_of(got[5].begin(), got[5].end(), [](std::byte x) { return x == std::byte{0}; }));
+  }
 }

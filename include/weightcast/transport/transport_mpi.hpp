@@ -100,13 +100,22 @@ std::pair<int, int> mpi_rank_and_size(const MpiCommunicator& communicator);
  *        `Pending::test()` is `MPI_Test`. Counts over `INT_MAX` bytes are split into several
  *        `MPI_Ibcast`s (MPI counts are `int`).
  *
+ * Where the session does not know every rank to be on one node (`MpiSession::one_node`),
+ * creating the transport is collective: it splits the communicator by node
+ * (`MPI_Comm_split_type`, `MPI_COMM_TYPE_SHARED`) and into the nodes' leaders (each node's
+ * lowest rank), and where there are several nodes and some has several ranks, a broadcast
+ * from rank 0 goes in two levels: `MPI_Ibcast` among the leaders, then on each node from its
+ * leader (posted inside `Pending::test()` once the first level, and every earlier broadcast's,
+ * has completed), so each other node receives one copy (docs/DESIGN.md § Transports).
+ *
  * Destroying an unfinished broadcast does not wait (it could wait forever on a dead peer): it
  * marks @p session abandoned; the caller must exit the process soon (the arena stays
  * reachable by MPI until then).
  * @param session must outlive the transport.
  * @throws Error `unavailable` (69) when the build has no MPI. The transport's `broadcast` and
  *         its `Pending::test()` throw `unavailable` naming the byte count and MPI's error
- *         string when `MPI_Ibcast` or `MPI_Testall` fails.
+ *         string when `MPI_Ibcast` or `MPI_Testall` fails; creation throws `unavailable`
+ *         naming the call when a split of the communicator fails.
  */
 std::unique_ptr<Transport> make_mpi_transport(MpiSession& session);
 

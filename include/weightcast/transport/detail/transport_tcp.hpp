@@ -4,11 +4,14 @@
  *        several ranks without MPI (torchrun on CPU, torch.multiprocessing, `weightcast
  *        launch --spawner local`).
  *
- * A star: rank 0 holds one connection to every other rank, and every byte goes over one of
- * them. `broadcast` / `broadcast_group` send rank 0's ranges to each rank in turn, so rank 0's
- * link carries (world size − 1) copies of every chunk; that is the price of needing nothing
- * but a TCP port, and what `transport: mpi` avoids where MPI is there
- * (docs/DESIGN.md § Transports).
+ * Rank 0 holds one connection to every other rank (a star): exchanges (placed loads) go over
+ * it, each byte to the one rank that wants it. Broadcasts follow the nodes (`TcpNodes`): rank 0
+ * sends each chunk to the ranks on its own node and to one rank on each other node, that
+ * node's leader (its lowest rank), which forwards the bytes to its node's other ranks as they
+ * arrive (cut-through: it forwards what has landed, not whole chunks) over a node-local Unix
+ * socket. So one copy of every chunk leaves rank 0's node per other node, the least a
+ * broadcast can send (docs/DESIGN.md § Transports). Without `TcpNodes` it is the plain star:
+ * each rank gets its own copy from rank 0.
  *
  * Progress is made inside `Pending::test()` on non-blocking sockets: no thread of the
  * loader's ever blocks on a socket, and no thread of the transport's own runs. Bytes go
@@ -35,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace weightcast {
 
@@ -43,6 +47,20 @@ inline constexpr std::size_t tcp_nonce_bytes = 16;
 /// A fresh random secret (getrandom(2)) for one job's data port; the control plane carries it
 /// from rank 0 to the other ranks, so only ranks that passed the rendezvous's token know it.
 using TcpNonce = std::array<std::byte, tcp_nonce_bytes>;
+
+/// Which node each rank runs on, for the broadcast relay: rank r runs on node `node[r]`
+/// (any numbering; ranks with the same number share a node: the job numbers the ranks'
+/// `detail::node_id`s). Every rank must be given the same value.
+struct TcpNodes {
+  /// One entry per rank (world size entries), or none: every rank gets its broadcasts from
+  /// rank 0 directly (no relay).
+  std::vector<int> node;
+  /// Names each leader's relay socket (an abstract Unix socket
+  /// `weightcast-relay-<id in hex>-<leader rank>`, nothing in the file system): a random value
+  /// of rank 0's, so that two jobs on one node do not meet. The socket's peers still show the
+  /// job's secret, as on rank 0's data port.
+  std::uint64_t relay_id = 0;
+};
 
 /// What a tcp pending throws when its connection to @p peer is lost (closed or reset: the
 /// peer failed or was killed): `unavailable` (69). Its own type, so that a job can give the
@@ -99,48 +117,64 @@ class TcpListener {
  * @param timeout bound on the whole wait for the ranks.
  * @param stop when requested (the caller's stop, or another rank failed), the wait ends
  *        within 50 ms.
+ * @param nodes where each rank runs: rank 0 broadcasts to the ranks on its node and to each
+ *        other node's leader only. Empty: to every rank.
  * @throws Error `timeout` (75) naming the ranks that did not connect and the port, when
  *         some are missing after @p timeout; `unavailable` (69) when accept or a socket call
- *         fails; `interrupted` (130) on @p stop; `internal` (70) when @p world_size < 2.
+ *         fails; `interrupted` (130) on @p stop; `internal` (70) when @p world_size < 2, or
+ *         @p nodes has neither 0 nor @p world_size entries.
  */
 std::unique_ptr<Transport> make_tcp_transport(TcpListener listener, int world_size,
                                               const TcpNonce& nonce,
                                               std::chrono::milliseconds timeout,
-                                              std::stop_token stop = {});
+                                              std::stop_token stop = {},
+                                              const TcpNodes& nodes = {});
 
 /**
  * @brief A rank other than 0: connects to rank 0's data port @p address : @p port, shows
- *        its rank and @p nonce, and waits for rank 0's acceptance.
+ *        its rank and @p nonce, and waits for rank 0's acceptance; then joins its node's relay.
+ *
+ * Relay (@p nodes given, this rank not on rank 0's node): a node's leader listens on its
+ * relay socket before it dials rank 0, and once accepted waits for its node's other ranks
+ * (their hellos checked as rank 0 checks them, then each accepted); any other rank, once
+ * rank 0 has accepted it (so its leader is listening), dials its leader's relay socket.
  * @param rank this rank, 1 ≤ rank < @p world_size.
- * @param timeout bound on connecting and on the acceptance.
+ * @param timeout bound on connecting and on the acceptance (rank 0's and the leader's).
  * @param stop as above.
- * @throws Error `unavailable` (69) naming rank 0's address and port when the connection is
- *         refused or lost, or rank 0 closes it without accepting (a wrong nonce: not this
- *         job's rank 0); `interrupted` (130) on @p stop; `timeout` (75) when the connection
- *         or the acceptance takes longer than @p timeout; `internal` (70) when @p rank is out
- *         of range.
+ * @param nodes as for rank 0's end, the same value on every rank.
+ * @throws Error `unavailable` (69) naming rank 0's address and port (or the leader's relay
+ *         socket) when the connection is refused or lost, or rank 0 (the leader) closes it
+ *         without accepting (a wrong nonce: not this job's rank 0); `interrupted` (130) on
+ *         @p stop; `timeout` (75) when the connection or the acceptance takes longer than
+ *         @p timeout, or a leader's ranks do not all join it (named); `internal` (70) when
+ *         @p rank is out of range or @p nodes has the wrong size.
  */
 std::unique_ptr<Transport> make_tcp_transport(int rank, int world_size, std::string_view address,
                                               std::uint16_t port, const TcpNonce& nonce,
                                               std::chrono::milliseconds timeout,
-                                              std::stop_token stop = {});
+                                              std::stop_token stop = {},
+                                              const TcpNodes& nodes = {});
 
 /*
  * What the transport's operations do and throw (the `Transport` interface's contract, for
  * tcp):
  *  - `broadcast` / `broadcast_group`: @p root must be 0 (`config`, 78, otherwise: the star
- *    has no other root). Rank 0 queues the ranges on every connection; the others receive
- *    them into their ranges. Null for 0 bytes.
+ *    has no other root). Rank 0 queues the ranges on the connection to each rank on its node
+ *    and to each other node's leader; a leader receives them into its ranges and sends each
+ *    byte on to its node's other ranks once it has landed (the pending completes when all
+ *    have gone); the others receive from rank 0 or from their leader. Each hop checks the
+ *    header. Null for 0 bytes.
  *  - `exchange`: messages between rank 0 and another rank, either way; a message from a rank
  *    to itself is a memcpy, paired in posting order with this call's receives from itself
  *    (`internal`, 70, when their counts or sizes differ). A message between two ranks other
  *    than 0 is refused with `config` (78): the star has no such connection.
  *  - Operations on one connection go in posting order, one after the other, whichever
  *    pending is tested. A pending's `test()` throws `TcpConnectionLost` (`unavailable`,
- *    69) naming the peer rank when its connection is lost (the peer closed it, or reset it: a
- *    killed rank) or a socket call fails; `internal` (70) when what arrives does not match what this rank posted
- *    (another byte count, kind or tag: the ranks' plans differ). After that every operation
- *    on that connection fails the same way.
+ *    69) naming the peer rank (rank 0, a leader, or a leader's rank) when its connection is
+ *    lost (the peer closed it, or reset it: a killed rank) or a socket call fails;
+ *    `internal` (70) when what arrives does not match what this rank posted (another byte
+ *    count, kind or tag: the ranks' plans differ). After that every operation on that
+ *    connection fails the same way.
  *  - Destroying a pending that has not completed closes the connections it was using: none
  *    of its memory is read or written afterwards, and later operations on them fail
  *    (`unavailable`).
