@@ -35,9 +35,13 @@ def test_the_extension_links_neither_the_cuda_runtime_nor_nccl():
 
 
 def test_import_works_without_a_cuda_runtime_to_load():
-    r = _run("import weightcast; print(weightcast.build_info()['version'])")
+    r = _run("import weightcast\n"
+             "maps = open('/proc/self/maps').read()\n"
+             "print(weightcast.build_info()['version'])\n"
+             "print('libcudart' in maps or 'libnccl' in maps)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == weightcast.__version__
+    # Nothing of CUDA is loaded at import: the first CUDA use loads it.
+    assert r.stdout.split() == [weightcast.__version__, "False"], r.stdout
 
 
 def test_device_cuda_without_a_cuda_runtime_is_a_clear_error(tmp_path):
@@ -56,14 +60,10 @@ print("loaded")
     r = _run(code)
     assert r.returncode == 0, r.stderr
     status, _, message = r.stdout.partition("\n")
-    if torch_sees_no_gpu_or_runtime(message):
-        assert status == "69", r.stdout
-    if weightcast.build_info()["cuda"] and "torch" not in message:
-        assert "libcudart" in message and "/nonexistent/libcudart.so.13" in message, message
+    assert status == "69", r.stdout
+    if weightcast.build_info()["cuda"]:
+        # The override is the only place looked in: the message names it and why it failed.
+        assert "CUDA runtime (libcudart) not found" in message, message
+        assert "/nonexistent/libcudart.so.13 (WEIGHTCAST_CUDART)" in message, message
     else:
-        assert message.strip(), r.stdout
-
-
-def torch_sees_no_gpu_or_runtime(message: str) -> bool:
-    """Whatever refuses first (torch, finding no GPU, or weightcast), the refusal is 69."""
-    return "loaded" not in message
+        assert "this build has no CUDA" in message, message
