@@ -108,11 +108,14 @@ namespace detail {
 /// Point Access"), which `CudaDeviceScope` reaches the driver's context calls through.
 inline constexpr int min_cuda_runtime_version = 12050;
 
-/// The oldest NCCL weightcast accepts, as `ncclGetVersion` encodes it: 2.14, the first with
-/// `ncclCommInitRankConfig`, non-blocking communicators (`config.blocking = 0`, the polled
-/// `ncclInProgress`) and `ncclCommFinalize` (NCCL release notes 2.14.3; NCCL docs, "Creating
-/// a communicator with options", "Fault Tolerance": a non-blocking communicator is the one
-/// `ncclCommAbort` may end while another call on it is still in progress).
+/// The oldest NCCL weightcast accepts, as `ncclGetVersion` encodes it: 2.14, the release that
+/// brought `ncclCommInitRankConfig` with `ncclConfig_t`, non-blocking communicators
+/// (`config.blocking = 0`: calls return `ncclInProgress`, the state is polled with
+/// `ncclCommGetAsyncError`) and `ncclCommFinalize` (NCCL release notes 2.14; NCCL docs,
+/// "Creating a communicator with options" and "Fault Tolerance": only a non-blocking
+/// communicator lets the caller give up on a stalled peer with `ncclCommAbort` instead of
+/// hanging in the call). The transport relies on all three (transport_nccl.cpp); a library
+/// that lacks one of the functions is refused by the symbol check as well.
 inline constexpr int min_nccl_version = 21400;
 
 /// The CUDA runtime's functions, resolved from one loaded library.
