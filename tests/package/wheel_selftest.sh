@@ -163,9 +163,12 @@ import sys, weightcast
 assert "torch" not in sys.modules, "import weightcast imported torch"
 print("import weightcast:", weightcast.build_info())' || fail "import weightcast"
 
-# What the extension and the CLI load, as the root's dynamic loader resolves it: glibc only.
+# What the extension and the CLI load, as the root's dynamic loader resolves it: glibc only
+# (libpthread, libdl and librt too where the wheel has a glibc floor below 2.34, which had
+# their functions there).
 for f in "$(echo "$ROOT"/opt/wc-venv/lib/python3*/site-packages/weightcast)"/{_weightcast*.so,weightcast}; do
-  libs=$(in_root ldd "${f#"$ROOT"}" | awk '{print $1}' | grep -vE '^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so)' || true)
+  libs=$(in_root ldd "${f#"$ROOT"}" | awk '{print $1}' |
+    grep -vE '^(linux-vdso|/lib64/ld-linux|lib(c|m|pthread|dl|rt)\.so)' || true)
   [ -z "$libs" ] || fail "${f##*/} loads more than glibc: $libs"
 done
 out=$(in_root weightcast --version) || fail "weightcast --version"
@@ -217,6 +220,15 @@ for k, v in want.items():
     # Bytes, not values: NaN payloads and -0.0 must survive too.
     assert torch.equal(g.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)), k
 print(f"weightcast.load: {len(got)} tensors bit-exact against safetensors (torch {torch.__version__})")
+# An error is a C++ exception, unwound inside the extension by its static libgcc (which finds
+# the unwind tables through weightcastGlibcFloor.cpp where the wheel has a glibc floor), then
+# raised here.
+try:
+    weightcast.load("/tmp/wc-absent")
+except weightcast.MissingInputError as e:
+    print(f"weightcast.load of a missing path: MissingInputError: {e}")
+else:
+    raise AssertionError("weightcast.load of a missing path raised nothing")
 ' || fail "weightcast.load against safetensors"
 else
   say "weightcast.load skipped (WEIGHTCAST_WHEEL_TORCH=0: no torch in the root)"
