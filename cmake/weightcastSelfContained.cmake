@@ -78,8 +78,8 @@ set(CMAKE_VISIBILITY_INLINES_HIDDEN ON)
 # CLI's objects too, harmless in an executable).
 set(CMAKE_POSITION_INDEPENDENT_CODE ON)
 add_link_options(-static-libstdc++ -static-libgcc LINKER:--exclude-libs,ALL)
-message(STATUS "weightcast: self-contained: no MPI, no CUDA, static libstdc++/libgcc, "
-  "hidden symbols")
+message(STATUS "weightcast: self-contained: no MPI, CUDA from headers only, "
+  "static libstdc++/libgcc, hidden symbols")
 
 # The oldest glibc the CLI and the extension load on: the build host's, or the one
 # WEIGHTCAST_GLIBC_FLOOR names (scripts/wheel.sh: 2.28, manylinux_2_28).
