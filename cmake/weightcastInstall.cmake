@@ -92,9 +92,8 @@ function(weightcast_write_package_config)
       endif()
       set(_code "weightcast_pkg_target(${_prefix} ${_module_name})")
     elseif(_lib STREQUAL "weightcast_nccl")
-      get_target_property(_nccl_lib weightcast_nccl IMPORTED_LOCATION)
       get_target_property(_nccl_inc weightcast_nccl INTERFACE_INCLUDE_DIRECTORIES)
-      set(_code "weightcast_find_nccl(\"${_nccl_lib}\" \"${_nccl_inc}\")")
+      set(_code "weightcast_find_nccl(\"${_nccl_inc}\")")
     elseif(_lib MATCHES "^weightcast_static::")
       # The self-contained build's archives (cmake/weightcastSelfContained.cmake): that build
       # makes the wheel, which installs no C++ package; nothing to find.

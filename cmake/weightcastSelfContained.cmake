@@ -7,8 +7,8 @@
 #     headers (FMT_HEADER_ONLY; spdlog is header-only where SPDLOG_COMPILED_LIB is not defined);
 #   - libstdc++ and libgcc are linked statically: the wheel must not need the build host's
 #     libstdc++ (a host with an older one fails with "GLIBCXX_3.4.30 not found");
-#   - no MPI and no PMIx (`transport: mpi` is then an error, 69, saying the build has none) and
-#     no CUDA in this phase (the CUDA runtime and NCCL are to be loaded at run time later);
+#   - no MPI and no PMIx (`transport: mpi` is then an error, 69, saying the build has none);
+#     CUDA is compiled in from headers alone (below), nothing of it linked;
 #   - only the module's own entry point is exported: -fvisibility=hidden for this project's
 #     code and --exclude-libs,ALL for the archives, so that the static fmt, spdlog and
 #     libstdc++ copies never bind to, or get bound by, torch's own copies in the same process.
@@ -16,12 +16,9 @@
 # build host has the -dev packages; the headers come from there): it only changes what
 # WEIGHTCAST_LINK_* name.
 
-if(WEIGHTCAST_CUDA STREQUAL "ON")
-  message(FATAL_ERROR "WEIGHTCAST_SELF_CONTAINED=ON builds without CUDA (the wheel does not "
-    "carry the CUDA runtime or NCCL yet); pass WEIGHTCAST_CUDA=OFF or AUTO")
-endif()
-# A normal variable shadows the cache entry: AUTO would find a local toolkit and link it.
-set(WEIGHTCAST_CUDA OFF)
+# CUDA as in every build (WEIGHTCAST_CUDA, default AUTO): only the toolkit's headers are
+# compiled against; the CUDA runtime and NCCL are loaded at run time (from torch's nvidia-*
+# wheels or the system, device/detail/cuda_api.hpp), so the wheel carries and links neither.
 
 # A static archive as an imported target, with the include directories of the target that
 # found its headers (empty where they are in /usr/include); fails at configure time where the
@@ -81,8 +78,8 @@ set(CMAKE_VISIBILITY_INLINES_HIDDEN ON)
 # CLI's objects too, harmless in an executable).
 set(CMAKE_POSITION_INDEPENDENT_CODE ON)
 add_link_options(-static-libstdc++ -static-libgcc LINKER:--exclude-libs,ALL)
-message(STATUS "weightcast: self-contained: no MPI, no CUDA, static libstdc++/libgcc, "
-  "hidden symbols")
+message(STATUS "weightcast: self-contained: no MPI, CUDA from headers only, "
+  "static libstdc++/libgcc, hidden symbols")
 
 # The oldest glibc the CLI and the extension load on: the build host's, or the one
 # WEIGHTCAST_GLIBC_FLOOR names (scripts/wheel.sh: 2.28, manylinux_2_28).

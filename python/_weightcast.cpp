@@ -24,6 +24,7 @@
 #include "weightcast/core/error.hpp"
 #include "weightcast/core/settings.hpp"
 #include "weightcast/device/device.hpp"
+#include "weightcast/device/gpu_info.hpp"
 #include "weightcast/format/dtype.hpp"
 #include "weightcast/pipeline/loader.hpp"
 
@@ -330,6 +331,9 @@ NB_MODULE(_weightcast, m) {
       "spellings and torch's 'cpu'; None for any other ('auto' too).");
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices this process can use; 0 without CUDA in the build or a driver.");
+  m.def("set_cuda_library_dirs", &set_cuda_library_dirs, "dirs"_a,
+        "Folders to look in for the CUDA runtime and NCCL before the system's (torch's "
+        "nvidia-* wheels); only before the first CUDA use. Does nothing without CUDA.");
   m.def("live_arenas", [] { return live_arenas.load(); },
         "Arenas currently owned by tensors handed out (for lifetime tests).");
   m.def("build_info", [] {

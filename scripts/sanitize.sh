@@ -21,7 +21,9 @@
 #                   thread and the MPI_Init watchdog thread.
 #   [log]           the logger, written from several threads at once.
 #   Not covered: the CUDA path (cuda device, nccl transport, the driver's threads). It needs a
-#   GPU, which this machine and CI lack, so build-tsan is -DWEIGHTCAST_CUDA=OFF; note there
+#   GPU, which this machine and CI lack, so both sanitizer builds are -DWEIGHTCAST_CUDA=OFF
+#   (./build, scripts/test.sh's, compiles it in and runs its CPU-side tests, the run-time
+#   loading of the CUDA runtime and NCCL included); note there
 #   is no cudaLaunchHostFunc bridge to race on today (src/device/device_cuda.cpp polls CUDA events
 #   from the loader's thread).
 #

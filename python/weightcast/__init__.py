@@ -15,42 +15,40 @@ from __future__ import annotations
 import sys as _sys
 
 
-def _prefer_torch_cuda_libraries() -> None:
-    """Loads the CUDA runtime and NCCL of torch's CUDA wheels (nvidia-*-cu13) before the
-    extension, when torch is not imported yet and they are installed.
+def _torch_cuda_library_dirs() -> list[str]:
+    """The folders of the CUDA runtime and NCCL of torch's CUDA wheels (nvidia-*), where
+    installed; found without importing torch.
 
-    The extension needs libcudart.so.13 and libnccl.so.2 by soname, and the first library of
-    a soname loaded in a process serves every later user: had the extension loaded the
-    system's (older) NCCL first, `import torch` afterwards fails (libtorch_cuda.so: undefined
-    symbol ncclCommResume). Preferring torch's copies keeps torch working in either import
-    order, and both then run one NCCL, the one torch was built for.
+    The extension loads both at its first CUDA use (never at import: a host without them
+    imports weightcast all the same), looking in these folders before the system's. The first
+    library of a soname loaded in a process serves every later user: had the system's (older)
+    NCCL been loaded first, `import torch` afterwards fails (libtorch_cuda.so: undefined
+    symbol ncclCommResume). Torch's copies first keep torch working in either import order,
+    and both then run one NCCL, the one torch was built for (a communicator torch made must
+    be driven by it).
     """
-    if "torch" in _sys.modules:
-        return  # torch has loaded its own already
-    import ctypes
     import importlib.util
     import os
 
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
-        return
+        return []
     if spec is None or not spec.submodule_search_locations:
-        return
+        return []
+    dirs = []
     for root in spec.submodule_search_locations:
-        for sub, name in (("cu13/lib", "libcudart.so.13"), ("cuda_runtime/lib", "libcudart.so.13"),
-                          ("nccl/lib", "libnccl.so.2")):
-            path = os.path.join(root, sub, name)
-            if os.path.exists(path):
-                try:
-                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                except OSError:
-                    pass  # the extension falls back to the system's copy
+        # cu13/lib: CUDA 13's wheels (nvidia-cuda-runtime 13); cuda_runtime/lib: CUDA 12's.
+        for sub in ("cu13/lib", "cuda_runtime/lib", "nccl/lib"):
+            path = os.path.join(root, sub)
+            if os.path.isdir(path):
+                dirs.append(path)
+    return dirs
 
-
-_prefer_torch_cuda_libraries()
 
 from . import _weightcast  # noqa: E402
+
+_weightcast.set_cuda_library_dirs(_torch_cuda_library_dirs())
 
 import atexit as _atexit  # noqa: E402
 import os as _os  # noqa: E402

@@ -127,7 +127,12 @@ def check_setting(key: str, value: str) -> None:
     (Error, status 78, "keyword key=value: " and the reason)."""
 
 def cuda_device_count() -> int:
-    """CUDA devices this process can use; 0 without CUDA in the build or a driver."""
+    """CUDA devices this process can use; 0 without CUDA in the build, a CUDA runtime to load,
+    or a driver."""
+
+def set_cuda_library_dirs(dirs: list[str]) -> None:
+    """Folders to look in for the CUDA runtime and NCCL before the system's (torch's nvidia-*
+    wheels); only before the first CUDA use. Does nothing without CUDA."""
 
 def live_arenas() -> int:
     """Arenas currently owned by tensors handed out (for lifetime tests)."""

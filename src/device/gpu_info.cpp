@@ -5,8 +5,7 @@
 #include <fmt/core.h>
 
 #ifdef WEIGHTCAST_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "weightcast/device/detail/cuda_api.hpp"
 #endif
 
 namespace weightcast {
@@ -41,6 +40,8 @@ std::string nccl_version(int v) {
 
 CudaProbe probe_cuda() noexcept {
   CudaProbe probe;
+  // No runtime to load is no GPU: the reason names what was looked for and where.
+  if (detail::find_cuda_runtime(&probe.error) == nullptr) return probe;
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -59,20 +60,27 @@ bool built_with_cuda() noexcept { return true; }
 std::string gpu_support_report() {
   std::string out = fmt::format("compiled in: CUDA runtime {} (headers), NCCL {}.{}.{}\n",
                                 cuda_version(CUDART_VERSION), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
-  int runtime = 0;
+  // One line of versions (tests/gpu/gpu_check.sh reads it: the device count, the trailing
+  // NCCL version), then where each library came from or why none did.
+  std::string runtime_why;
+  const detail::CudaRuntimeApi* runtime = detail::find_cuda_runtime(&runtime_why);
   int driver = 0;
-  const bool have_runtime = cudaRuntimeGetVersion(&runtime) == cudaSuccess;
-  const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  const bool have_driver =
+      runtime != nullptr && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
   const CudaProbe probe = probe_cuda();
-  int nccl = 0;
-  const bool have_nccl = ncclGetVersion(&nccl) == ncclSuccess;
+  std::string nccl_why;
+  const detail::NcclApi* nccl = detail::find_nccl(&nccl_why);
   out += fmt::format("run time: CUDA runtime {}, driver {}, {}, NCCL {}\n",
-                     have_runtime ? cuda_version(runtime) : "unknown",
+                     runtime != nullptr ? cuda_version(runtime->version) : "not loaded",
                      have_driver ? cuda_version(driver) : "none",
                      probe.error.empty() ? fmt::format("{} CUDA device{}", probe.device_count,
                                                        probe.device_count == 1 ? "" : "s")
                                          : fmt::format("no CUDA device ({})", probe.error),
-                     have_nccl ? nccl_version(nccl) : "unknown");
+                     nccl != nullptr ? nccl_version(nccl->version) : "not loaded");
+  // The reason a runtime is missing is in the device clause above already.
+  out += fmt::format("loaded: {}; {}\n",
+                     runtime != nullptr ? runtime->path : "no CUDA runtime (see above)",
+                     nccl != nullptr ? nccl->path : nccl_why);
   return out;
 }
 
@@ -86,9 +94,11 @@ CudaProbe probe_cuda() noexcept {
 
 bool built_with_cuda() noexcept { return false; }
 
+void set_cuda_library_dirs(std::vector<std::string>) {}
+
 std::string gpu_support_report() {
-  return "compiled in: no CUDA, no NCCL (configure with -DWEIGHTCAST_CUDA=ON for the GPU "
-         "path)\nrun time: not probed (this build has no CUDA)\n";
+  return "compiled in: no CUDA, no NCCL (configured with -DWEIGHTCAST_CUDA=OFF, or the CUDA "
+         "toolkit's headers were not found)\nrun time: not probed (this build has no CUDA)\n";
 }
 
 #endif

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the CUDA-on weightcast here (no GPU needed) and packs a relocatable bundle for a bare
-# GPU host: tests/gpu/gpu_check.sh runs from it with no compiler, headers or package registry.
+# Builds weightcast here (the one build, ./build, CUDA compiled in; no GPU needed) and packs a
+# relocatable bundle for a bare GPU host: tests/gpu/gpu_check.sh runs from it with no
+# compiler, headers or package registry.
 #
 # Usage: bash tests/gpu/gpu_bundle.sh [BUNDLE_DIR]        (default: out/gpu-bundle, git-ignored)
 #
@@ -8,8 +9,10 @@
 #   bin/      weightcast, weightcast_tests, h2d_bench; RPATH $ORIGIN/../lib
 #   lib/      the shared libraries they load that a bare host lacks (found with ldd): fmt,
 #             spdlog, yaml-cpp, liburing, xxhash, Open MPI's, ...; never glibc, the CUDA
-#             runtime, the driver or NCCL (the host's: torch's nvidia-nccl wheel carries
-#             libnccl.so.2, gpu_check.sh finds it and reports the version that ran)
+#             runtime, the driver or NCCL (the host's: weightcast and weightcast_tests load
+#             the CUDA runtime and NCCL at run time, torch's nvidia-* wheels carry both,
+#             gpu_check.sh puts their folders on the library path and reports the versions
+#             that ran; only h2d_bench links them)
 #   lib/compat/  this build's libstdc++ and libgcc_s, used only where the host's are older
 #   python/weightcast/  the Python package with an abi3 extension (Python >= 3.12; see below)
 #   pydeps/   what the check's Python rows import that torch's wheel does not bring: the
@@ -20,7 +23,8 @@
 #
 # No kernels: weightcast calls the CUDA runtime and NCCL from plain C++ (g++ builds it, no
 # nvcc), so there is no device code to compile for sm_90; what runs on the H200 is NCCL's and
-# the driver's. The binaries need a CUDA 13 runtime (libcudart.so.13) and a driver for it.
+# the driver's. The binaries need a CUDA 13 runtime (libcudart.so.13, or 12 from 12.5 for
+# weightcast) and a driver for it.
 #
 # The Python extension is built for the stable ABI (nanobind STABLE_ABI, Py_LIMITED_API
 # 3.12), which needs Python >= 3.12 headers at build time; this machine's python3 is 3.11.
@@ -32,8 +36,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SRC=$PWD
 BUNDLE=${1:-out/gpu-bundle}
-BUILD=${WEIGHTCAST_BUNDLE_BUILD:-build-cuda}
-PYBUILD=${WEIGHTCAST_BUNDLE_PYBUILD:-build-cuda-py}
+# The one build (scripts/test.sh's); the extension has a build of its own: another Python.
+BUILD=${WEIGHTCAST_BUNDLE_BUILD:-build}
+PYBUILD=${WEIGHTCAST_BUNDLE_PYBUILD:-build-bundle-py}
 PYROOT=$(realpath -m "${WEIGHTCAST_BUNDLE_PYROOT:-out/gpu-pyroot}")
 JOBS=${WEIGHTCAST_BUNDLE_JOBS:-2}
 LIMIT_BYTES=$((64 << 20))
@@ -43,10 +48,12 @@ note() { printf 'gpu_bundle: %s\n' "$*"; }
 
 # The compiler launcher comes from the environment (CMAKE_CXX_COMPILER_LAUNCHER=ccache, as
 # the project builds) or from an existing build folder's cache: passing one here would change
-# every compile command of a build-cuda configured without it (scripts/test.sh's) and rebuild
-# it all.
+# every compile command of a build configured without it (scripts/test.sh's) and rebuild it
+# all.
 launcher=()
 
+# ON: the bundle is for a GPU host, so missing CUDA headers are an error here, not a build
+# without CUDA.
 note "configuring $BUILD (WEIGHTCAST_CUDA=ON, Release)"
 cmake -S . -B "$BUILD" -G Ninja -DWEIGHTCAST_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   "${launcher[@]}" >"$WORK/configure.log" 2>&1 || { tail -30 "$WORK/configure.log"; exit 69; }

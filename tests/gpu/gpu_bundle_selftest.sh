@@ -5,7 +5,7 @@
 # every step that needs no GPU passes and every GPU step is skipped with its reason.
 #
 # Usage: bash tests/gpu/gpu_bundle_selftest.sh [BUNDLE_DIR]     (default out/gpu-bundle)
-#   Packs the bundle first (tests/gpu/gpu_bundle.sh: builds build-cuda, incremental).
+#   Packs the bundle first (tests/gpu/gpu_bundle.sh: builds ./build, incremental).
 #   The root: $WEIGHTCAST_SELFTEST_ROOT (default out/gpu-selftest-root, git-ignored), made
 #   with `debootstrap --variant=minbase --include=python3 stable` when missing (about 4
 #   minutes; needs root and Debian's mirror) and reused after.

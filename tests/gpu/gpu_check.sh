@@ -284,7 +284,8 @@ bundle_runs() {
 BUNDLE_WHY="no bundle next to this script (bin/weightcast)"
 if [ -n "$BUNDLE" ] && bundle_runs; then
   WC=$BUNDLE/bin/weightcast TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench
-  record "bundle runs here" pass - - "$(ldd "$WC" | grep -o 'libnccl.so.2 => [^ ]*\|libcudart.so.13 => [^ ]*' | tr '\n' ' ')"
+  # weightcast loads the CUDA runtime and NCCL at run time: --version names the files.
+  record "bundle runs here" pass - - "$(timeout "$(probe_t 5)" "$WC" --version 2>&1 | sed -n 's/^loaded: //p')"
 else
   note "the bundle cannot run here: $BUNDLE_WHY"
   SRC=$ROOT

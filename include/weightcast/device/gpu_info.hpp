@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace weightcast {
 
@@ -47,10 +48,21 @@ CudaProbe probe_cuda() noexcept;
 
 /**
  * @return lines for `--version`: what was compiled in (the CUDA runtime and NCCL versions of
- *         the headers) and what was found at run time (`cudaRuntimeGetVersion`,
+ *         the headers), what was found at run time (`cudaRuntimeGetVersion`,
  *         `cudaDriverGetVersion`, `cudaGetDeviceCount` with the error when it fails,
- *         `ncclGetVersion`). Each line ends in a newline.
+ *         `ncclGetVersion`), and the files the CUDA runtime and NCCL were loaded from (or why
+ *         none was). Each line ends in a newline.
  */
 std::string gpu_support_report();
+
+/**
+ * @brief Directories to look in for the CUDA runtime and NCCL before the system's
+ *        (device/detail/cuda_api.hpp lists the whole search); the Python package passes
+ *        those of torch's `nvidia-*` wheels.
+ *
+ * Takes effect only before the first CUDA or NCCL use in the process (the outcome of a search
+ * is kept). A directory that does not exist is skipped. Does nothing in a build without CUDA.
+ */
+void set_cuda_library_dirs(std::vector<std::string> dirs);
 
 }  // namespace weightcast

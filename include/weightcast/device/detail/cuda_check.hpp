@@ -8,8 +8,7 @@
  */
 #pragma once
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "weightcast/device/detail/cuda_api.hpp"
 
 namespace weightcast::detail {
 

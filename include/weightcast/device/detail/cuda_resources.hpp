@@ -55,8 +55,11 @@ inline cudaStream_t cuda_handle(const CallerStream& stream) noexcept {
  */
 class CudaDeviceScope {
  public:
-  /// @throws Error as `throw_cuda_error` when @p ordinal cannot be made current.
+  /// @throws Error as `throw_cuda_error` when @p ordinal cannot be made current; `unavailable`
+  ///         (69) when there is no CUDA runtime to load (`cuda_runtime`).
   explicit CudaDeviceScope(int ordinal) {
+    // The noexcept steps below call the runtime: make sure there is one to call first.
+    static_cast<void>(cuda_runtime());
     if (already_on(ordinal)) return;
     save();
     const cudaError_t status = cudaSetDevice(ordinal);
@@ -67,6 +70,8 @@ class CudaDeviceScope {
   }
   /// For destructors: never throws; a failure is logged and the scope does nothing.
   CudaDeviceScope(int ordinal, std::nothrow_t) noexcept {
+    // No runtime loaded: nothing was made on any device, so there is nothing to switch to.
+    if (find_cuda_runtime() == nullptr) return;
     if (already_on(ordinal)) return;
     save();
     log_cuda_release(cudaSetDevice(ordinal), "cudaSetDevice");
