@@ -5,6 +5,7 @@
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <cstring>
@@ -94,6 +95,7 @@ class LocalRead final : public Pending {
       _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
                   tensor_at(chunk, copy.chunk_offset));
     }
+    _files.release(chunk.shard, chunk.file_offset, chunk.bytes);
     // Bytes read while the file was rewritten in place may mix old and new contents.
     _files.check_unchanged(chunk.shard);
     return true;
@@ -166,6 +168,13 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
     }
     opened.bytes = static_cast<std::uint64_t>(st.st_size);
     opened.modified_ns = modified_ns(st);
+    if (opened.bytes > 0) {
+      try {
+        opened.map = std::make_unique<MappedShard>(opened.fd.get(), opened.bytes, shard.name);
+      } catch (const Error& e) {
+        spdlog::debug("{}; reading it with pread instead", e.what());
+      }
+    }
     _files.push_back(std::move(opened));
   }
 }
@@ -173,7 +182,13 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
 void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
                        std::uint64_t bytes, std::string_view tensor) const {
   const ShardInfo& info = _catalogue.shards.at(shard);
-  const int fd = _files.at(shard).fd.get();
+  const Opened& opened = _files.at(shard);
+  if (opened.map && offset + bytes <= opened.map->size()) {
+    // A page past a new end reads as zeros: check_unchanged sees it (truncated()).
+    std::memcpy(to, opened.map->data() + offset, bytes);
+    return;
+  }
+  const int fd = opened.fd.get();
   while (bytes > 0) {
     const ssize_t got = ::pread(fd, to, bytes, static_cast<off_t>(offset));
     if (got < 0) {
@@ -194,9 +209,21 @@ void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
   }
 }
 
+void LocalShards::release(std::uint32_t shard, std::uint64_t offset,
+                          std::uint64_t bytes) const {
+  const Opened& opened = _files.at(shard);
+  if (opened.map) opened.map->release(offset, bytes);
+}
+
 void LocalShards::check_unchanged(std::uint32_t shard) const {
   const Opened& opened = _files.at(shard);
   const ShardInfo& info = _catalogue.shards[shard];
+  if (opened.map && opened.map->truncated() != 0) {
+    throw Error(Errc::io, fmt::format("{}: a page of the shard could not be read (the file "
+                                      "shrank under its mapping, or an I/O error) while it "
+                                      "was read locally",
+                                      info.name));
+  }
   struct stat st {};
   if (::fstat(opened.fd.get(), &st) != 0) {
     throw system_error(Errc::io, errno, fmt::format("{}: fstat", info.name));

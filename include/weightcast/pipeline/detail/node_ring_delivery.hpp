@@ -17,8 +17,9 @@
  * rank: NodeRing::decide): where the checkpoint is in the page cache and every local rank can
  * open its files, nothing goes through the ring. Rank 0 copies its own boxes out of a mapping
  * of the page cache (ReadSide's mapped shards) and publishes nothing; every other rank
- * `pread`s its own boxes from its own descriptors (`LocalShards`) straight into their
- * destinations, in parallel (docs/DESIGN.md § Staging).
+ * copies its own boxes out of its own read-only mappings of the files (`LocalShards`; `pread`
+ * where a shard cannot be mapped) straight into their destinations, in parallel
+ * (docs/DESIGN.md § Staging).
  */
 #pragma once
 
@@ -26,6 +27,7 @@
 #include "weightcast/transport/detail/node_ring.hpp"
 
 #include "weightcast/core/detail/unique_fd.hpp"
+#include "weightcast/io/detail/mapped_shard.hpp"
 
 #include <deque>
 #include <string_view>
@@ -68,13 +70,20 @@ class LocalShards {
    */
   void read(std::uint32_t shard, std::uint64_t offset, std::byte* to, std::uint64_t bytes,
             std::string_view tensor) const;
+  /// Drops this process's mapping of [@p offset, + @p bytes) of shard @p shard once a chunk
+  /// is read (its RSS falls back; the page cache keeps the pages).
+  void release(std::uint32_t shard, std::uint64_t offset, std::uint64_t bytes) const;
   /// @throws Error `io` (74) naming the shard when its size or modification time moved since
-  ///         it was opened (a write while it was read).
+  ///         it was opened (a write while it was read), or when a page of its mapping could
+  ///         not be read (the file shrank under it: MappedShard's SIGBUS handling).
   void check_unchanged(std::uint32_t shard) const;
 
  private:
   struct Opened {
     UniqueFd fd;
+    // The shard's page-cache pages, read with memcpy: a strided box is many short runs, one
+    // syscall each with pread. Null where it cannot be mapped (then pread).
+    std::unique_ptr<MappedShard> map;
     std::uint64_t bytes = 0;
     std::int64_t modified_ns = 0;
   };
