@@ -178,7 +178,7 @@ def worker(args) -> int:
                     _options.run_job = orig
                     res["wc_stats"] = {k: stats.get(k) for k in
                                        ("bytes", "seconds", "staging_bytes", "reader",
-                                        "io_mode", "transport")}
+                                        "io_mode", "transport", "node_reads")}
         res["seconds"] = time.perf_counter() - t0
         res["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         res["vm_hwm"] = vm_hwm()

@@ -105,6 +105,7 @@ nb::dict stats_dict(const LoadStats& s) {
   d["io_mode"] = s.io_mode;
   d["device"] = s.device;
   d["transport"] = s.transport;
+  d["node_reads"] = s.node_reads;
   d["gbps"] = s.gbps();
   return d;
 }

@@ -418,6 +418,7 @@ void print_json_summary(const LoadResult& result, const Config& config, std::siz
   summary["destination"] = std::string(to_string(config.destination));
   summary["device"] = result.stats.device;
   summary["transport"] = result.stats.transport;
+  if (!result.stats.node_reads.empty()) summary["node_reads"] = result.stats.node_reads;
   summary["chunks"] = result.stats.chunks;
   summary["chunk_size_bytes"] = config.chunk_bytes;
   summary["buffer_depth"] = config.buffer_depth;

@@ -97,10 +97,13 @@ int run_ranks(const RunArgs& args, const Config& config, const World& world,
       shards = result.catalogue.shards.size();
       if (!args.json) {
         fmt::print("# rank {} of {}: {} tensors, {} shard{}, {} ({} B) in {:.3f} s: {:.2f} "
-                   "GB/s, transport {}\n",
+                   "GB/s, transport {}{}\n",
                    rank, world.world_size, result.catalogue.tensors.size(), shards,
                    shards == 1 ? "" : "s", format_bytes(result.stats.bytes), result.stats.bytes,
-                   result.stats.seconds, result.stats.gbps(), result.stats.transport);
+                   result.stats.seconds, result.stats.gbps(), result.stats.transport,
+                   result.stats.node_reads.empty()
+                       ? std::string()
+                       : fmt::format(" ({} reads)", result.stats.node_reads));
         // The promise of the front page, measured: rank 0's memory is the window plus what
         // it keeps itself, not the model. Not a "# rank " line: those are one per rank.
         if (rank == 0) {

@@ -31,6 +31,13 @@ std::string encode_catalogue(const Catalogue& catalogue) {
     out.put_string(shard.name);
     out.put(shard.file_bytes);
     out.put(shard.data_offset);
+    // Where the file is and which one it is: a rank on rank 0's node may read it itself
+    // (transport shm's local reads), and must find the very file rank 0 described.
+    out.put_string(shard.path.string());
+    out.put(shard.device);
+    out.put(shard.inode);
+    out.put(shard.modified_ns);
+    out.put(shard.changed_ns);
   }
   out.put(count_field(catalogue.tensors.size(), "tensors"));
   for (const TensorInfo& tensor : catalogue.tensors) {
@@ -59,12 +66,17 @@ Catalogue decode_catalogue(std::string_view bytes, std::string_view what) {
   }
   Catalogue catalogue;
   const auto shard_count = in.get<std::uint32_t>("shard count");
-  in.need_items(shard_count, 4 + 8 + 8, "shards");
+  in.need_items(shard_count, 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8, "shards");
   catalogue.shards.resize(shard_count);
   for (ShardInfo& shard : catalogue.shards) {
     shard.name = in.get_string("shard name");
     shard.file_bytes = in.get<std::uint64_t>("shard file size");
     shard.data_offset = in.get<std::uint64_t>("shard data offset");
+    shard.path = in.get_string("shard path");
+    shard.device = in.get<std::uint64_t>("shard device");
+    shard.inode = in.get<std::uint64_t>("shard inode");
+    shard.modified_ns = in.get<std::int64_t>("shard modification time");
+    shard.changed_ns = in.get<std::int64_t>("shard status-change time");
     if (shard.data_offset < 8 || shard.data_offset > shard.file_bytes) {
       in.fail("shard " + shard.name, fmt::format("data offset {} outside the file of {} bytes",
                                                  shard.data_offset, shard.file_bytes));

@@ -77,6 +77,9 @@ awaitable<LoadResult> load_serially(Catalogue catalogue, Device& device, Transpo
   }
   result.stats.reader = pipeline.reader_name();
   result.stats.io_mode = pipeline.io_mode();
+  if (transport.node_ring() != nullptr) {
+    result.stats.node_reads = pipeline.local_reads() ? "local" : "ring";
+  }
   pipeline.report(result);
   pipeline.shut_down();
   if (failure) {

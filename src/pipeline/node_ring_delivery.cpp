@@ -5,8 +5,14 @@
 #include "weightcast/core/error.hpp"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace weightcast::detail {
 
@@ -77,6 +83,45 @@ class Received final : public Pending {
   std::vector<RingCopy> _copies;
 };
 
+// A rank's own boxes of one chunk, read from its own descriptor of the shard (local reads).
+class LocalRead final : public Pending {
+ public:
+  LocalRead(const LoadContext& load, const LocalShards& files, std::size_t c,
+            std::vector<RingCopy> copies)
+      : _load(load), _files(files), _chunk(c), _copies(std::move(copies)) {}
+  bool test() override {
+    const Chunk& chunk = _load.plan.chunks[_chunk];
+    for (const RingCopy& copy : _copies) {
+      _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
+                  tensor_at(chunk, copy.chunk_offset));
+    }
+    _files.release(chunk.shard, chunk.file_offset, chunk.bytes);
+    // Bytes read while the file was rewritten in place may mix old and new contents.
+    _files.check_unchanged(chunk.shard);
+    return true;
+  }
+
+ private:
+  std::string_view tensor_at(const Chunk& chunk, std::uint64_t chunk_offset) const {
+    for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
+      const Piece& piece = _load.plan.pieces[chunk.first_piece + p];
+      if (chunk_offset < piece.chunk_offset + piece.bytes) {
+        return _load.catalogue.tensors[piece.tensor].name;
+      }
+    }
+    return "?";
+  }
+
+  const LoadContext& _load;
+  const LocalShards& _files;
+  std::size_t _chunk;
+  std::vector<RingCopy> _copies;
+};
+
+std::int64_t modified_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
 NodeRing& ring_of(LoadContext& load) {
   NodeRing* ring = load.transport.node_ring();
   WEIGHTCAST_EXPECT(ring != nullptr, Errc::internal,
@@ -91,6 +136,112 @@ std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ri
   return std::make_unique<Received>(load, ring, c, std::move(copies));
 }
 
+LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
+  _files.reserve(catalogue.shards.size());
+  for (const ShardInfo& shard : catalogue.shards) {
+    Opened opened;
+    opened.fd = UniqueFd(::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!opened.fd) {
+      throw system_error(errno == ENOENT ? Errc::missing_input : Errc::io, errno,
+                         fmt::format("{}: cannot open the shard ({}) to read it locally",
+                                     shard.name, shard.path.string()));
+    }
+    struct stat st {};
+    if (::fstat(opened.fd.get(), &st) != 0) {
+      throw system_error(Errc::io, errno, fmt::format("{}: fstat", shard.name));
+    }
+    const bool same_file = shard.inode == 0 || (static_cast<std::uint64_t>(st.st_dev) ==
+                                                    shard.device &&
+                                                static_cast<std::uint64_t>(st.st_ino) ==
+                                                    shard.inode);
+    if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != shard.file_bytes ||
+        !same_file) {
+      throw Error(Errc::io, fmt::format("{}: {} is not the file rank 0 read the header of "
+                                        "({} bytes here, {} there)",
+                                        shard.name, shard.path.string(), st.st_size,
+                                        shard.file_bytes));
+    }
+    if (shard.inode != 0 && modified_ns(st) != shard.modified_ns) {
+      throw Error(Errc::io, fmt::format("{}: the file changed since rank 0 read its header "
+                                        "(its modification time moved)",
+                                        shard.name));
+    }
+    opened.bytes = static_cast<std::uint64_t>(st.st_size);
+    opened.modified_ns = modified_ns(st);
+    if (opened.bytes > 0) {
+      try {
+        opened.map = std::make_unique<MappedShard>(opened.fd.get(), opened.bytes, shard.name);
+      } catch (const Error& e) {
+        spdlog::debug("{}; reading it with pread instead", e.what());
+      }
+    }
+    _files.push_back(std::move(opened));
+  }
+}
+
+void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
+                       std::uint64_t bytes, std::string_view tensor) const {
+  const ShardInfo& info = _catalogue.shards.at(shard);
+  const Opened& opened = _files.at(shard);
+  if (opened.map && offset + bytes <= opened.map->size()) {
+    // A page past a new end reads as zeros: check_unchanged sees it (truncated()).
+    std::memcpy(to, opened.map->data() + offset, bytes);
+    return;
+  }
+  const int fd = opened.fd.get();
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd, to, bytes, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      throw system_error(Errc::io, errno,
+                         fmt::format("{}: read failed at offset {} (tensor '{}')", info.name,
+                                     offset, tensor));
+    }
+    if (got == 0) {
+      throw Error(Errc::io, fmt::format("{}: file ended at offset {} inside tensor '{}' "
+                                        "(expected {} bytes): the shard shrank after its "
+                                        "header was read",
+                                        info.name, offset, tensor, info.file_bytes));
+    }
+    to += got;
+    offset += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::uint64_t>(got);
+  }
+}
+
+void LocalShards::release(std::uint32_t shard, std::uint64_t offset,
+                          std::uint64_t bytes) const {
+  const Opened& opened = _files.at(shard);
+  if (opened.map) opened.map->release(offset, bytes);
+}
+
+void LocalShards::check_unchanged(std::uint32_t shard) const {
+  const Opened& opened = _files.at(shard);
+  const ShardInfo& info = _catalogue.shards[shard];
+  if (opened.map && opened.map->truncated() != 0) {
+    throw Error(Errc::io, fmt::format("{}: a page of the shard could not be read (the file "
+                                      "shrank under its mapping, or an I/O error) while it "
+                                      "was read locally",
+                                      info.name));
+  }
+  struct stat st {};
+  if (::fstat(opened.fd.get(), &st) != 0) {
+    throw system_error(Errc::io, errno, fmt::format("{}: fstat", info.name));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) != opened.bytes ||
+      modified_ns(st) != opened.modified_ns) {
+    throw Error(Errc::io, fmt::format("{}: the shard changed while it was read (now {} bytes, "
+                                      "{} when opened; modification time moved): its bytes "
+                                      "may mix old and new contents",
+                                      info.name, st.st_size, opened.bytes));
+  }
+}
+
+std::unique_ptr<Pending> local_read(const LoadContext& load, const LocalShards& files,
+                                    std::size_t c, std::vector<RingCopy> copies) {
+  return std::make_unique<LocalRead>(load, files, c, std::move(copies));
+}
+
 std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot) {
   return std::make_unique<Released>(ring, slot);
 }
@@ -98,12 +249,21 @@ std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t sl
 NodeRingDelivery::NodeRingDelivery(LoadContext& load)
     : BroadcastDelivery(load), _ring(ring_of(load)) {}
 
+ReadPolicy NodeRingDelivery::read_policy() const {
+  ReadPolicy policy;
+  policy.send_from_page_cache = _load.local_reads;
+  return policy;
+}
+
 // Publishes first, so the other ranks copy while rank 0 copies its own; the slot stays leased
-// until every one of them has released it (`post`).
+// until every one of them has released it (`post`). With local reads nothing is published.
 awaitable<Uploading> NodeRingDelivery::upload(std::size_t c, SlotLease lease, const Slot& slot) {
   const Chunk& chunk = _load.plan.chunks[c];
-  const std::byte* base = _ring.slot_data(lease.index());
-  _ring.publish(lease.index(), c, static_cast<std::uint64_t>(slot.source - base), chunk.bytes);
+  if (!_load.local_reads) {
+    const std::byte* base = _ring.slot_data(lease.index());
+    _ring.publish(lease.index(), c, static_cast<std::uint64_t>(slot.source - base),
+                  chunk.bytes);
+  }
   copy_out(arena_copies(_load, c), slot.source);
   _held.push_back(std::move(lease));
   co_return Uploading{};
@@ -116,7 +276,9 @@ InFlight NodeRingDelivery::post(std::size_t c, bool root) {
     WEIGHTCAST_EXPECT(!_held.empty(), Errc::internal, "node ring: a chunk posted before its upload");
     posted.lease = std::move(_held.front());
     _held.pop_front();
-    posted.pending = node_ring_released(_ring, posted.lease.index());
+    if (!_load.local_reads) posted.pending = node_ring_released(_ring, posted.lease.index());
+  } else if (_load.local_reads) {
+    posted.pending = local_read(_load, *_load.local_files, c, arena_copies(_load, c));
   } else {
     posted.pending = node_ring_receive(_load, _ring, c, arena_copies(_load, c));
   }

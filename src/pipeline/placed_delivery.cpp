@@ -179,6 +179,9 @@ ReadPolicy PlacedDelivery::read_policy() const {
                                 _load.transport.receivers_read_sender_memory() &&
                                 _load.device.name() == "host" &&
                                 _load.options.direct_io != DirectIo::on;
+  // Local reads over the node ring: rank 0 copies its own boxes and hashes what every rank
+  // should get straight out of the page cache's pages; nobody reads its slots.
+  policy.send_from_page_cache = policy.send_from_page_cache || _load.local_reads;
   return policy;
 }
 
@@ -284,7 +287,8 @@ awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, cons
   const Chunk& chunk = _load.plan.chunks[c];
   // Over the node ring the other ranks copy their own boxes out of the slot while rank 0
   // copies its own and hashes what it expects; the slot stays held until they are done.
-  if (_node_ring != nullptr) {
+  // With local reads they read theirs from the files themselves.
+  if (_node_ring != nullptr && !_load.local_reads) {
     const std::byte* base = _node_ring->slot_data(lease.index());
     _node_ring->publish(lease.index(), c, static_cast<std::uint64_t>(source - base),
                         chunk.bytes);
@@ -422,7 +426,12 @@ InFlight PlacedDelivery::post(std::size_t c, bool root) {
   };
   if (_node_ring != nullptr) {
     if (root) {
-      posted.pending = node_ring_released(*_node_ring, posted.lease.index());
+      // With local reads nobody else reads rank 0's slot (nothing was published).
+      if (!_load.local_reads) {
+        posted.pending = node_ring_released(*_node_ring, posted.lease.index());
+      }
+    } else if (_load.local_reads) {
+      posted.pending = local_read(_load, *_load.local_files, c, ring_copies(c, destination));
     } else {
       posted.pending = node_ring_receive(_load, *_node_ring, c, ring_copies(c, destination));
     }

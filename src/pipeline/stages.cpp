@@ -50,6 +50,7 @@ awaitable<void> Pipeline::run() {
   }
   _delivery->start();
   if (_load.plan.chunks.empty()) co_return;
+  if (NodeRing* ring = _load.transport.node_ring(); ring != nullptr) decide_reads(*ring);
   if (_load.transport.rank() == 0) {
     _read.emplace(_load, _delivery->read_policy());
     _delivery->staging_ready(_read->ring());

@@ -54,6 +54,11 @@ struct NodeRingHeader {
   std::uint32_t consumers;
   std::atomic<std::uint32_t> published;  // futex: bumped by every publish
   std::atomic<std::uint32_t> released;   // futex: bumped when a slot's last reader is done
+  // How each load reads (NodeRing::vote, decide): loads are numbered from 1 alike on every
+  // rank, so each word says which load it speaks of and no reset between loads is needed.
+  std::atomic<std::uint32_t> voted;    // futex: votes cast over every load so far
+  std::atomic<std::uint32_t> refused;  // the last load some consumer could not read itself
+  std::atomic<std::uint32_t> decided;  // futex: load × 2 + 1 where the ranks read themselves
   std::uint32_t reserved;
   NodeRingSlot slot[1];  // `slots` of them, in the header page
 };
@@ -140,7 +145,8 @@ NodeRing::NodeRing(UniqueFd fd, void* mapping, std::uint64_t mapping_bytes)
 NodeRing::NodeRing(NodeRing&& other) noexcept
     : _fd(std::move(other._fd)), _mapping(std::exchange(other._mapping, nullptr)),
       _mapping_bytes(other._mapping_bytes), _header(other._header),
-      _slot_base(other._slot_base), _slots(other._slots), _slot_bytes(other._slot_bytes) {}
+      _slot_base(other._slot_base), _slots(other._slots), _slot_bytes(other._slot_bytes),
+      _loads(other._loads) {}
 
 NodeRing::~NodeRing() {
   if (_mapping != nullptr) ::munmap(_mapping, _mapping_bytes);
@@ -173,6 +179,9 @@ NodeRing NodeRing::create(std::size_t slots, std::uint64_t slot_bytes, std::uint
   header->consumers = consumers;
   new (&header->published) std::atomic<std::uint32_t>(0);
   new (&header->released) std::atomic<std::uint32_t>(0);
+  new (&header->voted) std::atomic<std::uint32_t>(0);
+  new (&header->refused) std::atomic<std::uint32_t>(0);
+  new (&header->decided) std::atomic<std::uint32_t>(0);
   for (std::size_t i = 0; i < slots; ++i) {
     new (&header->slot[i].chunk_plus_one) std::atomic<std::uint32_t>(0);
     new (&header->slot[i].readers) std::atomic<std::uint32_t>(0);
@@ -247,6 +256,41 @@ void NodeRing::release(std::size_t index) noexcept {
   if (_header->slot[index].readers.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     _header->released.fetch_add(1, std::memory_order_release);
     futex_wake_all(_header->released);
+  }
+}
+
+void NodeRing::vote(std::uint32_t load, bool reads_itself) noexcept {
+  if (!reads_itself) _header->refused.store(load, std::memory_order_relaxed);
+  // Release: rank 0, seeing the count, sees the refusal too.
+  _header->voted.fetch_add(1, std::memory_order_release);
+  futex_wake_all(_header->voted);
+}
+
+std::optional<bool> NodeRing::votes(std::uint32_t load, std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::uint64_t wanted = static_cast<std::uint64_t>(load) * _header->consumers;
+  while (true) {
+    const std::uint32_t seen = _header->voted.load(std::memory_order_acquire);
+    if (seen >= wanted) return _header->refused.load(std::memory_order_relaxed) != load;
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return std::nullopt;
+    futex_wait(_header->voted, seen, std::chrono::ceil<std::chrono::milliseconds>(left));
+  }
+}
+
+void NodeRing::decide(std::uint32_t load, bool local_reads) noexcept {
+  _header->decided.store(load * 2 + (local_reads ? 1 : 0), std::memory_order_release);
+  futex_wake_all(_header->decided);
+}
+
+std::optional<bool> NodeRing::decision(std::uint32_t load, std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const std::uint32_t seen = _header->decided.load(std::memory_order_acquire);
+    if (seen / 2 == load) return seen % 2 == 1;
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return std::nullopt;
+    futex_wait(_header->decided, seen, std::chrono::ceil<std::chrono::milliseconds>(left));
   }
 }
 

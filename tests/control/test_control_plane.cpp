@@ -212,7 +212,8 @@ class NoFreeDescriptors {
 
 }  // namespace
 
-TEST_CASE("catalogue wire: round trip keeps everything but shard paths", "[control_plane]") {
+TEST_CASE("catalogue wire: round trip keeps everything, shard paths and identities too",
+          "[control_plane]") {
   for (const char* file : {"huggingface__safetensors/samples/overall.safetensors",
                            "anirudh-ak__peft-gpt2/model/lora_model/adapter_model.safetensors",
                            "JunSuzukiJapan__tl/model.safetensors"}) {
@@ -221,7 +222,12 @@ TEST_CASE("catalogue wire: round trip keeps everything but shard paths", "[contr
     const Catalogue back = decode_catalogue(encode_catalogue(original), "test");
     REQUIRE(back.shards.size() == original.shards.size());
     for (std::size_t s = 0; s < back.shards.size(); ++s) {
-      CHECK(back.shards[s].path.empty());  // never sent: other ranks never open files
+      // A rank on rank 0's node may read the file itself: the very one rank 0 described.
+      CHECK(back.shards[s].path == original.shards[s].path);
+      CHECK(back.shards[s].device == original.shards[s].device);
+      CHECK(back.shards[s].inode == original.shards[s].inode);
+      CHECK(back.shards[s].modified_ns == original.shards[s].modified_ns);
+      CHECK(back.shards[s].changed_ns == original.shards[s].changed_ns);
       CHECK(back.shards[s].name == original.shards[s].name);
       CHECK(back.shards[s].file_bytes == original.shards[s].file_bytes);
       CHECK(back.shards[s].data_offset == original.shards[s].data_offset);

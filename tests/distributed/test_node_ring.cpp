@@ -2,6 +2,7 @@
 // socket) and copy every chunk out of it themselves. The ring's own protocol in one process,
 // then 3 real ranks: bit-exact, refused where it cannot work, and a rank killed mid-load.
 #include "weightcast/core/error.hpp"
+#include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/transport/detail/node_ring.hpp"
 
 #include "support/job.hpp"
@@ -16,8 +17,13 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
+#include <sstream>
 #include <thread>
+#include <vector>
+
+#include <fcntl.h>
 #include <unistd.h>
 
 using namespace weightcast;
@@ -78,14 +84,14 @@ TEST_CASE("node ring: a published chunk is found, copied and released across map
   CHECK(root.slots() == 2);
   CHECK(root.slot_bytes() % static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) == 0);
   CHECK(root.slot_bytes() >= 5000);
-  // The header page holds at most 169 slots' state: more is the config's to fix.
+  // The header page holds at most 168 slots' state: more is the config's to fix.
   try {
-    static_cast<void>(detail::NodeRing::create(170, 4096, 1));
-    FAIL("a ring of 170 slots was created");
+    static_cast<void>(detail::NodeRing::create(169, 4096, 1));
+    FAIL("a ring of 169 slots was created");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::config);
-    CHECK_THAT(e.what(), Contains("buffer_depth 170 is more slots than the node ring holds "
-                                  "(169 at most)"));
+    CHECK_THAT(e.what(), Contains("buffer_depth 169 is more slots than the node ring holds "
+                                  "(168 at most)"));
   }
   // A second mapping of the same memfd, as another rank has it.
   auto peer = detail::NodeRing::map(detail::UniqueFd(::dup(root.fd())));
@@ -243,11 +249,12 @@ TEST_CASE("node ring: a rank killed mid-load ends every rank with one message, a
 TEST_CASE("node ring: a rank stopped mid-load ends the others after the timeout",
           "[node_ring][multirank]") {
   // Rank 1 holds its slot while stopped: rank 0 cannot reuse it, rank 2 waits for chunks rank
-  // 0 cannot read. Neither waits forever: the watchdog (or the heartbeat) ends them.
+  // 0 cannot read. Neither waits forever: the watchdog (or the heartbeat) ends them. O_DIRECT
+  // keeps the load on the ring: with local reads nobody waits on rank 1 until the verdict.
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
-                         "--set", "checkpoint=" + checkpoint.string()},
+                         "--set", "checkpoint=" + checkpoint.string(), "--set", "direct_io=on"},
                         shm_sets("3s")),
                     {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
   REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
@@ -276,4 +283,144 @@ TEST_CASE("node ring: a rank stopped mid-load ends the others after the timeout"
   CHECK(count(r.out, "weightcast: error: rank 0: no progress for 3000 ms (timeout)") == 2);
   CHECK(count(r.out, "weightcast: error:") == 2);
   CHECK_THAT(r.out, Contains("rank(s) 1 sent nothing over the control plane"));
+}
+
+namespace {
+
+// Every shard of @p checkpoint out of the page cache (written back, then dropped: clean
+// pages go), or back in it (read through). @return the least resident fraction of a shard,
+// as the probe that decides local reads measures it.
+double set_cached(const fs::path& checkpoint, bool cached) {
+  double least = 1.0;
+  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    if (cached) {
+      std::vector<char> buffer(1 << 20);
+      while (::read(fd, buffer.data(), buffer.size()) > 0) {
+      }
+    } else {
+      REQUIRE(::fsync(fd) == 0);
+      REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    }
+    least = std::min(least, detail::page_cache_fraction(fd, fs::file_size(entry.path())));
+    ::close(fd);
+  }
+  return least;
+}
+
+// Each rank's `--json` summary line of a job's output, by rank.
+std::map<int, nlohmann::json> summaries(const std::string& out) {
+  std::map<int, nlohmann::json> by_rank;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{\"rank\":", 0) != 0) continue;
+    const auto summary = nlohmann::json::parse(line);
+    by_rank[summary["rank"].get<int>()] = summary;
+  }
+  return by_rank;
+}
+
+}  // namespace
+
+TEST_CASE("node ring: a cached checkpoint is read locally by every rank, a cold one through "
+          "the ring - bit-exact either way",
+          "[node_ring][multirank][local_reads]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto single = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
+                               "device=host", "--report", (dir / "one.json").string()},
+                              {}, job_timeout_s);
+  INFO(single.out << single.err);
+  REQUIRE(single.exit_status == 0);
+  const auto alone = read_json(dir / "one.json");
+  const std::string placement = GENERATE(as<std::string>{}, "replicate", "fsdp");
+  for (const bool cached : {true, false}) {
+    INFO("placement " << placement << (cached ? ", page cache warm" : ", page cache dropped"));
+    const double resident = set_cached(checkpoint, cached);
+    if (!cached && resident > 0.5) {
+      WARN("posix_fadvise(DONTNEED) left " << resident * 100 << "% cached; cold case skipped");
+      continue;
+    }
+    const std::string tag = placement + (cached ? "-warm" : "-cold");
+    const std::string report = (dir / ("r{rank}-" + tag + ".json")).string();
+    const auto r = run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
+                                "--set", "placement=" + placement, "--set", "verify=digest",
+                                "--report", report, "--json", "-q"},
+                               shm_sets()),
+                           {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    const auto by_rank = summaries(r.out);
+    REQUIRE(by_rank.size() == 3);
+    for (const auto& [rank, summary] : by_rank) {
+      INFO("rank " << rank);
+      // The path is rank 0's decision, the same on every rank, and said in every summary.
+      CHECK(summary.value("node_reads", std::string()) == (cached ? "local" : "ring"));
+    }
+    // Rank 0 hashed what each rank should have out of the file; each rank what landed.
+    CHECK_THAT(by_rank.at(0).value("verdict", std::string()), Contains("bit-exact"));
+    // Warm, rank 0 copies its own boxes out of the page cache's mapping and reads nothing.
+    CHECK(by_rank.at(0).value("io_mode", std::string()) ==
+          (cached ? std::string("mapped") : by_rank.at(0).value("io_mode", std::string())));
+    if (placement == "replicate") {
+      for (int rank = 0; rank < 3; ++rank) {
+        const auto got = read_json(dir / ("r" + std::to_string(rank) + "-" + tag + ".json"));
+        CHECK(got["tensors"] == alone["tensors"]);
+      }
+    }
+  }
+}
+
+TEST_CASE("node ring: direct_io on never reads locally", "[node_ring][multirank][local_reads]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  REQUIRE(set_cached(checkpoint, true) > 0.95);
+  const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
+                              "--set", "direct_io=on", "--json", "-q"},
+                             shm_sets()),
+                         {}, job_timeout_s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_status == 0);
+  const auto by_rank = summaries(r.out);
+  REQUIRE(by_rank.size() == 2);
+  for (const auto& [rank, summary] : by_rank) CHECK(summary["node_reads"] == "ring");
+}
+
+TEST_CASE("node ring: a shard rewritten in place during local reads fails every rank with 74",
+          "[node_ring][multirank][local_reads][failure]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const std::string placement = GENERATE(as<std::string>{}, "replicate", "fsdp");
+  INFO("placement " << placement);
+  REQUIRE(set_cached(checkpoint, true) > 0.95);
+  fs::path last;
+  for (const auto& e : fs::directory_iterator(checkpoint)) {
+    if (e.path().extension() == ".safetensors" && (last.empty() || e.path() > last)) {
+      last = e.path();
+    }
+  }
+  REQUIRE(!last.empty());
+  BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
+                         "--set", "checkpoint=" + checkpoint.string(), "--set",
+                         "placement=" + placement},
+                        shm_sets("20s")),
+                    {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=100"});
+  REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));
+  {
+    // Same size, other bytes: only the modification time tells (as a writer in place would).
+    const int fd = ::open(last.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const std::vector<char> junk(4096, '\x5a');
+    REQUIRE(::pwrite(fd, junk.data(), junk.size(),
+                     static_cast<off_t>(fs::file_size(last) - junk.size())) ==
+            static_cast<ssize_t>(junk.size()));
+    ::close(fd);
+  }
+  const auto r = job.wait(job_timeout_s);
+  INFO(r.out);
+  CHECK(r.exit_status == 74);
+  CHECK_THAT(r.out, Contains(last.filename().string()) && Contains("changed"));
+  CHECK(count(r.out, "bit-exact") == 0);  // no verdict: the load failed
 }

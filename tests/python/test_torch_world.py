@@ -90,6 +90,17 @@ def test_a_2x2_mesh_started_by_torch_multiprocessing_matches_torchs_reader(spawn
         assert report["mesh_load_into_mismatch"] == [], report["rank"]
 
 
+def test_local_reads_under_a_torch_process_group_are_bit_exact(spawned):
+    # The checkpoints were just written: in the page cache, so every load over the node ring
+    # (transport auto: one node, no MPI world) had each rank read its own boxes itself, the
+    # same decision on every rank — and the cases above found them bit-exact against
+    # torch's own reader.
+    for report in spawned:
+        assert report["node_reads"], report["rank"]
+        assert set(report["node_reads"]) == {"local"}, (report["rank"], report["node_reads"])
+    assert len({len(r["node_reads"]) for r in spawned}) == 1
+
+
 def test_torchrun_on_cpu_loads_bit_exact(checkpoint, tmp_path):
     r = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node", "3", str(HERE / "torch_world_worker.py"), "env", "-", "-",

@@ -41,6 +41,20 @@ def cases(checkpoint: Path, llama_dir: Path, out_dir: Path, rank: int, world: in
                     "launcher": {k: os.environ.get(k) for k in
                                  ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "MASTER_PORT")}}
     options = {"timeout": 60, "progress": False}
+    # How each load's bytes reached this rank (LoadStats' node_reads: "local" where every rank
+    # read its own boxes from the page cache, "ring" through rank 0's node ring).
+    report["node_reads"] = node_reads = []
+    from weightcast import _api, _options
+
+    def keeping(run_job):
+        def run_and_keep(*args, **kwargs):
+            result = run_job(*args, **kwargs)
+            node_reads.append(result.stats.get("node_reads", ""))
+            return result
+        return run_and_keep
+
+    _api.run_job = keeping(_api.run_job)
+    _options.run_job = keeping(_options.run_job)
 
     got = weightcast.load(checkpoint.name, **options)
     report["load_exact"] = sorted(got) == sorted(full) and all(

@@ -22,7 +22,7 @@
 namespace weightcast {
 
 /// Version of the catalogue encoding; a peer with another version is refused.
-inline constexpr std::uint32_t catalogue_wire_version = 1;
+inline constexpr std::uint32_t catalogue_wire_version = 2;
 
 /// @return @p catalogue encoded (shard paths left out). Its size has no fixed limit: it is
 ///         bounded by the checkpoint's headers (each at most 100,000,000 bytes, the format's

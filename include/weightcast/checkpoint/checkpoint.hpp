@@ -26,13 +26,15 @@ namespace weightcast {
 
 /// One shard (`.safetensors` file) of a checkpoint.
 struct ShardInfo {
-  std::filesystem::path path;  ///< Resolved absolute path; only rank 0 ever opens it.
+  /// Resolved absolute path. Rank 0 opens it; over `transport: shm` the node's other ranks
+  /// may too (local reads), checking `device` and `inode`.
+  std::filesystem::path path;
   std::string name;            ///< Name for messages: the file name as the index spells it.
   std::uint64_t file_bytes = 0;   ///< Size of the file when the catalogue was read, bytes.
   std::uint64_t data_offset = 0;  ///< File offset of the data section: 8 + header length.
   /// The file whose header was read (`st_dev`, `st_ino`), so that rank 0 reads that file
   /// and no other one put in its place (a rename, a symlink relinked elsewhere) before it
-  /// opens the shard for the load; 0, 0: unknown (a catalogue from the wire), not checked.
+  /// opens the shard for the load; 0, 0: unknown, not checked.
   std::uint64_t device = 0;
   std::uint64_t inode = 0;  ///< See `device`.
   /// Modification and status-change times of that file when its header was read (`st_mtim`,

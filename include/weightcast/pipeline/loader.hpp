@@ -186,7 +186,12 @@ struct LoadStats {
   /// some so (docs/DESIGN.md § Placement); "" off rank 0.
   std::string io_mode;
   std::string device;               ///< "host" or "cuda:N".
-  std::string transport;            ///< "local", "mpi" or "nccl".
+  std::string transport;            ///< "local", "mpi", "nccl", "tcp" or "shm".
+  /// `transport: shm` only, the same on every rank: "local" where each rank read its own
+  /// boxes from the shard files (they were in the page cache and every local rank could open
+  /// them), "ring" where rank 0 read every byte into the node ring and each rank copied its
+  /// boxes out of it (docs/DESIGN.md § Staging); "" for other transports.
+  std::string node_reads;
   /// @return bytes / seconds in GB/s (1 GB = 1e9 B), 0 when nothing was timed.
   [[nodiscard]] double gbps() const noexcept { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };

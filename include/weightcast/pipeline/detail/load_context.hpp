@@ -23,6 +23,8 @@
 
 namespace weightcast::detail {
 
+class LocalShards;
+
 struct LoadContext {
   using Clock = std::chrono::steady_clock;
 
@@ -65,6 +67,11 @@ struct LoadContext {
   const LoadOptions& options;
   const Clock::time_point started = Clock::now();  // for LoadProgress::seconds
   std::uint64_t bytes_landed = 0;                  // for LoadProgress::bytes_done
+  /// `transport: shm`: every rank reads its own boxes from the shard files for this load
+  /// (rank 0's decision, the same on every rank: NodeRing::decide); false otherwise.
+  bool local_reads = false;
+  /// A rank other than 0 with `local_reads`: its own descriptors of the shards.
+  const LocalShards* local_files = nullptr;
   // Progress is stamped in the time this process ran: the watchdog's `timeout` leaves out
   // the stretches it was stopped.
   RunningClock running{suspended_after};

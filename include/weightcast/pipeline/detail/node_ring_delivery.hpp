@@ -12,13 +12,25 @@
  * release, so the slot goes back to the ring (and a new read) only once nobody reads it. On
  * another rank `post` is the wait for the slot holding the chunk, and its completion is the
  * copy into the arena and the release.
+ *
+ * Local reads (`LoadContext::local_reads`, rank 0's decision for the load, the same on every
+ * rank: NodeRing::decide): where the checkpoint is in the page cache and every local rank can
+ * open its files, nothing goes through the ring. Rank 0 copies its own boxes out of a mapping
+ * of the page cache (ReadSide's mapped shards) and publishes nothing; every other rank
+ * copies its own boxes out of its own read-only mappings of the files (`LocalShards`; `pread`
+ * where a shard cannot be mapped) straight into their destinations, in parallel
+ * (docs/DESIGN.md § Staging).
  */
 #pragma once
 
 #include "weightcast/pipeline/detail/broadcast_delivery.hpp"
 #include "weightcast/transport/detail/node_ring.hpp"
 
+#include "weightcast/core/detail/unique_fd.hpp"
+#include "weightcast/io/detail/mapped_shard.hpp"
+
 #include <deque>
+#include <string_view>
 #include <vector>
 
 namespace weightcast::detail {
@@ -39,6 +51,53 @@ struct RingCopy {
  */
 std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ring,
                                            std::size_t c, std::vector<RingCopy> copies);
+/**
+ * @brief A rank's own descriptors of every shard, for local reads: opened by path, checked to
+ *        be the files rank 0 described (regular, the catalogue's size; device and inode where
+ *        the catalogue knows them), and `fstat`ed again after every chunk.
+ */
+class LocalShards {
+ public:
+  /**
+   * @brief Opens every shard of @p catalogue read-only (@p catalogue must outlive this).
+   * @throws Error `missing_input` (66) or `io` (74) naming the file, as ShardFiles.
+   */
+  explicit LocalShards(const Catalogue& catalogue);
+  /**
+   * @brief Reads @p bytes at @p offset of shard @p shard into @p to, all of them.
+   * @throws Error `io` (74) naming the shard, offset and @p tensor: a failed read, or the end
+   *         of the file before the bytes (the shard shrank after its header was read).
+   */
+  void read(std::uint32_t shard, std::uint64_t offset, std::byte* to, std::uint64_t bytes,
+            std::string_view tensor) const;
+  /// Drops this process's mapping of [@p offset, + @p bytes) of shard @p shard once a chunk
+  /// is read (its RSS falls back; the page cache keeps the pages).
+  void release(std::uint32_t shard, std::uint64_t offset, std::uint64_t bytes) const;
+  /// @throws Error `io` (74) naming the shard when its size or modification time moved since
+  ///         it was opened (a write while it was read), or when a page of its mapping could
+  ///         not be read (the file shrank under it: MappedShard's SIGBUS handling).
+  void check_unchanged(std::uint32_t shard) const;
+
+ private:
+  struct Opened {
+    UniqueFd fd;
+    // The shard's page-cache pages, read with memcpy: a strided box is many short runs, one
+    // syscall each with pread. Null where it cannot be mapped (then pread).
+    std::unique_ptr<MappedShard> map;
+    std::uint64_t bytes = 0;
+    std::int64_t modified_ns = 0;
+  };
+  const Catalogue& _catalogue;
+  std::vector<Opened> _files;
+};
+
+/**
+ * @brief A rank's local read of chunk @p c: its @p copies `pread` from @p files (whose
+ *        chunk offsets are the chunk's, as out of a slot) when tested; then the shard is
+ *        `fstat`ed again. @throws what LocalShards throws, from `test()`.
+ */
+std::unique_ptr<Pending> local_read(const LoadContext& load, const LocalShards& files,
+                                    std::size_t c, std::vector<RingCopy> copies);
 /// Rank 0: completes once every consumer has released slot @p slot (polled, never waits).
 std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot);
 
@@ -46,9 +105,10 @@ class NodeRingDelivery final : public BroadcastDelivery {
  public:
   /// @p load's transport must have a node ring (`Transport::node_ring`).
   explicit NodeRingDelivery(LoadContext& load);
-  /// Every chunk is staged in the shared ring: never read into rank 0's arena or sent from a
-  /// mapping, since the other ranks copy out of the slot.
-  [[nodiscard]] ReadPolicy read_policy() const override { return {}; }
+  /// Through the ring, every chunk is staged in a shared slot: never read into rank 0's arena
+  /// or sent from a mapping, since the other ranks copy out of the slot. With local reads,
+  /// rank 0 copies its own bytes out of the page cache's mapping.
+  [[nodiscard]] ReadPolicy read_policy() const override;
   /// Rank 0: publishes @p slot (chunk @p c) to the other ranks, copies the chunk into its own
   /// arena and keeps @p lease for `post`. @return nothing queued: the copy is done.
   boost::asio::awaitable<Uploading> upload(std::size_t c, SlotLease lease,

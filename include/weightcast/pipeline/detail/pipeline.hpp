@@ -20,6 +20,7 @@
 #include "weightcast/pipeline/detail/delivery.hpp"
 #include "weightcast/pipeline/detail/in_flight.hpp"
 #include "weightcast/pipeline/detail/load_context.hpp"
+#include "weightcast/pipeline/detail/node_ring_delivery.hpp"
 #include "weightcast/pipeline/detail/read_side.hpp"
 #include "weightcast/pipeline/loader.hpp"
 
@@ -69,6 +70,9 @@ class Pipeline {
   }
   /// How rank 0 read the shards (ReadSide::io_mode); empty elsewhere.
   [[nodiscard]] std::string io_mode() const { return _read ? _read->io_mode() : std::string(); }
+  /// True where this load's ranks each read their own boxes from the files (`transport:
+  /// shm`, local reads: decide_reads), the same on every rank.
+  [[nodiscard]] bool local_reads() const noexcept { return _load.local_reads; }
   /// Writes what the delivery reports (digests) into @p result; after `run`, failed or not.
   void report(LoadResult& result) const { _delivery->report(result); }
   /// Waits for the delivery's device read-backs still hashing; call after `run` and before
@@ -93,6 +97,8 @@ class Pipeline {
   boost::asio::awaitable<void> broadcast_stage();
   boost::asio::awaitable<void> landing_stage();
   boost::asio::awaitable<void> guarded(boost::asio::awaitable<void> stage);
+  // ---- how a node ring load reads (local_reads.cpp) ----
+  void decide_reads(NodeRing& ring);
 
   // ---- the watchdog (watchdog.cpp) ----
   boost::asio::awaitable<void> watchdog();
@@ -112,6 +118,7 @@ class Pipeline {
   // exchanges in flight (`_posted`), which are aborted and drained when destroyed.
   LoadContext _load;
   std::optional<ReadSide> _read;          // rank 0
+  std::optional<LocalShards> _local_files;  // another rank's own shards, with local reads
   std::unique_ptr<Delivery> _delivery;
   IndexChannel _to_broadcast;             // uploaded chunks, plan order
   IndexChannel _to_complete;              // uploads queued, plan order

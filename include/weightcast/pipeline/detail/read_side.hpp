@@ -56,6 +56,10 @@ struct Slot {
 
 class ReadSide {
  public:
+  /// Of a shard's pages, the fraction resident for it to be sent from the page cache (and,
+  /// over the node ring, for local reads): a few missing pages are read by the faults or
+  /// reads that meet them.
+  static constexpr double mapped_fraction = 0.95;
   using Clock = std::chrono::steady_clock;
   using IndexChannel =
       boost::asio::experimental::channel<void(boost::system::error_code, std::size_t)>;
@@ -105,9 +109,6 @@ class ReadSide {
   [[nodiscard]] Error shrank(std::uint32_t f, std::uint64_t end, std::string tensor) const;
   [[nodiscard]] Error read_error(const ReadRequest& request) const;
 
-  // Of a shard's pages, the fraction resident for it to be sent from the page cache: a few
-  // missing pages are read by the faults that meet them.
-  static constexpr double mapped_fraction = 0.95;
 
   LoadContext& _load;
   const ReadPolicy _policy;

@@ -97,6 +97,32 @@ class NodeRing {
   /// A consumer: done copying out of slot @p index; the last one wakes rank 0.
   void release(std::size_t index) noexcept;
 
+  // How a load's bytes reach the node's ranks, decided once per load by rank 0 and the same
+  // on every rank (docs/DESIGN.md § Staging, "Local reads"): through the ring, or each rank
+  // reading its own boxes from the shard files. Every consumer first says whether it could
+  // open every shard (`vote`); rank 0 waits for every vote (`votes`), decides (`decide`),
+  // and every consumer waits for the decision (`decision`). Loads are numbered from 1, in
+  // the order each process runs them on this ring (`next_load`), alike on every rank.
+
+  /// @return the number of the load this process starts now (1, 2, …).
+  [[nodiscard]] std::uint32_t next_load() noexcept { return ++_loads; }
+  /// A consumer: whether it can read load @p load's shard files itself. Wakes rank 0.
+  void vote(std::uint32_t load, bool reads_itself) noexcept;
+  /**
+   * @brief Rank 0: waits at most @p timeout for every consumer's vote on load @p load.
+   * @return true when every consumer can read the files itself, false when one cannot;
+   *         nothing when some vote did not arrive within @p timeout.
+   */
+  [[nodiscard]] std::optional<bool> votes(std::uint32_t load,
+                                          std::chrono::milliseconds timeout) const;
+  /// Rank 0: load @p load reads locally on every rank (true) or through the ring. Wakes
+  /// every consumer.
+  void decide(std::uint32_t load, bool local_reads) noexcept;
+  /// A consumer: rank 0's decision on load @p load, waiting at most @p timeout for it;
+  /// nothing when it did not come in time.
+  [[nodiscard]] std::optional<bool> decision(std::uint32_t load,
+                                             std::chrono::milliseconds timeout) const;
+
  private:
   NodeRing(UniqueFd fd, void* mapping, std::uint64_t mapping_bytes);
 
@@ -107,6 +133,7 @@ class NodeRing {
   std::byte* _slot_base = nullptr;
   std::size_t _slots = 0;
   std::uint64_t _slot_bytes = 0;
+  std::uint32_t _loads = 0;  // loads this process started on the ring
 };
 
 /// @return this node's identity: its host name and boot id
