@@ -208,6 +208,18 @@ msg=$(in_root env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
 if [ "$rc" = 69 ] && grep -q 'has no MPI' <<<"$msg"; then :; else
   fail "transport mpi: exit $rc, not 69 'has no MPI': $msg"
 fi
+# The wheel compiles CUDA in and loads the runtime at run time: on this host (no torch in the
+# venv yet, no CUDA library in the root, no GPU) `device: cuda` is refused with 69 naming the
+# CUDA runtime, and `device: auto` loads on the host.
+rc=0
+msg=$(in_root weightcast run --set checkpoint=/tmp/wc-ckpt --set device=cuda -q 2>&1) || rc=$?
+if [ "$rc" = 69 ] && grep -qi 'cuda' <<<"$msg"; then
+  say "device cuda without a CUDA runtime: 69, $(tail -1 <<<"$msg" | cut -c1-140)"
+else
+  fail "device cuda without a CUDA runtime: exit $rc, not 69 naming CUDA: $msg"
+fi
+in_root weightcast run --set checkpoint=/tmp/wc-ckpt --set device=auto -q >/dev/null 2>&1 ||
+  fail "device auto without a CUDA runtime did not load on the host"
 
 if [ "$torch" != 0 ]; then
   echo /opt/torch-site >"$(echo "$ROOT"/opt/wc-venv/lib/python3*/site-packages)/torch-site.pth"
