@@ -27,6 +27,10 @@ bench/RESULTS.md's figures come from):
   weightcast_load_into_unverified
                         the same with verify=False (`verify: none`): no digests, the work the
                         rows above do (none of them verifies); weightcast's default is digest.
+  weightcast_load_into_shm
+                        weightcast_load_into with `transport: shm` (a config file): the node
+                        plane instead of MPI, as `auto` picks it under torchrun; with the page
+                        cache warm each rank reads its own boxes.
   weightcast_replicate  `mpirun -np N weightcast run CFG --set device=host [--set
   weightcast_fsdp        placement=replicate|fsdp] --report r.{rank}.json` (CLI, no torch, the
                         checkpoint's dtype); fsdp only where the binary accepts the key.
@@ -76,7 +80,7 @@ if os.environ.get("WC_BENCH_PYDEPS"):
     sys.path.append(os.environ["WC_BENCH_PYDEPS"])
 
 TORCH_VARIANTS = ["fsdp2_broadcast", "dcp_slices", "load_file_every_rank", "weightcast_load_into",
-                  "weightcast_load_into_unverified"]
+                  "weightcast_load_into_unverified", "weightcast_load_into_shm"]
 CLI_VARIANTS = ["weightcast_replicate", "weightcast_fsdp"]
 ALL_VARIANTS = TORCH_VARIANTS + CLI_VARIANTS
 GIB = 1 << 30
@@ -228,6 +232,17 @@ def load(variant: str, model, ckpt: Path, files: list[Path], rank: int,
 
         weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port,
                              verify=variant == "weightcast_load_into")
+    elif variant == "weightcast_load_into_shm":
+        import tempfile
+
+        import weightcast
+
+        # The node plane instead of MPI (what `auto` picks under torchrun): the node's ranks
+        # share rank 0's staging ring, or read their own boxes where the files are cached.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("transport: shm\n")
+        weightcast.load_into(model, ckpt, progress=False, rendezvous_port=wc_port, config=f.name)
+        os.unlink(f.name)
     else:
         raise ValueError(f"unknown variant {variant}")
 
