@@ -329,7 +329,7 @@ sed 's/^/  /' "$WORK/version.log"
 keep_log version
 # The console script passes torch's library folders to the CLI; --version names the files
 # it loaded.
-record "wheel installed" pass - - "$(grep -m1 -o 'installed .*' "$WORK/install.log"); $(sed -n 's/^loaded: //p' "$WORK/version.log" | head -c 300)"
+record "wheel installed" pass - - "$(grep -m1 '^installed ' "$WORK/install.log"); $(sed -n 's/^loaded: //p' "$WORK/version.log" | head -c 300)"
 # The libraries for the bundle's weightcast_tests (which loads them as weightcast does, but
 # has no console script) and h2d_bench (which links the CUDA runtime): torch's nvidia wheels
 # (nvidia/nccl/lib, nvidia/cu13/lib), then the CUDA toolkit's, then the loader's default path.
@@ -347,12 +347,13 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
 done
 export LD_LIBRARY_PATH=${HOST_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 note "library path for the bundle's binaries: ${HOST_LIBS:-none found, the dynamic loader defaults}"
-if [ -n "$TESTS" ] && ! why=$(timeout "$(probe_t 5)" "$TESTS" --list-tags 2>&1 >/dev/null); then
+# (-h: Catch2's --list-* exit with the count they listed.)
+if [ -n "$TESTS" ] && ! why=$(timeout "$(probe_t 5)" "$TESTS" -h 2>&1 >/dev/null); then
   if echo "$why" | grep -q 'GLIBCXX\|libstdc++\|libgcc_s'; then
     # The host's C++ runtime is older than the build's: the bundle's.
     export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$BUNDLE/lib/compat
     note "the host's libstdc++ is older than the build's: using the bundle's lib/compat"
-    why=$(timeout "$(probe_t 5)" "$TESTS" --list-tags 2>&1 >/dev/null) || { no_tests_why="the bundle's weightcast_tests cannot run here: $(tail -1 <<<"$why")"; TESTS= H2D=; }
+    why=$(timeout "$(probe_t 5)" "$TESTS" -h 2>&1 >/dev/null) || { no_tests_why="the bundle's weightcast_tests cannot run here: $(tail -1 <<<"$why")"; TESTS= H2D=; }
   else
     no_tests_why="the bundle's weightcast_tests cannot run here: $(tail -1 <<<"$why")"
     TESTS=
