@@ -244,8 +244,16 @@ else
   python3 -m venv --system-site-packages --without-pip "$venv"
   pip=(python3 -m pip --python "$venv/bin/python")
 fi
+# --system-site-packages reaches the base interpreter's folders only: where python3 is itself
+# a venv's, or torch is in the user's site-packages, its folders go to the venv by a .pth
+# (after the venv's own, so the wheel's weightcast comes first).
+python3 -c 'import os, site, sys
+print("\n".join(p for p in sys.path + [site.getusersitepackages()]
+                if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)))' \
+  >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_host_python3.pth"
 start=$(date +%s.%N)
-"${pip[@]}" install --quiet --no-index --no-deps --disable-pip-version-check "$wheel"
+# --ignore-installed: a weightcast the host's python3 already has is not this wheel.
+"${pip[@]}" install --quiet --no-index --no-deps --ignore-installed --disable-pip-version-check "$wheel"
 if "$venv/bin/python" -c 'import safetensors' 2>/dev/null; then
   :
 elif ls "$wheels"/safetensors-*.whl >/dev/null 2>&1; then

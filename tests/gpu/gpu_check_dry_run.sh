@@ -51,7 +51,7 @@ for nccl in 2.28.9 2.30.7; do
   [ "$(head -1 "$commands" | cut -f1)" = install ] || fail "NCCL $nccl: the wheel is not installed first"
   install=$out/work/install.sh
   grep -q 'python3 -m venv --system-site-packages "$venv"' "$install" &&
-    grep -q 'install --quiet --no-index --no-deps --disable-pip-version-check "$wheel"' "$install" ||
+    grep -q 'install --quiet --no-index --no-deps --ignore-installed --disable-pip-version-check "$wheel"' "$install" ||
     fail "install.sh does not make a venv with the host's site-packages and pip-install the wheel alone"
   [[ "$(awk -F'\t' '$1 == "install" {print $3}' "$commands")" == *"/install.sh "*"/weightcast-"*".whl "*"/venv "* ]] ||
     fail "NCCL $nccl: the install step does not install a weightcast wheel into the venv"
