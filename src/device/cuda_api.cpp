@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <string_view>
+#include <utility>
 
 // The symbol a name stands for after the headers' macros (see WEIGHTCAST_CUDART_FUNCTIONS).
 #define WEIGHTCAST_SYMBOL_TEXT(x) #x
@@ -57,17 +59,28 @@ std::vector<Candidate> candidates(const LibrarySpec& spec) {
   for (const std::string& soname : spec.sonames) {
     out.push_back({soname, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, "already loaded"});
   }
-  std::vector<std::string> given;
+  // The environment's folders (the console script passes torch's there), then the ones the
+  // process gave; a folder without the soname is passed over, as the loader's path would be.
+  std::vector<std::pair<std::string, const char*>> folders;
+  if (const char* list = std::getenv("WEIGHTCAST_CUDA_LIBRARY_DIRS"); list != nullptr) {
+    std::string_view rest(list);
+    while (!rest.empty()) {
+      const std::size_t colon = rest.find(':');
+      const std::string_view dir = rest.substr(0, colon);
+      if (!dir.empty()) folders.emplace_back(std::string(dir), "WEIGHTCAST_CUDA_LIBRARY_DIRS");
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    }
+  }
   {
     const std::lock_guard lock(dirs_mutex());
-    given = dirs();
+    for (const std::string& dir : dirs()) folders.emplace_back(dir, "given directory");
   }
-  for (const std::string& dir : given) {
+  for (const auto& [dir, how] : folders) {
     for (const std::string& soname : spec.sonames) {
       const std::filesystem::path path = std::filesystem::path(dir) / soname;
       std::error_code ignored;
       if (std::filesystem::exists(path, ignored)) {
-        out.push_back({path.string(), RTLD_NOW | RTLD_LOCAL, "given directory"});
+        out.push_back({path.string(), RTLD_NOW | RTLD_LOCAL, how});
       }
     }
   }

@@ -111,6 +111,35 @@ TEST_CASE("an NCCL that cannot be loaded is named by --version, which still star
                                         "/nonexistent/libnccl.so.2 (WEIGHTCAST_NCCL)"));
 }
 
+// The wheel's console script passes torch's nvidia-* folders to the CLI binary this way
+// (python/weightcast/_cli.py): a folder there is searched before the system's, and one
+// without the library is passed over.
+TEST_CASE("the CLI loads the CUDA runtime from a folder in WEIGHTCAST_CUDA_LIBRARY_DIRS",
+          "[gpu-info][cuda-api]") {
+  if (!built_with_cuda()) {
+    WARN("skipped: this build has no CUDA");
+    return;
+  }
+  std::filesystem::path real;
+  for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"}) {
+    if (std::filesystem::exists(std::filesystem::path(dir) / "libcudart.so.13")) {
+      real = std::filesystem::path(dir) / "libcudart.so.13";
+      break;
+    }
+  }
+  if (real.empty()) {
+    WARN("skipped: no libcudart.so.13 in /usr/local/cuda to put in a folder of its own");
+    return;
+  }
+  const TempDir folder("weightcast-cuda-dirs");
+  std::filesystem::create_symlink(std::filesystem::canonical(real), folder / "libcudart.so.13");
+  const std::string dirs = "WEIGHTCAST_CUDA_LIBRARY_DIRS=/nonexistent::" + folder.path().string();
+  const auto r = run_cli({"--version"}, {dirs});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 0);
+  CHECK_THAT(r.out, Catch::Contains("loaded: " + (folder / "libcudart.so.13").string() + ";"));
+}
+
 #ifdef WEIGHTCAST_HAVE_CUDA
 TEST_CASE("the loader finds the system's CUDA runtime and NCCL and reads their versions",
           "[cuda-api]") {

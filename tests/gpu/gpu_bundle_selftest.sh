@@ -2,20 +2,22 @@
 # Proves the GPU bundle is self-contained, without a GPU: runs tests/gpu/gpu_check.sh from it in
 # a minimal Debian root that has none of the build's packages (no compiler, no -dev packages,
 # no fmt/spdlog/yaml-cpp/liburing/Boost/Open MPI), as a bare GPU host would, and checks that
-# every step that needs no GPU passes and every GPU step is skipped with its reason.
+# the wheel installs into a venv there, its console script loads the CUDA runtime from the
+# nvidia wheels' folder it passes the CLI, every step that needs no GPU passes and every GPU
+# step is skipped with its reason.
 #
 # Usage: bash tests/gpu/gpu_bundle_selftest.sh [BUNDLE_DIR]     (default out/gpu-bundle)
-#   Packs the bundle first (tests/gpu/gpu_bundle.sh: builds ./build, incremental).
+#   Packs the bundle first (tests/gpu/gpu_bundle.sh: builds ./build, incremental, and takes
+#   or builds the abi3 wheel).
 #   The root: $WEIGHTCAST_SELFTEST_ROOT (default out/gpu-selftest-root, git-ignored), made
-#   with `debootstrap --variant=minbase --include=python3 stable` when missing (about 4
-#   minutes; needs root and Debian's mirror) and reused after.
+#   with `debootstrap --variant=minbase --include=python3,python3-venv stable` when missing
+#   (about 4 minutes; needs root and Debian's mirror) and reused after.
 #   What the GPU host brings and the root lacks, the CUDA runtime (libcudart.so.13) and NCCL
 #   (libnccl.so.2), come from PyPI's nvidia-cuda-runtime and nvidia-nccl-cu13 wheels (torch's
-#   own dependencies), installed into the root's site-packages where gpu_check.sh looks for
-#   them; a local Python that already has them (torch's wheels) is used instead of a
-#   download. torch itself is not installed in the root (a CUDA torch wheel and its nvidia
-#   dependencies are several GB): the torch and Python-with-torch rows skip, saying so, and
-#   the abi3 extension is imported without torch under the root's Python 3.13.
+#   own dependencies), installed into the root's site-packages where torch's would be; a
+#   local Python that already has them (torch's wheels) is used instead of a download. torch
+#   itself is not installed in the root (a CUDA torch wheel and its nvidia dependencies are
+#   several GB): the Python rows skip, saying so.
 # Exit status: 0 when the check passes; 1 when a step failed or a GPU step did not skip.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,18 +29,19 @@ say() { printf 'gpu_bundle_selftest [%4s s]: %s\n' "$(($(date +%s) - START))" "$
 
 # Packed again every time (seconds when the build is up to date): a stale bundle would test
 # old scripts. WEIGHTCAST_SELFTEST_REPACK=0 tests BUNDLE_DIR as it is.
-if [ "${WEIGHTCAST_SELFTEST_REPACK:-1}" != 0 ] || [ ! -x "$BUNDLE/bin/weightcast" ]; then
+if [ "${WEIGHTCAST_SELFTEST_REPACK:-1}" != 0 ] || [ ! -x "$BUNDLE/bin/weightcast_tests" ]; then
   say "packing the bundle (tests/gpu/gpu_bundle.sh $BUNDLE)"
   mkdir -p "$(dirname "$BUNDLE")"  # out/ is absent in a fresh clone
   bash tests/gpu/gpu_bundle.sh "$BUNDLE" >"${BUNDLE%/}.pack.log" 2>&1 || { tail -30 "${BUNDLE%/}.pack.log"; exit 1; }
   say "packed: $(grep '^size:' "$BUNDLE/BUNDLE.txt")"
 fi
 
-if [ ! -e "$ROOT/.weightcast-selftest-root" ]; then
-  say "making the minimal root $ROOT (debootstrap minbase, Debian stable, python3)"
+# A root made before the check installed a wheel has no python3-venv: made again.
+if [ ! -e "$ROOT/.weightcast-selftest-root" ] || ! ls -d "$ROOT"/usr/lib/python3*/ensurepip >/dev/null 2>&1; then
+  say "making the minimal root $ROOT (debootstrap minbase, Debian stable, python3, python3-venv)"
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
   rm -rf "$ROOT"
-  debootstrap --variant=minbase --include=python3 stable "$ROOT" http://deb.debian.org/debian \
+  debootstrap --variant=minbase --include=python3,python3-venv stable "$ROOT" http://deb.debian.org/debian \
     >"$ROOT.log" 2>&1 || { tail -20 "$ROOT.log"; exit 1; }
   touch "$ROOT/.weightcast-selftest-root"
 fi
@@ -105,24 +108,6 @@ for fs in proc sys dev; do
 done
 
 status=0
-# The abi3 extension under the root's Python (3.13), without torch.
-if [ -d "$ROOT/bundle/python/weightcast" ]; then
-  if chroot "$ROOT" env -i PATH=/usr/bin:/bin PYTHONPATH=/bundle/python \
-    LD_LIBRARY_PATH=/usr/local/lib/python$pyver/dist-packages/nvidia/nccl/lib:/usr/local/lib/python$pyver/dist-packages/nvidia/cu13/lib \
-    python3 -c 'import weightcast, sys; print("import weightcast under Python", sys.version.split()[0], weightcast.build_info())'; then
-    say "the Python package imports under the root's Python $pyver"
-  else
-    say "FAIL: the bundle's Python package does not import under Python $pyver"
-    status=1
-  fi
-elif [ "${WEIGHTCAST_BUNDLE_PYTHON:-1}" = 0 ]; then
-  say "the bundle has no Python package ($(grep '^python:' "$BUNDLE/BUNDLE.txt" | cut -d' ' -f2-))"
-else
-  # gpu_bundle.sh packs without it when its build fails; a GPU host would then lack it.
-  say "FAIL: the bundle has no Python package ($(grep '^python:' "$BUNDLE/BUNDLE.txt" | cut -d' ' -f2-)); WEIGHTCAST_BUNDLE_PYTHON=0 leaves it out on purpose"
-  status=1
-fi
-
 say "running tests/gpu/gpu_check.sh from the bundle inside the root"
 check_status=0
 # A small checkpoint: this checks that the bundle runs, not how fast (no GPU here anyway).
@@ -138,12 +123,18 @@ if awk -F'\t' '$2 == "fail" || $2 == "timeout" {bad = 1; print "  failed: " $1 "
 row_of() { awk -F'\t' -v row="$1" '$1 == row' "$results"; }
 # The host digests need no GPU: the host load, and every digest recomputed from the files
 # with the bundle's libxxhash under the root's python3 (gpu_check_digests.py).
-for row in "bundle runs here" "[gpu] tests" "synth $PARAMS" "host digests from the files"; do
+for row in "wheel installed" "[gpu] tests" "synth $PARAMS" "host digests from the files"; do
   if [ "$(row_of "$row" | cut -f2)" != pass ]; then
     say "FAIL: '$row' did not pass: $(row_of "$row")"
     status=1
   fi
 done
+# The venv's console script passed the nvidia wheels' folder to the CLI, which loaded the
+# CUDA runtime from it (the root has no other).
+if ! row_of "wheel installed" | grep -q "dist-packages/nvidia/cu13/lib/libcudart.so.13"; then
+  say "FAIL: the console script's CLI did not load libcudart.so.13 from the nvidia wheel's folder: $(row_of "wheel installed")"
+  status=1
+fi
 for row in "pinned H2D (h2d_bench)" "weightcast cuda, page cache" "weightcast cuda, O_DIRECT" \
   "nccl broadcast, 2 ranks one GPU" "nccl fsdp send/recv, 2 ranks one GPU" \
   "nccl rank 1 killed mid-load" "python weightcast.load(device=cuda); DCP reader" \

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # GPU check for weightcast's cuda device, pinned staging, nccl transport and Python CUDA path,
-# on one bare GPU host, in at most 5 minutes, from the bundle tests/gpu/gpu_bundle.sh packs.
+# on one bare GPU host, in at most 5 minutes, from the wheel (scripts/wheel.sh) installed into
+# a venv of its own on the host's python3 + torch.
 #
-# Usage: bash BUNDLE/tests/gpu/gpu_check.sh OUT_DIR
-#        bash tests/gpu/gpu_check.sh --dry-run OUT_DIR
+# Usage: bash tests/gpu/gpu_check.sh [--wheel WHEEL] OUT_DIR
+#        bash tests/gpu/gpu_check.sh --dry-run [--wheel WHEEL] OUT_DIR
+#   WHEEL: default the bundle's wheels/weightcast-*.whl beside this script (tests/gpu/
+#   gpu_bundle.sh packs it), else dist/weightcast-*.whl of the tree.
 #   (on the device tool: carry ["out/gpu-bundle"], command
-#    `bash out/gpu-bundle/tests/gpu/gpu_check.sh "$OUT"`, timeout_s 330; docs/gpu.md)
+#    `bash out/gpu-bundle/tests/gpu/gpu_check.sh "$OUT"`, timeout_s 345; docs/gpu.md)
 #
-# --dry-run runs nothing and needs no GPU, bundle or torch: it prints every command the check
+# --dry-run runs nothing and needs no GPU, wheel or torch: it prints every command the check
 # would run, each with its time cap, and the sum of the caps against the budget, and writes
 # them to OUT_DIR/commands.tsv (step, cap in seconds, the command as bash would quote it),
 # OUT_DIR/digests.tsv (each step that moves tensor bytes and what its bytes are compared
@@ -15,12 +18,21 @@
 # tests/gpu/gpu_check_dry_run.sh checks it. WEIGHTCAST_GPU_CHECK_DRY_NCCL (default 2.28.9)
 # is the NCCL version the dry run assumes.
 #
-# Runs nothing it has to build: the bundle's weightcast, weightcast_tests and h2d_bench, its
-# Python package (and the safetensors wheel it carries, used when the host has none) on the
-# host's python3 + torch, the host's CUDA runtime and NCCL (torch's nvidia wheels first).
-# Falls back to building from the source tree beside the script only when the bundle is
-# missing or cannot run here, saying why (that needs the build's -dev packages, which a bare
-# GPU host lacks).
+# What runs is what a user installs: `python3 -m venv --system-site-packages` (the host's
+# torch, its nvidia-* wheels and safetensors stay visible) and `pip install --no-index` of the
+# wheel into it ($WORK/venv, step 0), then the venv's `weightcast` console script (which passes
+# torch's CUDA library folders to the CLI: WEIGHTCAST_CUDA_LIBRARY_DIRS) and the venv's python
+# for every Python row. Where the host's python3 has no safetensors (torch does not bring it)
+# the bundle's safetensors wheel is installed into the venv too.
+# The wheel does not carry weightcast_tests and h2d_bench; they come from the bundle beside it
+# (bin/ with lib/, their shared libraries: see gpu_bundle.sh), and their rows skip, saying so,
+# where it is absent. They are kept, not replaced by rows the wheel can run, because they
+# check what no CLI or Python row does: the [gpu] tests drive the device, staging and
+# transports through the C++ API with their own expectations (failure paths, aborts, the
+# placement cases on two ranks), and h2d_bench measures the pinned H2D ceiling that the
+# weightcast rows' GB/s are read against, with a read-back check of every piece; both are
+# ~10 MiB with their libraries, and libxxhash among them is what gpu_check_digests.py
+# recomputes the files' digests with.
 #
 # Every row that moves tensor bytes is judged against the files, never against another GPU
 # load (a bug that corrupts every upload alike would pass that): one `weightcast run --set
@@ -30,7 +42,8 @@
 # it reads back with the XXH3-64 of its source computed on the host.
 #
 # Rows, most valuable first (a row cut short by the budget leaves the ones before it):
-# the checkpoint (bundled `weightcast synth`) and its host digests; Python load_into of an
+# the wheel installed and its CLI's run-time libraries; the checkpoint (`weightcast synth`)
+# and its host digests; Python load_into of an
 # FSDP2 model on 2 ranks, after a GPU sleep and a NaN fill queued on the default stream and on
 # a side stream (gpu_check_fsdp2.py: it must wait, and equal the file); two ranks on the one
 # GPU over NCCL (NCCL_MULTI_RANK_GPU_ENABLE=1 from NCCL 2.30, else a distinct NCCL_HOSTID per
@@ -42,26 +55,30 @@
 #
 # One table (GB/s, 1 GB = 1e9 B, and peak RSS) in OUT_DIR/table.md and on stdout; OUT_DIR
 # also gets results.tsv and each step's log tail. A hard budget, WEIGHTCAST_GPU_CHECK_BUDGET
-# seconds (default 280): every command runs under a cap listed in CAPS below, the caps must
+# seconds (default 295): every command runs under a cap listed in CAPS below, the caps must
 # leave SPARE (20 s) beside RESERVE (the table) within the budget (checked at start), and a
 # step is cut to what is left; a step that fails or times out is recorded and the next one
 # runs, so the table always comes out.
-# Exit status: 0 when every step that ran passed; 1 when a step failed; 69 without a bundle
-# that runs and without what a fallback build needs; 70 when the caps do not fit the budget.
+# Exit status: 0 when every step that ran passed; 1 when a step failed; 69 without a wheel
+# that installs and runs here; 70 when the caps do not fit the budget.
 set -uo pipefail
 
-DRY=0
-if [ "${1:-}" = --dry-run ]; then
-  DRY=1
+DRY=0 WHEEL=
+while (($#)); do
+  case $1 in
+    --dry-run) DRY=1 ;;
+    --wheel) WHEEL=${2:?--wheel needs a path}; shift ;;
+    *) break ;;
+  esac
   shift
-fi
-OUT=${1:?usage: gpu_check.sh [--dry-run] OUT_DIR}
+done
+OUT=${1:?usage: gpu_check.sh [--dry-run] [--wheel WHEEL] OUT_DIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 # The bundle's root (BUNDLE/tests/gpu/gpu_check.sh) or the source tree's (tests/gpu/).
 ROOT=$(cd "$HERE/../.." && pwd)
-BUDGET=${WEIGHTCAST_GPU_CHECK_BUDGET:-280}
+BUDGET=${WEIGHTCAST_GPU_CHECK_BUDGET:-295}
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
 RESERVE=8  # seconds kept for the table
@@ -79,11 +96,11 @@ mkdir -p "$WORK"
 ((DRY)) && : >"$COMMANDS"
 
 # Each command's cap, seconds; NAME.digests is the comparison of step NAME's reports with the
-# host digests. probe bounds step 0's own commands (nvidia-smi, the library search,
-# --version, the Python import probe). The two-rank steps run over loopback sockets on
+# host digests. install makes the venv and installs the wheel into it; probe bounds step 0's
+# other commands (nvidia-smi, the library search, --version, the Python import probe). The two-rank steps run over loopback sockets on
 # NCCL < 2.30 (correctness, not speed). Their sum must leave RESERVE + SPARE (checked below).
 declare -A CAPS=(
-  [probe]=18 [synth]=18 [host]=8 [host.digests]=5
+  [install]=15 [probe]=18 [synth]=18 [host]=8 [host.digests]=5
   [py_fsdp2]=30
   [nccl2]=14 [nccl2.digests]=2 [nccl2_fsdp]=14 [nccl2_fsdp.digests]=5 [nccl2_kill]=16
   [py_cuda]=35
@@ -178,9 +195,9 @@ trap print_table EXIT
 # What every Python row imports: a GPU host that lacks one fails the rows, naming it.
 PY_NEEDS="torch torch.cuda torch.distributed torch.distributed.fsdp torch.distributed.checkpoint safetensors.torch weightcast weightcast.dcp"
 
-# ---- 0: the machine, the bundle, the host's CUDA runtime and NCCL, python3 ------------------
-step "0 machine, bundle, CUDA runtime and NCCL, Python prerequisites"
-PROBE_END=$((START + CAPS[probe]))
+# ---- 0: the machine, the wheel in a venv, the CUDA runtime and NCCL, Python --------------
+step "0 machine, the wheel installed into a venv, CUDA runtime and NCCL, Python prerequisites"
+PROBE_END=$((START + CAPS[install] + CAPS[probe]))
 # probe_t WANT: a timeout for one probe command: WANT, cut to what is left of the probe's cap
 # (at least 1 s, so every probe command still runs under a cap).
 probe_t() {
@@ -188,18 +205,72 @@ probe_t() {
   ((l < 1)) && l=1
   ((l < $1)) && echo "$l" || echo "$1"
 }
+# The wheel, and the bundle beside this script (bin/weightcast_tests, bin/h2d_bench, lib/,
+# wheels/): BUNDLE/tests/gpu/gpu_check.sh, or out/gpu-bundle of the source tree.
+BUNDLE=
+for candidate in "$ROOT" "$ROOT/out/gpu-bundle"; do
+  [ -d "$candidate/bin" ] && [ -d "$candidate/wheels" ] && BUNDLE=$(cd "$candidate" && pwd) && break
+done
+if [ -z "$WHEEL" ]; then
+  for candidate in ${BUNDLE:+"$BUNDLE"/wheels/weightcast-*.whl} "$ROOT"/dist/weightcast-*.whl; do
+    [ -f "$candidate" ] && WHEEL=$candidate && break
+  done
+fi
+[ -n "$WHEEL" ] && [ -f "$WHEEL" ] && WHEEL=$(cd "$(dirname "$WHEEL")" && pwd)/${WHEEL##*/}
+VENV=$WORK/venv
+WC=$VENV/bin/weightcast PY=$VENV/bin/python
+TESTS= H2D= XXHASH=
+if [ -n "$BUNDLE" ]; then
+  [ -x "$BUNDLE/bin/weightcast_tests" ] && TESTS=$BUNDLE/bin/weightcast_tests
+  [ -x "$BUNDLE/bin/h2d_bench" ] && H2D=$BUNDLE/bin/h2d_bench
+  # libxxhash for recomputing digests from the files (the wheel links its copy in).
+  [ -e "$BUNDLE/lib/libxxhash.so.0" ] && XXHASH=$BUNDLE/lib/libxxhash.so.0
+fi
+no_tests_why="no weightcast_tests here: the bundle (tests/gpu/gpu_bundle.sh) is not beside this script"
+no_h2d_why="no h2d_bench here: the bundle (tests/gpu/gpu_bundle.sh) is not beside this script"
+# install.sh WHEEL VENV WHEELS_DIR: the venv on the host's python3 with its site-packages
+# (torch and its nvidia-* wheels), the wheel into it from the file alone (--no-index), and
+# safetensors from WHEELS_DIR only where the host's python3 has none. A python3 without
+# ensurepip (Debian without python3-venv) gets a venv without pip, installed into by the
+# host's pip (--python, pip >= 22.3).
+cat >"$WORK/install.sh" <<'SH'
+set -e
+wheel=$1 venv=$2 wheels=$3
+rm -rf "$venv"
+if python3 -m venv --system-site-packages "$venv" 2>"$venv.err"; then
+  pip=("$venv/bin/python" -m pip)
+else
+  echo "python3 -m venv with pip failed ($(tail -1 "$venv.err")): a venv without pip, the host's pip"
+  python3 -m venv --system-site-packages --without-pip "$venv"
+  pip=(python3 -m pip --python "$venv/bin/python")
+fi
+# --system-site-packages reaches the base interpreter's folders only: where python3 is itself
+# a venv's, or torch is in the user's site-packages, its folders go to the venv by a .pth
+# (after the venv's own, so the wheel's weightcast comes first).
+python3 -c 'import os, site, sys
+print("\n".join(p for p in sys.path + [site.getusersitepackages()]
+                if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)))' \
+  >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_host_python3.pth"
+start=$(date +%s.%N)
+# --ignore-installed: a weightcast the host's python3 already has is not this wheel.
+"${pip[@]}" install --quiet --no-index --no-deps --ignore-installed --disable-pip-version-check "$wheel"
+if "$venv/bin/python" -c 'import safetensors' 2>/dev/null; then
+  :
+elif ls "$wheels"/safetensors-*.whl >/dev/null 2>&1; then
+  "${pip[@]}" install --quiet --no-index --no-deps --disable-pip-version-check --find-links "$wheels" safetensors
+  echo "safetensors installed from $wheels"
+else
+  # The Python rows' probe names it missing.
+  echo "no safetensors on the host's python3${wheels:+ and none in $wheels}"
+fi
+echo "installed $(basename "$wheel") in $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s"
+SH
 # The Python import probe (step 0): prints `notes: ...` and `missing: ...` (empty when every
 # module imports, CUDA is available to torch and its NCCL backend is built).
 cat >"$WORK/py_probe.py" <<'PY'
-import importlib, os, sys
-deps, needs = sys.argv[1], sys.argv[2:]
+import importlib, sys
+needs = sys.argv[1:]
 missing, notes = [], []
-try:
-    import safetensors  # noqa: F401
-except ImportError:
-    if deps and os.path.isdir(deps):
-        sys.path.append(deps)  # after the host's own: the bundle's wheel only fills the gap
-        notes.append("safetensors from the bundle's pydeps/")
 for name in needs:
     try:
         importlib.import_module(name)
@@ -223,23 +294,19 @@ PY
 if ((DRY)); then
   # What the real run would find on a GPU host, assumed: the commands come out as they would
   # run there (the bundle's paths; the NCCL version picks the two-rank setting).
-  BUNDLE=$ROOT
-  [ -x "$BUNDLE/out/gpu-bundle/bin/weightcast" ] && BUNDLE=$BUNDLE/out/gpu-bundle
-  WC=$BUNDLE/bin/weightcast TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench
-  XXHASH=$BUNDLE/lib/libxxhash.so.0
+  [ -n "$BUNDLE" ] || BUNDLE=$ROOT/out/gpu-bundle
+  [ -n "$WHEEL" ] || WHEEL=$BUNDLE/wheels/weightcast-VERSION-cp312-abi3-manylinux_2_28_x86_64.whl
+  TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench XXHASH=$BUNDLE/lib/libxxhash.so.0
   GPUS_SEEN=1 PROBE_GPUS=1 HAVE_GPU=1
-  PY_OK=1 PY_WHY="dry run" PYPATH=$BUNDLE/python
+  PY_OK=1 PY_WHY="dry run"
   NCCL_RAN="NCCL ${WEIGHTCAST_GPU_CHECK_DRY_NCCL:-2.28.9}"
   gpu_skip_reason="dry run"
-  note "dry run: nothing runs. Assumed: a GPU, python3 with $PY_NEEDS, the bundle at $BUNDLE, $NCCL_RAN (run time)"
+  note "dry run: nothing runs. Assumed: a GPU, python3 with torch (CUDA, NCCL) and safetensors, the wheel $WHEEL, the bundle at $BUNDLE, $NCCL_RAN (run time)"
   note "budget: the caps add up to $caps_sum s; the $BUDGET s budget less $RESERVE s for the table leaves $spare s spare (at least $SPARE)"
-  dry probe "${CAPS[probe]}" python3 "$WORK/py_probe.py" "$BUNDLE/pydeps" $PY_NEEDS
+  dry install "${CAPS[install]}" bash "$WORK/install.sh" "$WHEEL" "$VENV" "$BUNDLE/wheels"
+  dry probe "${CAPS[probe]}" "$PY" "$WORK/py_probe.py" $PY_NEEDS
   record "dry run" dry - - "caps $caps_sum s of the $BUDGET s budget less $RESERVE s: $spare s spare; $NCCL_RAN assumed"
 else
-BUNDLE=
-for candidate in "$ROOT" "$ROOT/out/gpu-bundle"; do
-  [ -x "$candidate/bin/weightcast" ] && BUNDLE=$(cd "$candidate" && pwd) && break
-done
 cat "$BUNDLE/BUNDLE.txt" 2>/dev/null | sed 's/^/  /'
 GPUS_SEEN=0
 if command -v nvidia-smi >/dev/null; then
@@ -248,11 +315,33 @@ if command -v nvidia-smi >/dev/null; then
 else
   note "nvidia-smi: not found"
 fi
-# The host's libraries: torch's nvidia wheels (nvidia/nccl/lib, nvidia/cu13/lib), then the
-# CUDA toolkit's, then the loader's default path.
-HOST_LIBS=
-if command -v python3 >/dev/null; then
-  HOST_LIBS=$(timeout "$(probe_t 5)" python3 -c '
+if [ -z "$WHEEL" ] || [ ! -f "$WHEEL" ]; then
+  record "wheel installed" fail - - "no wheel: none given (--wheel), none in ${BUNDLE:-the bundle}/wheels or $ROOT/dist (scripts/wheel.sh)"
+  exit 69
+fi
+if ! command -v python3 >/dev/null; then
+  record "wheel installed" fail - - "no python3 to install $WHEEL with"
+  exit 69
+fi
+if ! measure install "$(cap install)" bash "$WORK/install.sh" "$WHEEL" "$VENV" "${BUNDLE:+$BUNDLE/wheels}"; then
+  record "wheel installed" fail - - "${WHEEL##*/}: $(grep -v '^ *$' "$WORK/install.log" | tail -2 | tr '\n' ' ' | head -c 300)"
+  exit 69
+fi
+sed 's/^/  /' "$WORK/install.log"
+if ! timeout "$(probe_t 8)" "$WC" --version >"$WORK/version.log" 2>&1; then
+  keep_log version
+  record "wheel installed" fail - - "the venv's weightcast --version failed: $(tail -1 "$WORK/version.log" | head -c 200)"
+  exit 69
+fi
+sed 's/^/  /' "$WORK/version.log"
+keep_log version
+# The console script passes torch's library folders to the CLI; --version names the files
+# it loaded.
+record "wheel installed" pass - - "$(grep -m1 '^installed ' "$WORK/install.log"); $(sed -n 's/^loaded: //p' "$WORK/version.log" | head -c 300)"
+# The libraries for the bundle's weightcast_tests (which loads them as weightcast does, but
+# has no console script) and h2d_bench (which links the CUDA runtime): torch's nvidia wheels
+# (nvidia/nccl/lib, nvidia/cu13/lib), then the CUDA toolkit's, then the loader's default path.
+HOST_LIBS=$(timeout "$(probe_t 5)" "$PY" -c '
 import glob, os, site
 dirs = []
 for base in site.getsitepackages() + [site.getusersitepackages()]:
@@ -261,56 +350,23 @@ for base in site.getsitepackages() + [site.getusersitepackages()]:
             if d not in dirs:
                 dirs.append(d)
 print(":".join(dirs))' 2>/dev/null)
-fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && HOST_LIBS=${HOST_LIBS:+$HOST_LIBS:}$d
 done
 export LD_LIBRARY_PATH=${HOST_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-note "host library path: ${HOST_LIBS:-none found, the dynamic loader defaults}"
-
-WC= TESTS= H2D=
-bundle_runs() {
-  local why
-  why=$(timeout "$(probe_t 5)" "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
+note "library path for the bundle's binaries: ${HOST_LIBS:-none found, the dynamic loader defaults}"
+# (-h: Catch2's --list-* exit with the count they listed.)
+if [ -n "$TESTS" ] && ! why=$(timeout "$(probe_t 5)" "$TESTS" -h 2>&1 >/dev/null); then
   if echo "$why" | grep -q 'GLIBCXX\|libstdc++\|libgcc_s'; then
-    # The host's C++ runtime is older than the build's: use the bundled one.
+    # The host's C++ runtime is older than the build's: the bundle's.
     export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$BUNDLE/lib/compat
     note "the host's libstdc++ is older than the build's: using the bundle's lib/compat"
-    why=$(timeout "$(probe_t 5)" "$BUNDLE/bin/weightcast" --version 2>&1) && return 0
-  fi
-  BUNDLE_WHY=$why
-  return 1
-}
-BUNDLE_WHY="no bundle next to this script (bin/weightcast)"
-if [ -n "$BUNDLE" ] && bundle_runs; then
-  WC=$BUNDLE/bin/weightcast TESTS=$BUNDLE/bin/weightcast_tests H2D=$BUNDLE/bin/h2d_bench
-  # weightcast loads the CUDA runtime and NCCL at run time: --version names the files.
-  record "bundle runs here" pass - - "$(timeout "$(probe_t 5)" "$WC" --version 2>&1 | sed -n 's/^loaded: //p')"
-else
-  note "the bundle cannot run here: $BUNDLE_WHY"
-  SRC=$ROOT
-  if [ -f "$SRC/CMakeLists.txt" ] && command -v cmake >/dev/null && command -v c++ >/dev/null; then
-    note "falling back to building from $SRC (needs the build's -dev packages)"
-    BUILD=$SRC/build-gpu-check
-    t=$(cap tests)
-    if timeout "$((t + CAPS[synth]))" cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-      -DWEIGHTCAST_CUDA=ON >"$WORK/fallback.log" 2>&1 &&
-      timeout "$(cap tests)" cmake --build "$BUILD" -j "$(nproc)" --target weightcast_cli \
-        weightcast_tests h2d_bench >>"$WORK/fallback.log" 2>&1; then
-      WC=$BUILD/weightcast TESTS=$BUILD/tests/weightcast_tests H2D=$BUILD/h2d_bench
-      record "fallback build" pass - - "the bundle could not run: $BUNDLE_WHY"
-    else
-      keep_log fallback
-      record "fallback build" fail - - "the bundle could not run ($BUNDLE_WHY), nor could it be built here: $(grep -m1 -iE 'could not find|not found|error' "$WORK/fallback.log")"
-      exit 69
-    fi
+    why=$(timeout "$(probe_t 5)" "$TESTS" -h 2>&1 >/dev/null) || { no_tests_why="the bundle's weightcast_tests cannot run here: $(tail -1 <<<"$why")"; TESTS= H2D=; }
   else
-    record "bundle runs here" fail - - "$BUNDLE_WHY; no source tree and compiler to build from"
-    exit 69
+    no_tests_why="the bundle's weightcast_tests cannot run here: $(tail -1 <<<"$why")"
+    TESTS=
   fi
 fi
-timeout "$(probe_t 5)" "$WC" --version 2>&1 | sed 's/^/  /' | tee "$WORK/version.log"
-keep_log version
 PROBE_GPUS=$(grep -o 'run time: .*' "$WORK/version.log" | grep -o '[0-9]* CUDA device' | grep -o '^[0-9]*' || echo 0)
 NCCL_RAN=$(grep -o 'NCCL [0-9.]*$' "$WORK/version.log" | tail -1)
 note "nvidia-smi sees $GPUS_SEEN GPU(s); the CUDA runtime probe sees ${PROBE_GPUS:-0}; run-time ${NCCL_RAN:-NCCL unknown}"
@@ -323,28 +379,19 @@ else
 fi
 HAVE_GPU=$(( ${PROBE_GPUS:-0} > 0 ))
 gpu_skip_reason="no usable CUDA device: $(sed -n 's/.*no CUDA device (\(.*\)), NCCL.*/\1/p' "$WORK/version.log" | head -1)"
-# libxxhash for recomputing digests from the files: the one weightcast loads (the bundle's).
-XXHASH=$(ldd "$WC" 2>/dev/null | awk '$1 ~ /^libxxhash/ && $3 ~ /^\// {print $3; exit}')
 
-# Python: every module a Python row imports, with the bundle's package (python/) and, where
-# the host's python3 has no safetensors (torch does not bring it), the bundle's wheel
-# (pydeps/). On a host where nvidia-smi sees a GPU a missing one is a failure naming it,
-# never a skip: a Python row that cannot run proves nothing.
-PYDIR=${BUNDLE:+$BUNDLE/python}
-PYDEPS=${BUNDLE:+$BUNDLE/pydeps}
+# Python: every module a Python row imports, in the venv (the wheel's weightcast, the host's
+# torch). On a host where nvidia-smi sees a GPU a missing one is a failure naming it, never a
+# skip: a Python row that cannot run proves nothing.
 PY_OK=0 PY_WHY= PY_NOTES=
-PYPATH=$PYDIR
 t=$(probe_t 15)
-if ! command -v python3 >/dev/null; then
-  PY_WHY="no python3"
-elif py_info=$(PYTHONPATH=$PYDIR timeout "$t" python3 "$WORK/py_probe.py" "$PYDEPS" $PY_NEEDS 2>&1); then
+if py_info=$(timeout "$t" "$PY" "$WORK/py_probe.py" $PY_NEEDS 2>&1); then
   PY_MISSING=$(sed -n 's/^missing: //p' <<<"$py_info")
   PY_NOTES=$(sed -n 's/^notes: //p' <<<"$py_info")
-  grep -q 'from the bundle' <<<"$PY_NOTES" && PYPATH=$PYDIR:$PYDEPS
   if [ -z "$PY_MISSING" ]; then
     PY_OK=1
   else
-    PY_WHY="python3 lacks what the Python rows import: $PY_MISSING"
+    PY_WHY="the venv's python lacks what the Python rows import: $PY_MISSING"
   fi
 else
   PY_WHY="the import probe (py_probe.py: $PY_NEEDS) failed or did not finish within $t s: $(tail -1 <<<"$py_info")"
@@ -491,7 +538,7 @@ else
     record "host digests from the files" "$(outcome $status)" - "$(rss_of host)" "the host load failed (exit $status): see host.log"
   else
     host_gbps=$(grep -o '[0-9.]* GB/s' "$WORK/host.log" | head -1 | cut -d' ' -f1)
-    measure host.digests "$(cap host.digests)" python3 "$DIGESTS_PY" --checkpoint "$CKPT" \
+    measure host.digests "$(cap host.digests)" "$PY" "$DIGESTS_PY" --checkpoint "$CKPT" \
       --xxhash "${XXHASH:-none}" host "$HOST_REPORT"
     status=$?
     cat "$WORK/host.digests.log" | sed 's/^/  /' | head -12
@@ -513,7 +560,7 @@ compare_digests() {
     DIGEST_NOTE="no host digests to compare with"
     return 1
   fi
-  measure "$name.digests" "$(cap "$name.digests")" python3 "$DIGESTS_PY" --checkpoint "$CKPT" \
+  measure "$name.digests" "$(cap "$name.digests")" "$PY" "$DIGESTS_PY" --checkpoint "$CKPT" \
     --xxhash "${XXHASH:-none}" rows "$HOST_REPORT" "$@"
   status=$?
   sed 's/^/  /' "$WORK/$name.digests.log" | head -12
@@ -574,7 +621,7 @@ row="python load_into(FSDP2) after queued work, 2 ranks one GPU"
 checked_against py_fsdp2 "torch.equal of every full_tensor() against safetensors.torch.load_file of the file"
 if py_ready "$row"; then
   two_rank_row py_fsdp2 "$row" 0 0 \
-    env PYTHONPATH="$PYPATH" python3 "$HERE/gpu_check_fsdp2.py" "$WORK/fsdp2" 29594
+    "$PY" "$HERE/gpu_check_fsdp2.py" "$WORK/fsdp2" 29594
 fi
 
 # ---- 4: two ranks on the one GPU over NCCL: broadcast, fsdp send/recv, a rank killed -------
@@ -612,7 +659,7 @@ else
     for row in "${rows[@]}"; do record "$row" skip - - "no time left"; done
   else
     mkdir -p "$WORK/dcp"
-    measure py_cuda "$t" env PYTHONPATH="$PYPATH" python3 "$HERE/gpu_check_cuda.py" "$CKPT" "$WORK/dcp"
+    measure py_cuda "$t" "$PY" "$HERE/gpu_check_cuda.py" "$CKPT" "$WORK/dcp"
     status=$?
     grep -E '^(PASS|FAIL|  )' "$WORK/py_cuda.log" | sed 's/^/  /'
     # A row per part: PASS/FAIL lines; a part with neither did not run (the process died or
@@ -689,7 +736,9 @@ fi
 require=0
 ((GPUS_SEEN > 0)) && require=1
 t=$(cap tests)
-if ((t == 0)); then
+if [ -z "$TESTS" ]; then
+  record "[gpu] tests" skip - - "$no_tests_why"
+elif ((t == 0)); then
   record "[gpu] tests" skip - - "no time left"
 else
   measure tests "$t" env WEIGHTCAST_REQUIRE_GPU=$require WEIGHTCAST_CLI="$WC" "$TESTS" "$filter" --durations yes
@@ -707,6 +756,8 @@ step "8 [placement][gpu] tests"
 has_placement=1
 if ((DRY)); then
   dry scatter.tags 5 "$TESTS" --list-tags
+elif [ -z "$TESTS" ]; then
+  has_placement=0
 elif ((HAVE_GPU)) && ! timeout 5 "$TESTS" --list-tags 2>/dev/null | grep -q '\[placement\]'; then
   has_placement=0
 fi
@@ -714,6 +765,8 @@ t=$(cap scatter)
 ((t > 5)) && t=$((t - 5))
 if ((HAVE_GPU == 0)); then
   record "placement [placement][gpu] tests" skip - - "$gpu_skip_reason"
+elif [ -z "$TESTS" ]; then
+  record "placement [placement][gpu] tests" skip - - "$no_tests_why"
 elif ((has_placement == 0)); then
   record "placement [placement][gpu] tests" skip - - "not in this build (no [placement] tests)"
 elif ((t == 0)); then
@@ -741,6 +794,7 @@ bench_row() {  # NAME ROW MODE ARGS...
   t=$(cap "$name")
   [ "$mode" = nccl ] || checked_against "$name" "h2d_bench $mode: the device bytes read back against the XXH3-64 of the source computed on the host"
   if ((HAVE_GPU == 0)); then record "$row" skip - - "$gpu_skip_reason"; return; fi
+  if [ -z "$H2D" ]; then record "$row" skip - - "$no_h2d_why"; return; fi
   if ((t == 0)); then record "$row" skip - - "no time left"; return; fi
   measure "$name" "$t" "$H2D" "$@"
   status=$?

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# CPU test of tests/gpu/gpu_check.sh: its dry run (no GPU, bundle or torch) lists every command the
-# check would run with its cap; this checks those commands' arguments, the budget (every
+# CPU test of tests/gpu/gpu_check.sh: its dry run (no GPU, wheel, bundle or torch) lists every
+# command the check would run with its cap; this checks those commands' arguments, that the
+# CLI and every Python row run from the wheel installed into a venv on the host's torch, the
+# budget (every
 # command capped, at least 20 s spare), the two-rank rows and the setting that puts two ranks
 # on one GPU for each NCCL version, that every row moving tensor bytes is compared with
 # digests computed on the host from the files, and that only NCCL's own refusal texts (before
@@ -23,7 +25,7 @@ for nccl in 2.28.9 2.30.7; do
   [ -s "$commands" ] || { fail "NCCL $nccl: no $commands"; continue; }
   # Every command the check runs: each with a cap > 0; the sum leaves >= 20 s of the budget
   # less the reserve for the table.
-  for name in probe synth host host.digests py_fsdp2 nccl2 nccl2.digests nccl2_fsdp \
+  for name in install probe synth host host.digests py_fsdp2 nccl2 nccl2.digests nccl2_fsdp \
     nccl2_fsdp.digests nccl2_kill py_cuda warm warm.digests direct direct.digests tests \
     scatter.tags scatter h2d pieces nccl_groups readback; do
     [ "$(awk -F'\t' -v n="$name" '$1 == n' "$commands" | wc -l)" = 1 ] ||
@@ -32,16 +34,43 @@ for nccl in 2.28.9 2.30.7; do
   sum=$(awk -F'\t' '{ if ($2 !~ /^[0-9]+$/ || $2 == 0) bad = 1; s += $2 } END { print bad ? "bad" : s }' "$commands")
   if [ "$sum" = bad ]; then
     fail "NCCL $nccl: a step without a cap > 0"
-  elif ((280 - 8 - sum < 20)); then
-    fail "NCCL $nccl: the caps add up to $sum s: under 20 s spare of the 280 s budget less 8 s"
+  elif ((295 - 8 - sum < 20)); then
+    fail "NCCL $nccl: the caps add up to $sum s: under 20 s spare of the 295 s budget less 8 s"
   fi
-  grep -q "leaves $((280 - 8 - sum)) s spare" "$TMP/$nccl.log" ||
-    fail "NCCL $nccl: the dry run does not show the spare the commands leave ($((280 - 8 - sum)) s)"
+  grep -q "leaves $((295 - 8 - sum)) s spare" "$TMP/$nccl.log" ||
+    fail "NCCL $nccl: the dry run does not show the spare the commands leave ($((295 - 8 - sum)) s)"
   # Order: the most valuable rows first (Python FSDP2 load_into, then the NCCL rows).
   order=$(cut -f1 "$commands" | grep -nxE 'py_fsdp2|nccl2|nccl2_fsdp|nccl2_kill|tests|h2d' | cut -d: -f2 | tr '\n' ' ')
   [ "$order" = "py_fsdp2 nccl2 nccl2_fsdp nccl2_kill tests h2d " ] || fail "NCCL $nccl: rows out of order: $order"
   grep -q "cap *[0-9]* s\] h2d: " "$TMP/$nccl.log" || fail "NCCL $nccl: the dry run does not print each step's cap"
-  grep -q 'caps add up to [0-9]* s of the 280 s budget' "$TMP/$nccl.log" || fail "NCCL $nccl: the dry run does not show the budget"
+  grep -q 'caps add up to [0-9]* s of the 295 s budget' "$TMP/$nccl.log" || fail "NCCL $nccl: the dry run does not show the budget"
+
+  # The wheel, installed as a user would: a venv on the host's python3 that sees its torch
+  # (--system-site-packages), pip from the file alone, first; then every weightcast command is
+  # the venv's console script and every Python row the venv's python.
+  [ "$(head -1 "$commands" | cut -f1)" = install ] || fail "NCCL $nccl: the wheel is not installed first"
+  install=$out/work/install.sh
+  grep -q 'python3 -m venv --system-site-packages "$venv"' "$install" &&
+    grep -q 'install --quiet --no-index --no-deps --ignore-installed --disable-pip-version-check "$wheel"' "$install" ||
+    fail "install.sh does not make a venv with the host's site-packages and pip-install the wheel alone"
+  [[ "$(awk -F'\t' '$1 == "install" {print $3}' "$commands")" == *"/install.sh "*"/weightcast-"*".whl "*"/venv "* ]] ||
+    fail "NCCL $nccl: the install step does not install a weightcast wheel into the venv"
+  venv=$out/work/venv
+  for name in synth host warm direct; do
+    [[ "$(awk -F'\t' -v n="$name" '$1 == n {print $3}' "$commands")" == "$venv/bin/weightcast "* ]] ||
+      fail "NCCL $nccl: step $name does not run the venv's weightcast console script"
+  done
+  for name in nccl2 nccl2_fsdp nccl2_kill; do
+    [[ "$(awk -F'\t' -v n="$name" '$1 == n {print $3}' "$commands")" == *" $venv/bin/weightcast run "* ]] ||
+      fail "NCCL $nccl: step $name does not run the venv's weightcast console script"
+  done
+  for name in probe py_cuda host.digests; do
+    [[ "$(awk -F'\t' -v n="$name" '$1 == n {print $3}' "$commands")" == "$venv/bin/python "* ]] ||
+      fail "NCCL $nccl: step $name does not run the venv's python"
+  done
+  [[ "$(awk -F'\t' '$1 == "py_fsdp2" {print $3}' "$commands")" == *" $venv/bin/python "*gpu_check_fsdp2.py* ]] ||
+    fail "NCCL $nccl: py_fsdp2 does not run the venv's python"
+  grep -q PYTHONPATH "$commands" && fail "NCCL $nccl: a row sets PYTHONPATH: every Python row runs from the venv"
 
   # Every row that moves tensor bytes is compared with what the host computed from the files:
   # its --report against the host digests (NAME.digests), torch.equal against

@@ -67,3 +67,43 @@ print("loaded")
         assert "/nonexistent/libcudart.so.13 (WEIGHTCAST_CUDART)" in message, message
     else:
         assert "this build has no CUDA" in message, message
+
+
+def _console_script() -> str | None:
+    """The `weightcast` console script of this interpreter's environment, where the package
+    was installed from the wheel (which carries the CLI binary); else None."""
+    from weightcast import _cli
+
+    script = os.path.join(os.path.dirname(sys.executable), "weightcast")
+    if os.access(script, os.X_OK) and os.access(_cli.binary(), os.X_OK):
+        return script
+    return None
+
+
+def _torch_cudart() -> str | None:
+    """The CUDA runtime of torch's nvidia-* wheels in this environment, else None."""
+    for folder in weightcast._torch_cuda_library_dirs():
+        for name in ("libcudart.so.13", "libcudart.so.12"):
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+    return None
+
+
+@pytest.mark.skipif(_console_script() is None,
+                    reason="no `weightcast` console script with its CLI binary here (the wheel "
+                           "installs both; scripts/test_python.sh builds the extension only)")
+@pytest.mark.skipif(not weightcast.build_info()["cuda"], reason="this build has no CUDA")
+@pytest.mark.skipif(_torch_cudart() is None,
+                    reason="no CUDA runtime from torch's nvidia-* wheels in this environment")
+def test_the_console_script_cli_loads_torchs_cuda_runtime():
+    # The binary cannot ask Python where torch's wheels are: the console script passes their
+    # folders (WEIGHTCAST_CUDA_LIBRARY_DIRS), ahead of the system's CUDA runtime.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WEIGHTCAST_CUDART", "WEIGHTCAST_CUDA_LIBRARY_DIRS", "LD_LIBRARY_PATH")}
+    r = subprocess.run([_console_script(), "--version"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = [line for line in r.stdout.splitlines() if line.startswith("loaded: ")]
+    assert loaded, r.stdout
+    expected = _torch_cudart()
+    assert loaded[0].startswith(f"loaded: {expected};"), (loaded[0], expected)

@@ -24,8 +24,11 @@
  *   2. a copy already loaded in the process, by soname (torch's, once torch is imported: a
  *      communicator torch's NCCL made must be driven by that same NCCL, and two CUDA
  *      runtimes in one process do not share streams or events);
- *   3. the directories given to `set_cuda_library_dirs` (the Python package passes those of
- *      torch's `nvidia-*` wheels: nvidia/cu13/lib, nvidia/cuda_runtime/lib, nvidia/nccl/lib);
+ *   3. the directories in `WEIGHTCAST_CUDA_LIBRARY_DIRS` (colon-separated; the wheel's
+ *      `weightcast` console script sets it to torch's `nvidia-*` wheels' folders, since the
+ *      CLI binary cannot ask Python where they are), then those given to
+ *      `set_cuda_library_dirs` (the Python package passes the same folders: nvidia/cu13/lib,
+ *      nvidia/cuda_runtime/lib, nvidia/nccl/lib); a folder without the soname is passed over;
  *   4. the system's sonames through the dynamic loader's search (LD_LIBRARY_PATH,
  *      ld.so.cache): libcudart.so.13, libcudart.so.12; libnccl.so.2.
  * A library found is never unloaded: the CUDA runtime must outlive every static destructor.
