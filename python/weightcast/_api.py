@@ -60,9 +60,10 @@ def load(
     one) is the world, however the processes were started (torchrun, ``mp.spawn``, mpirun);
     else the launcher's (the world as ``weightcast run`` detects it: the config's
     ``world.*``, else ``RANK``/``WORLD_SIZE``, Slurm's or Open MPI's variables). Every rank
-    calls it: rank 0 alone reads the checkpoint (the others never open
-    ``checkpoint``), and the tensors reach the other ranks over MPI (host memory; the ranks
-    must be started by mpirun) or NCCL (CUDA). A failure on any rank raises ``Error`` on
+    calls it: rank 0 alone needs the checkpoint and reads it, and the tensors reach the other
+    ranks over MPI (host memory, under mpirun), the node's shared ring or TCP (host memory,
+    no MPI: one node or several) or NCCL (CUDA); on rank 0's node, where the files are in the
+    page cache and every rank there can open them, each rank reads its own boxes itself. A failure on any rank raises ``Error`` on
     every rank, its message naming the rank ("rank 2: ..."). Every rank must make the same
     call, naming the same checkpoint; loads on several ranks run one at a time per process.
 

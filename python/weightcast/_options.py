@@ -366,8 +366,8 @@ def run_job(checkpoint: object, options: Options, *, device: tuple[str, int],
             plan: Callable[..., Any] | None, progress: object, rank: int,
             alone: bool, pieces: bool = False, handle: Any = None) -> Any:
     """This rank's part of a load on every rank (the library's ``run_job``: rank 0 reads,
-    the others receive over MPI or NCCL), the GIL released; ranks other than 0 never open
-    ``checkpoint``. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
+    the others receive; on rank 0's node they may read their own boxes from the page cache),
+    the GIL released. ``pieces``: rank 0 opens a directory of tensor pieces (torch DCP's
     sharded save), each piece its own catalogue entry. ``handle``: the ``LoadHandle`` this
     load runs for (its progress record and cancel request), None for a blocking call."""
     record = None if handle is None else handle._record

@@ -323,7 +323,13 @@ class Job {
                                   _mpi->rank(), _mpi->world_size(), rank(), _world.world_size,
                                   to_string(_world.source), hint));
         }
-        _transport = make_mpi_transport(*_mpi);
+        {
+          // Across nodes the transport splits the communicator by node (MPI_Comm_split_type,
+          // MPI_Allreduce, MPI_Comm_split): collectives that take no timeout either.
+          Watchdog::Blocking blocking(*_watchdog, control_timeout(),
+                                      "MPI_Comm_split_type (the mpi transport's node split)");
+          _transport = make_mpi_transport(*_mpi);
+        }
         return;
       }
       case TransportKind::shm:

@@ -160,7 +160,7 @@ ShardFiles::ShardFiles(const Catalogue& catalogue, DirectIo policy) : _catalogue
                                           "now another file (replaced, or a link changed)",
                                           shard.name, shard.path.string()));
       }
-      _opened.push_back(Identity{static_cast<std::uint64_t>(st.st_size), st.st_mtim});
+      _opened.push_back(Identity{static_cast<std::uint64_t>(st.st_size), st.st_mtim, st.st_ctim});
       if (static_cast<std::uint64_t>(st.st_size) != shard.file_bytes) {
         throw Error(Errc::io, fmt::format("{}: shard changed since its header was read: {} bytes "
                                           "then, {} bytes now",
@@ -236,7 +236,8 @@ void ShardFiles::check_unchanged(std::uint32_t shard) const {
   }
   const auto bytes = static_cast<std::uint64_t>(st.st_size);
   if (bytes == then.bytes && st.st_mtim.tv_sec == then.modified.tv_sec &&
-      st.st_mtim.tv_nsec == then.modified.tv_nsec) {
+      st.st_mtim.tv_nsec == then.modified.tv_nsec && st.st_ctim.tv_sec == then.changed.tv_sec &&
+      st.st_ctim.tv_nsec == then.changed.tv_nsec) {
     return;
   }
   throw Error(Errc::io,

@@ -1,6 +1,6 @@
 // How a load over the node ring reads: through rank 0's shared staging ring, or every rank
-// its own boxes from the shard files, where they are in the page cache (docs/DESIGN.md
-// § Staging, "Local reads"). Rank 0 decides; every rank learns the same answer.
+// its own boxes from the shard files, where they are in the page cache
+// (docs/DESIGN.md § Staging, "Local reads"). Rank 0 decides; every rank learns the same answer.
 #include "weightcast/pipeline/detail/pipeline.hpp"
 
 #include "weightcast/core/error.hpp"

@@ -122,6 +122,10 @@ std::int64_t modified_ns(const struct stat& st) {
   return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
+std::int64_t changed_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+}
+
 NodeRing& ring_of(LoadContext& load) {
   NodeRing* ring = load.transport.node_ring();
   WEIGHTCAST_EXPECT(ring != nullptr, Errc::internal,
@@ -161,13 +165,15 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
                                         shard.name, shard.path.string(), st.st_size,
                                         shard.file_bytes));
     }
-    if (shard.inode != 0 && modified_ns(st) != shard.modified_ns) {
+    if (shard.inode != 0 &&
+        (modified_ns(st) != shard.modified_ns || changed_ns(st) != shard.changed_ns)) {
       throw Error(Errc::io, fmt::format("{}: the file changed since rank 0 read its header "
-                                        "(its modification time moved)",
+                                        "(its modification or status change time moved)",
                                         shard.name));
     }
     opened.bytes = static_cast<std::uint64_t>(st.st_size);
     opened.modified_ns = modified_ns(st);
+    opened.changed_ns = changed_ns(st);
     if (opened.bytes > 0) {
       try {
         opened.map = std::make_unique<MappedShard>(opened.fd.get(), opened.bytes, shard.name);
@@ -229,9 +235,10 @@ void LocalShards::check_unchanged(std::uint32_t shard) const {
     throw system_error(Errc::io, errno, fmt::format("{}: fstat", info.name));
   }
   if (static_cast<std::uint64_t>(st.st_size) != opened.bytes ||
-      modified_ns(st) != opened.modified_ns) {
+      modified_ns(st) != opened.modified_ns || changed_ns(st) != opened.changed_ns) {
     throw Error(Errc::io, fmt::format("{}: the shard changed while it was read (now {} bytes, "
-                                      "{} when opened; modification time moved): its bytes "
+                                      "{} when opened; modification or status change time "
+                                      "moved): its bytes "
                                       "may mix old and new contents",
                                       info.name, st.st_size, opened.bytes));
   }

@@ -215,12 +215,15 @@ TEST_CASE("node ring: a rank killed mid-load ends every rank with one message, a
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
   const std::string placement = GENERATE(as<std::string>{}, "replicate", "fsdp");
-  INFO("placement " << placement);
+  // synth leaves the checkpoint cached, so by default every rank reads its own boxes;
+  // O_DIRECT keeps the load on the ring, where rank 1 dies holding a slot.
+  const std::string direct_io = GENERATE(as<std::string>{}, "auto", "on");
+  INFO("placement " << placement << ", direct_io " << direct_io);
   const auto before = dev_shm();
   // 200 ms after each chunk lands on every rank: the load is still running when rank 1 dies.
   BackgroundJob job(cat({cli_path().string(), "launch", "-n", "3", "--spawner", "local",
                          "--set", "checkpoint=" + checkpoint.string(), "--set",
-                         "placement=" + placement},
+                         "placement=" + placement, "--set", "direct_io=" + direct_io},
                         shm_sets("20s")),
                     {"WEIGHTCAST_TEST_CHUNK_DELAY_MS=200"});
   REQUIRE(job.wait_for_output("[rank 1]: info: test hook WEIGHTCAST_TEST_CHUNK_DELAY_MS", 60));

@@ -24,17 +24,18 @@ namespace weightcast {
 /// Version of the catalogue encoding; a peer with another version is refused.
 inline constexpr std::uint32_t catalogue_wire_version = 2;
 
-/// @return @p catalogue encoded (shard paths left out). Its size has no fixed limit: it is
-///         bounded by the checkpoint's headers (each at most 100,000,000 bytes, the format's
-///         limit), at most 4 bytes per header byte (a shape dimension: 2 bytes of JSON, 8
-///         here) plus 24 bytes and the name per shard; a 96.6 MB header encodes to 77.6 MB.
+/// @return @p catalogue encoded, each shard with its path, device, inode and times (so that
+///         a rank reading locally opens the very file rank 0 described). Its size has no fixed
+///         limit: it is bounded by the checkpoint's headers (each at most 100,000,000 bytes,
+///         the format's limit), at most 4 bytes per header byte (a shape dimension: 2 bytes of
+///         JSON, 8 here) plus the fixed fields, the name and the path per shard; a 96.6 MB header encodes to 77.6 MB.
 ///         The control plane carries it in pieces (ControlPlane::share).
 /// @throws Error `internal` (70) when a count (shards, tensors, dimensions, metadata keys) is
 ///         over 2^32 − 1, which its u32 field cannot hold.
 std::string encode_catalogue(const Catalogue& catalogue);
 
 /**
- * @brief Decodes what `encode_catalogue` wrote. Shard paths are empty.
+ * @brief Decodes what `encode_catalogue` wrote, shard paths as rank 0 spelled them.
  * @param what names the sender in messages, e.g. "catalogue from rank 0".
  * @throws Error `unavailable` (69) naming the field when the bytes are truncated (every
  *         count is checked against the bytes left before anything is allocated), have

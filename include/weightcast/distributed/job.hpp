@@ -40,7 +40,8 @@
  *    failure while an `MPI_Ibcast` is in flight (a non-blocking collective cannot be cancelled,
  *    MPI 4.0 §5.12: MPI may still write into the arena and will hang any later collective or
  *    `MPI_Finalize`), and a calling thread that does not come back at all (stuck in
- *    `MPI_Init_thread`, `MPI_Comm_dup` or `MPI_Finalize` past the timeout, or still in one
+ *    `MPI_Init_thread`, `MPI_Comm_dup`, the mpi transport's node split (`MPI_Comm_split_type`) or
+ *    `MPI_Finalize` past the timeout, or still in one
  *    of them 1 s after another rank's failure, while one that returns unwinds; or, 2 s after
  *    another rank's failure, still in a hook of the caller's or inside NCCL's own polling,
  *    which is bounded only by `load.timeout`: creating the communicator, enqueueing a

@@ -96,10 +96,12 @@ class ShardFiles {
   void check_unchanged(std::uint32_t shard) const;
 
  private:
-  /// What `check_unchanged` compares: a shard file's size and modification time.
+  /// What `check_unchanged` compares: a shard file's size, modification time and status
+  /// change time (a rewrite that sets the modification time back still moves the latter).
   struct Identity {
     std::uint64_t bytes = 0;
     timespec modified{};
+    timespec changed{};
   };
 
   const Catalogue& _catalogue;

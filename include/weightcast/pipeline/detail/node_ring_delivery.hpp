@@ -86,6 +86,7 @@ class LocalShards {
     std::unique_ptr<MappedShard> map;
     std::uint64_t bytes = 0;
     std::int64_t modified_ns = 0;
+    std::int64_t changed_ns = 0;  // st_ctim: moves even where a rewrite restores st_mtim
   };
   const Catalogue& _catalogue;
   std::vector<Opened> _files;
