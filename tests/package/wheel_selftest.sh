@@ -94,8 +94,12 @@ for fs in proc sys dev; do
 done
 # The host's name servers, for pip in the root (debootstrap's copy may be stale).
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
-# And "localhost" (torchrun's --standalone rendezvous): a minbase root has no /etc/hosts.
-[ -s "$ROOT/etc/hosts" ] || printf '127.0.0.1 localhost\n::1 localhost ip6-localhost\n' >"$ROOT/etc/hosts"
+# And the host's names: torchrun's --standalone rendezvous resolves "localhost" and this host's
+# own name (unresolved, its agent retries until the test's timeout), which a minbase root
+# does not list.
+cp -L /etc/hosts "$ROOT/etc/hosts" 2>/dev/null || true
+grep -qw localhost "$ROOT/etc/hosts" 2>/dev/null || printf '127.0.0.1 localhost\n' >>"$ROOT/etc/hosts"
+grep -qw "$(hostname)" "$ROOT/etc/hosts" || printf '127.0.1.1 %s\n' "$(hostname)" >>"$ROOT/etc/hosts"
 
 in_root() {
   chroot "$ROOT" env -i PATH=/opt/wc-venv/bin:/usr/bin:/bin HOME=/root TMPDIR=/tmp LANG=C.UTF-8 "$@"
