@@ -76,6 +76,17 @@ int count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// One rank's load of @p checkpoint, its --report written under @p dir: the tensors' digests
+// every multi-rank load here must equal.
+nlohmann::json one_rank_report(const TempDir& dir, const fs::path& checkpoint) {
+  const auto single = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
+                               "device=host", "--report", (dir / "one.json").string()},
+                              {}, job_timeout_s);
+  INFO(single.out << single.err);
+  REQUIRE(single.exit_status == 0);
+  return read_json(dir / "one.json");
+}
+
 }  // namespace
 
 TEST_CASE("node ring: a published chunk is found, copied and released across mappings",
@@ -169,12 +180,7 @@ TEST_CASE("node ring: 3 ranks with transport shm are bit-exact with one rank's l
           "[node_ring][multirank]") {
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  const auto single = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
-                               "device=host", "--report", (dir / "one.json").string()},
-                              {}, job_timeout_s);
-  INFO(single.out << single.err);
-  REQUIRE(single.exit_status == 0);
-  const auto alone = read_json(dir / "one.json");
+  const auto alone = one_rank_report(dir, checkpoint);
   REQUIRE(alone["tensors"].size() > 10);
 
   for (const std::string direct_io : {"off", "on"}) {
@@ -332,12 +338,7 @@ TEST_CASE("node ring: a cached checkpoint is read locally by every rank, a cold 
           "[node_ring][multirank][local_reads]") {
   TempDir dir;
   const auto checkpoint = synth_sharded(dir.path());
-  const auto single = run_cli({"run", "--set", "checkpoint=" + checkpoint.string(), "--set",
-                               "device=host", "--report", (dir / "one.json").string()},
-                              {}, job_timeout_s);
-  INFO(single.out << single.err);
-  REQUIRE(single.exit_status == 0);
-  const auto alone = read_json(dir / "one.json");
+  const auto alone = one_rank_report(dir, checkpoint);
   const std::string placement = GENERATE(as<std::string>{}, "replicate", "fsdp");
   for (const bool cached : {true, false}) {
     INFO("placement " << placement << (cached ? ", page cache warm" : ", page cache dropped"));

@@ -72,6 +72,38 @@ std::vector<std::unique_ptr<Transport>> connect_world(int world_size,
   return world;
 }
 
+// Every rank of @p world posts a grouped broadcast of two ranges from rank 0 (one past the
+// socket buffers, 16 MiB at most, so the sender must wait for its receivers) and a second
+// broadcast while the first is in flight: they must complete in posting order, and every
+// rank must end with rank 0's bytes. @p seed draws the bytes.
+void check_two_broadcasts(const std::vector<std::unique_ptr<Transport>>& world, unsigned seed) {
+  const int world_size = static_cast<int>(world.size());
+  const std::size_t a_bytes = (24u << 20) + 3;
+  const std::size_t b_bytes = 4097;
+  const auto a = random_bytes(a_bytes, seed);
+  const auto b = random_bytes(b_bytes, seed + 1);
+  std::vector<std::vector<std::byte>> got_a(world_size, std::vector<std::byte>(a_bytes));
+  std::vector<std::vector<std::byte>> got_b(world_size, std::vector<std::byte>(b_bytes));
+  got_a[0] = a;
+  got_b[0] = b;
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      const Transport::Range ranges[] = {{got_a[r].data(), a_bytes}, {got_b[r].data(), b_bytes}};
+      auto first = world[r]->broadcast_group(ranges, 0, nullptr);
+      auto second = world[r]->broadcast(got_b[r].data(), 100, 0);
+      finish(second);
+      finish(first);
+    }));
+  }
+  for (auto& f : ranks) f.get();
+  for (int r = 1; r < world_size; ++r) {
+    INFO("rank " << r);
+    CHECK(got_a[r] == a);
+    CHECK(got_b[r] == b);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tcp: 3 ranks broadcast and exchange over loopback, bit-exact", "[tcp]") {
@@ -82,36 +114,12 @@ TEST_CASE("tcp: 3 ranks broadcast and exchange over loopback, bit-exact", "[tcp]
     CHECK(world[r]->rank() == r);
     CHECK(world[r]->world_size() == 3);
   }
-  // Past the socket buffers (16 MiB at most): the sender must wait for the receivers.
-  const std::size_t a_bytes = (24u << 20) + 3;
-  const std::size_t b_bytes = 4097;
-  const auto a = random_bytes(a_bytes, 1);
-  const auto b = random_bytes(b_bytes, 2);
-  std::vector<std::vector<std::byte>> got_a(3, std::vector<std::byte>(a_bytes));
-  std::vector<std::vector<std::byte>> got_b(3, std::vector<std::byte>(b_bytes));
-  got_a[0] = a;
-  got_b[0] = b;
-  std::vector<std::future<void>> ranks;
-  for (int r = 0; r < 3; ++r) {
-    ranks.push_back(std::async(std::launch::async, [&, r] {
-      const Transport::Range ranges[] = {{got_a[r].data(), a_bytes}, {got_b[r].data(), b_bytes}};
-      // Two operations in flight at once: they complete in posting order.
-      auto first = world[r]->broadcast_group(ranges, 0, nullptr);
-      auto second = world[r]->broadcast(got_b[r].data(), 100, 0);
-      finish(second);
-      finish(first);
-    }));
-  }
-  for (auto& f : ranks) f.get();
-  for (int r = 1; r < 3; ++r) {
-    CHECK(got_a[r] == a);
-    CHECK(got_b[r] == b);
-  }
+  check_two_broadcasts(world, 1);
 
   // Exchange: rank 0 sends each rank its own slices (two messages each), and one to itself.
   const auto source = random_bytes(3000, 3);
   std::vector<std::vector<std::byte>> slices(3, std::vector<std::byte>(1000));
-  ranks.clear();
+  std::vector<std::future<void>> ranks;
   for (int r = 0; r < 3; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
       std::vector<Transport::Message> sends;
@@ -304,35 +312,12 @@ TEST_CASE("tcp relay: a node's leader forwards broadcasts to its ranks, bit-exac
   constexpr int world_size = 6;
   auto world = connect_world(world_size, three_nodes());
   REQUIRE(world.size() == world_size);
-  // Past the socket buffers: rank 0, the leader and its ranks all wait on each other.
-  const std::size_t a_bytes = (24u << 20) + 3;
-  const std::size_t b_bytes = 4097;
-  const auto a = random_bytes(a_bytes, 11);
-  const auto b = random_bytes(b_bytes, 12);
-  std::vector<std::vector<std::byte>> got_a(world_size, std::vector<std::byte>(a_bytes));
-  std::vector<std::vector<std::byte>> got_b(world_size, std::vector<std::byte>(b_bytes));
-  got_a[0] = a;
-  got_b[0] = b;
-  std::vector<std::future<void>> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    ranks.push_back(std::async(std::launch::async, [&, r] {
-      const Transport::Range ranges[] = {{got_a[r].data(), a_bytes}, {got_b[r].data(), b_bytes}};
-      auto first = world[r]->broadcast_group(ranges, 0, nullptr);
-      auto second = world[r]->broadcast(got_b[r].data(), 100, 0);
-      finish(second);
-      finish(first);
-    }));
-  }
-  for (auto& f : ranks) f.get();
-  for (int r = 1; r < world_size; ++r) {
-    INFO("rank " << r);
-    CHECK(got_a[r] == a);
-    CHECK(got_b[r] == b);
-  }
+  // Through the leaders: rank 0, each leader and its ranks all wait on each other.
+  check_two_broadcasts(world, 11);
   // Exchange still goes between rank 0 and each rank directly, the leader's ranks included.
   const auto source = random_bytes(6000, 13);
   std::vector<std::vector<std::byte>> slices(world_size, std::vector<std::byte>(1000));
-  ranks.clear();
+  std::vector<std::future<void>> ranks;
   for (int r = 0; r < world_size; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
       std::vector<Transport::Message> sends;
