@@ -94,16 +94,6 @@ void* map_shared(int fd, std::uint64_t bytes, const char* what) {
   return p;
 }
 
-void abstract_address(const std::string& name, sockaddr_un& address, socklen_t& length) {
-  address = sockaddr_un{};
-  address.sun_family = AF_UNIX;
-  WEIGHTCAST_EXPECT(name.size() + 1 < sizeof(address.sun_path), Errc::internal,
-                    "node ring socket name too long");
-  // Abstract namespace: a leading NUL, so the name is no file and goes with its socket.
-  std::memcpy(address.sun_path + 1, name.data(), name.size());
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
-
 // Waits until @p fd is ready for @p events, in 100 ms steps up to @p deadline.
 // @return false at the deadline. @throws interrupted on @p stop.
 bool wait_ready(int fd, short events, std::chrono::steady_clock::time_point deadline,
@@ -407,6 +397,15 @@ UniqueFd receive_node_ring(const std::string& name, std::chrono::milliseconds ti
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
   return UniqueFd(fd);
+}
+
+void abstract_address(const std::string& name, sockaddr_un& address, socklen_t& length) {
+  address = sockaddr_un{};
+  address.sun_family = AF_UNIX;
+  WEIGHTCAST_EXPECT(name.size() + 1 < sizeof(address.sun_path), Errc::internal,
+                    fmt::format("socket name '{}' too long for an abstract address", name));
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
 }  // namespace weightcast::detail

@@ -4,6 +4,7 @@
 #include "weightcast/transport/detail/transport_tcp.hpp"
 
 #include "weightcast/core/error.hpp"
+#include "weightcast/transport/detail/node_ring.hpp"
 
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
@@ -325,16 +326,6 @@ Relay relay_for(int rank, int world_size, const TcpNodes& nodes) {
 
 std::string relay_socket_name(std::uint64_t relay_id, int leader) {
   return fmt::format("weightcast-relay-{:016x}-{}", relay_id, leader);
-}
-
-void abstract_address(const std::string& name, sockaddr_un& address, socklen_t& length) {
-  address = sockaddr_un{};
-  address.sun_family = AF_UNIX;
-  WEIGHTCAST_EXPECT(name.size() + 1 < sizeof(address.sun_path), Errc::internal,
-                    "transport tcp: relay socket name too long");
-  // Abstract namespace: a leading NUL, so the name is no file and goes with its socket.
-  std::memcpy(address.sun_path + 1, name.data(), name.size());
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
 // One operation: its transfers on each connection, and the memcpys already done.
@@ -780,7 +771,7 @@ UniqueFd relay_listen(const std::string& name) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_un address;
   socklen_t length = 0;
-  abstract_address(name, address, length);
+  detail::abstract_address(name, address, length);
   if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
       ::listen(fd.get(), SOMAXCONN) != 0) {
     throw Error(Errc::unavailable, fmt::format("transport tcp: cannot listen on the relay "
@@ -794,7 +785,7 @@ UniqueFd relay_dial(const std::string& name, int leader, Clock::time_point deadl
                     std::chrono::milliseconds timeout, const std::stop_token& stop) {
   sockaddr_un address;
   socklen_t length = 0;
-  abstract_address(name, address, length);
+  detail::abstract_address(name, address, length);
   while (true) {
     UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) {

@@ -24,6 +24,9 @@
 #include "weightcast/core/detail/unique_fd.hpp"
 #include "weightcast/transport/transport.hpp"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -181,5 +184,13 @@ UniqueFd receive_node_ring(const std::string& name, std::chrono::milliseconds ti
  *        (docs/DESIGN.md § Pipeline) — and its `broadcast` and `exchange` throw `internal`.
  */
 std::unique_ptr<Transport> make_shm_transport(int rank, int world_size, NodeRing ring);
+
+/**
+ * @brief Fills @p address and @p length for the abstract-namespace Unix socket @p name
+ *        (unix(7): `sun_path` starts with a NUL, so the name is no file and goes with its
+ *        socket, even after `kill -9`); the node ring's and the tcp relay's sockets.
+ * @throws Error `internal` (70) when @p name does not fit `sun_path` (107 bytes).
+ */
+void abstract_address(const std::string& name, sockaddr_un& address, socklen_t& length);
 
 }  // namespace weightcast::detail
