@@ -93,7 +93,7 @@ class LocalRead final : public Pending {
     const Chunk& chunk = _load.plan.chunks[_chunk];
     for (const RingCopy& copy : _copies) {
       _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
-                  tensor_at(chunk, copy.chunk_offset));
+                  [&] { return tensor_at(chunk, copy.chunk_offset); });
     }
     _files.release(chunk.shard, chunk.file_offset, chunk.bytes);
     // Bytes read while the file was rewritten in place may mix old and new contents.
@@ -186,7 +186,8 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
 }
 
 void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
-                       std::uint64_t bytes, std::string_view tensor) const {
+                       std::uint64_t bytes,
+                       const std::function<std::string_view()>& tensor) const {
   const ShardInfo& info = _catalogue.shards.at(shard);
   const Opened& opened = _files.at(shard);
   if (opened.map && offset + bytes <= opened.map->size()) {
@@ -201,13 +202,13 @@ void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
       if (errno == EINTR || errno == EAGAIN) continue;
       throw system_error(Errc::io, errno,
                          fmt::format("{}: read failed at offset {} (tensor '{}')", info.name,
-                                     offset, tensor));
+                                     offset, tensor()));
     }
     if (got == 0) {
       throw Error(Errc::io, fmt::format("{}: file ended at offset {} inside tensor '{}' "
                                         "(expected {} bytes): the shard shrank after its "
                                         "header was read",
-                                        info.name, offset, tensor, info.file_bytes));
+                                        info.name, offset, tensor(), info.file_bytes));
     }
     to += got;
     offset += static_cast<std::uint64_t>(got);

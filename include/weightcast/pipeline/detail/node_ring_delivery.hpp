@@ -30,6 +30,7 @@
 #include "weightcast/io/detail/mapped_shard.hpp"
 
 #include <deque>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -65,11 +66,12 @@ class LocalShards {
   explicit LocalShards(const Catalogue& catalogue);
   /**
    * @brief Reads @p bytes at @p offset of shard @p shard into @p to, all of them.
-   * @throws Error `io` (74) naming the shard, offset and @p tensor: a failed read, or the end
-   *         of the file before the bytes (the shard shrank after its header was read).
+   * @throws Error `io` (74) naming the shard, offset and the tensor @p tensor names (called
+   *         only then: finding it costs a scan of the chunk's pieces): a failed read, or the
+   *         end of the file before the bytes (the shard shrank after its header was read).
    */
   void read(std::uint32_t shard, std::uint64_t offset, std::byte* to, std::uint64_t bytes,
-            std::string_view tensor) const;
+            const std::function<std::string_view()>& tensor) const;
   /// Drops this process's mapping of [@p offset, + @p bytes) of shard @p shard once a chunk
   /// is read (its RSS falls back; the page cache keeps the pages).
   void release(std::uint32_t shard, std::uint64_t offset, std::uint64_t bytes) const;
