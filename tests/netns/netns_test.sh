@@ -331,10 +331,13 @@ print(sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in h.items() if k
           --set transport=tcp --set placement=replicate \
           >/tmp/rank.$r.log 2>&1; echo \$? >/tmp/rank.$r.status" &
       done
-      # Rank 2's process once its transport is open (it has said it leads its node).
+      # Rank 2's process once its transport is open (it has said it leads its node). The
+      # nodes share the host's process table: other tests' ranks (ctest runs two at once) can
+      # be RANK=2 too, so this job's run id must match as well, and one pid comes back.
       # shellcheck disable=SC2016  # expanded on the node
       find_leader='grep -q "leads its node" /tmp/rank.2.log 2>/dev/null &&
-        for p in $(pgrep -x weightcast); do tr "\0" "\n" </proc/$p/environ | grep -qx RANK=2 && echo $p; done'
+        for p in $(pgrep -x weightcast); do tr "\0" "\n" </proc/$p/environ |
+          grep -cxE "RANK=2|TORCHELASTIC_RUN_ID=relaykill" | grep -qx 2 && echo $p; done | head -1'
       pid=""
       for ((i = 0; i < 200; i++)); do
         pid=$("$NETNS_CLUSTER_AGENT" node1 "$find_leader")
