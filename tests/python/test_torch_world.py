@@ -45,6 +45,22 @@ def checkpoint(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def large_checkpoint(tmp_path_factory) -> Path:
+    """64 MiB: at 4 KiB chunks through a ring of two slots, thousands of hand-offs between
+    the ranks, so a rank killed from its (asynchronous) progress callback dies mid-load. On
+    the tiny Llama, the whole load could end on every rank before the callback ran."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = tmp_path_factory.mktemp("torch_world_large") / "large"
+    directory.mkdir()
+    generator = torch.Generator().manual_seed(40)
+    save_file({f"layer.{i}.weight": torch.randn(1024, 2048, generator=generator)
+               for i in range(8)}, str(directory / "model.safetensors"))
+    return directory
+
+
 def run(argv: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=bare_env(), capture_output=True, text=True,
                           timeout=timeout)
@@ -111,9 +127,10 @@ def test_torchrun_on_cpu_loads_bit_exact(checkpoint, tmp_path):
     check_cases(reports, 3)
 
 
-def test_a_rank_killed_mid_load_ends_every_other_rank_with_one_message(checkpoint, tmp_path):
+def test_a_rank_killed_mid_load_ends_every_other_rank_with_one_message(large_checkpoint,
+                                                                       tmp_path):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    r = spawn(checkpoint, tmp_path, 3, "kill")
+    r = spawn(large_checkpoint, tmp_path, 3, "kill")
     assert r.returncode != 0
     assert not (tmp_path / "rank2.json").exists()
     for rank in (0, 1):
