@@ -140,9 +140,8 @@ TransportKind resolve_transport(TransportKind asked, bool host_device, int world
                         "device: cuda or auto on a GPU machine, or transport: tcp or mpi)");
       return TransportKind::nccl;
     case TransportKind::shm:
-      WEIGHTCAST_EXPECT(host_device, Errc::config,
-                        "transport: shm shares a staging ring in host memory, but the device is "
-                        "cuda (set device: host, or transport: nccl)");
+      // Host or cuda: on a GPU each rank copies its boxes out of the shared ring with its
+      // own cudaMemcpyAsync (the ring page-locked in every process).
       return TransportKind::shm;
     case TransportKind::automatic:
       // MPI only where it has a world to join: a torchrun or local-spawner world has none,

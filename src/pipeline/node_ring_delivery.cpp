@@ -24,19 +24,17 @@ namespace {
 // The chunk's pieces, as copies out of its slot into their places in the arena.
 std::vector<RingCopy> arena_copies(const LoadContext& load, std::size_t c) {
   const Chunk& chunk = load.plan.chunks[c];
-  if (chunk.arena_contiguous) return {{0, load.arena.data() + chunk.arena_offset, chunk.bytes}};
+  const bool device = load.arena.kind() != MemoryKind::host;
+  if (chunk.arena_contiguous) {
+    return {{0, load.arena.data() + chunk.arena_offset, chunk.bytes, device}};
+  }
   std::vector<RingCopy> copies;
   for (std::uint32_t p = 0; p < chunk.piece_count; ++p) {
     const Piece& piece = load.plan.pieces[chunk.first_piece + p];
-    copies.push_back({piece.chunk_offset, load.arena.data() + piece.arena_offset, piece.bytes});
+    copies.push_back(
+        {piece.chunk_offset, load.arena.data() + piece.arena_offset, piece.bytes, device});
   }
   return copies;
-}
-
-void copy_out(const std::vector<RingCopy>& copies, const std::byte* source) {
-  for (const RingCopy& copy : copies) {
-    std::memcpy(copy.to, source + copy.chunk_offset, copy.bytes);
-  }
 }
 
 // Rank 0: complete once every consumer has released the slot. A poll, not a wait: rank 0's
@@ -55,32 +53,58 @@ class Released final : public Pending {
 // slot. Each test sleeps at most `step` on the ring's futex, so the landing stage's loop (and
 // with it the watchdog and a stop request: the control plane stops the load when a rank is
 // lost or aborts) runs at least that often; the thread has nothing else to do meanwhile.
+// Device copies (cuda) are queued on the rank's own copy stream and polled; the slot is
+// released only once they have completed, as the DMA reads it.
 class Received final : public Pending {
  public:
   Received(const LoadContext& load, NodeRing& ring, std::size_t c, std::vector<RingCopy> copies)
       : _load(load), _ring(ring), _chunk(c), _copies(std::move(copies)) {}
+  ~Received() override {
+    // A load that fails with copies in flight: the device's copy waits for its DMA when
+    // dropped, and only then does the slot go back.
+    _copying.reset();
+    if (_slot) _ring.release(*_slot);
+  }
+  Received(const Received&) = delete;
+  Received& operator=(const Received&) = delete;
+
   bool test() override {
+    if (_copying) return copied();
     if (_load.options.stop.stop_requested()) return false;  // the watchdog ends the load
     const auto found = _ring.find(_chunk, step);
     if (!found) return false;
+    _slot = found->slot;
     const Chunk& chunk = _load.plan.chunks[_chunk];
     if (found->bytes != chunk.bytes) {
-      _ring.release(found->slot);
       throw Error(Errc::internal,
                   fmt::format("node ring: chunk {} has {} bytes in slot {}, the plan says {}",
                               _chunk, found->bytes, found->slot, chunk.bytes));
     }
-    copy_out(_copies, found->data);
-    _ring.release(found->slot);
+    _copying = copy_out(_load.device, _copies, found->data);
+    if (_copying) return copied();
+    release();
     return true;
   }
 
  private:
+  bool copied() {
+    if (!_copying->test()) return false;
+    _copying.reset();
+    release();
+    return true;
+  }
+  void release() {
+    _ring.release(*_slot);
+    _slot.reset();
+  }
+
   static constexpr std::chrono::milliseconds step{100};
   const LoadContext& _load;
   NodeRing& _ring;
   std::size_t _chunk;
   std::vector<RingCopy> _copies;
+  std::optional<std::size_t> _slot;      // found, not yet released
+  std::unique_ptr<Pending> _copying;     // device copies out of it, in flight
 };
 
 // A rank's own boxes of one chunk, read from its own descriptor of the shard (local reads).
@@ -134,6 +158,36 @@ NodeRing& ring_of(LoadContext& load) {
 }
 
 }  // namespace
+
+std::unique_ptr<Pending> copy_out(Device& device, const std::vector<RingCopy>& copies,
+                                  const std::byte* source) {
+  std::vector<Device::Copy> uploads;
+  for (const RingCopy& copy : copies) {
+    if (copy.to_device) {
+      uploads.push_back({source + copy.chunk_offset, copy.to, copy.bytes});
+    } else {
+      std::memcpy(copy.to, source + copy.chunk_offset, copy.bytes);
+    }
+  }
+  if (uploads.empty()) return nullptr;
+  return device.upload_all(uploads);
+}
+
+RingPin::RingPin(Device& device, const NodeRing& ring) : _device(device) {
+  std::byte* slots = ring.slot_data(0);
+  const std::uint64_t bytes = ring.slots() * ring.slot_bytes();
+  try {
+    _device.pin(slots, bytes);
+    _pinned = slots;
+  } catch (const Error& e) {
+    spdlog::warn("{}; this rank copies out of the node ring from pageable memory (slower)",
+                 e.what());
+  }
+}
+
+RingPin::~RingPin() {
+  if (_pinned != nullptr) _device.unpin(_pinned);
+}
 
 std::unique_ptr<Pending> node_ring_receive(const LoadContext& load, NodeRing& ring,
                                            std::size_t c, std::vector<RingCopy> copies) {
@@ -257,6 +311,11 @@ std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t sl
 NodeRingDelivery::NodeRingDelivery(LoadContext& load)
     : BroadcastDelivery(load), _ring(ring_of(load)) {}
 
+void NodeRingDelivery::start() {
+  if (_load.device.wants_pinned_staging()) _pin.emplace(_load.device, _ring);
+  BroadcastDelivery::start();
+}
+
 ReadPolicy NodeRingDelivery::read_policy() const {
   ReadPolicy policy;
   policy.send_from_page_cache = _load.local_reads;
@@ -272,9 +331,14 @@ awaitable<Uploading> NodeRingDelivery::upload(std::size_t c, SlotLease lease, co
     _ring.publish(lease.index(), c, static_cast<std::uint64_t>(slot.source - base),
                   chunk.bytes);
   }
-  copy_out(arena_copies(_load, c), slot.source);
+  Uploading uploading;
+  if (auto copying = copy_out(_load.device, arena_copies(_load, c), slot.source)) {
+    uploading.copies.push_back(std::move(copying));
+  }
+  // Held past the upload completion stage (which waits for the copies) until `post`'s
+  // wait for every consumer's release.
   _held.push_back(std::move(lease));
-  co_return Uploading{};
+  co_return uploading;
 }
 
 InFlight NodeRingDelivery::post(std::size_t c, bool root) {

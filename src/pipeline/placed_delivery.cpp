@@ -79,6 +79,9 @@ void PlacedDelivery::finish_hashing() {
 // Who wants what, which wants are cast, and which are hashed where (`verify: digest`);
 // then the wants that have no bytes are ready at once.
 void PlacedDelivery::start() {
+  if (_node_ring != nullptr && _load.device.wants_pinned_staging()) {
+    _pin.emplace(_load.device, *_node_ring);
+  }
   const LoadPlacement& placement = _placement;
   std::unordered_map<std::string_view, std::uint32_t> index;
   for (std::uint32_t t = 0; t < _load.catalogue.tensors.size(); ++t) {
@@ -384,8 +387,8 @@ std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& d
     for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
       const Piece& piece = _load.plan.pieces[p];
       const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
-      copies.push_back(
-          {piece.chunk_offset, destination(w, piece.tensor_offset, piece.bytes), piece.bytes});
+      copies.push_back({piece.chunk_offset, destination(w, piece.tensor_offset, piece.bytes),
+                        piece.bytes, lands_on_device(w)});
     }
     return copies;
   }
@@ -393,11 +396,12 @@ std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& d
     const weightcast::Delivery& d = _load.plan.deliveries[i];
     if (d.rank != _me) continue;
     std::byte* to = destination(d.want, d.local_offset, d.bytes);
+    const bool to_device = lands_on_device(d.want);
     const Piece& piece = _load.plan.pieces[d.piece];
     _runs[d.rank][d.want].for_each_stretch(
         d.local_offset, d.local_offset + d.bytes,
         [&](std::uint64_t tb, std::uint64_t lb, std::uint64_t n) {
-          copies.push_back({chunk_offset(piece, tb), to + (lb - d.local_offset), n});
+          copies.push_back({chunk_offset(piece, tb), to + (lb - d.local_offset), n, to_device});
         });
   }
   return copies;
@@ -553,6 +557,14 @@ void PlacedDelivery::hash_landed(std::uint32_t w, std::uint64_t local_offset, st
       _hashing_failure = std::current_exception();
     }
   });
+}
+
+bool PlacedDelivery::lands_on_device(std::uint32_t w) const {
+  if (_cast_to[w]) return false;  // its window
+  const TensorWant& want = _placement.mine.tensors[w];
+  const MemoryKind memory = want.destination.data != nullptr ? want.destination.memory
+                                                             : _load.arena.kind();
+  return memory != MemoryKind::host;
 }
 
 void PlacedDelivery::land(std::uint32_t w, std::uint64_t bytes) {

@@ -5,6 +5,7 @@
 #include "weightcast/io/detail/shard_files.hpp"
 #include "weightcast/transport/detail/node_ring.hpp"
 
+#include "support/gpu.hpp"
 #include "support/job.hpp"
 #include "support/paths.hpp"
 #include "support/ports.hpp"
@@ -40,9 +41,10 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
   return a;
 }
 
-std::vector<std::string> shm_sets(const std::string& timeout = "60s") {
+std::vector<std::string> shm_sets(const std::string& timeout = "60s",
+                                  const std::string& device = "host") {
   // Small chunks and two slots: every slot is reused many times.
-  return {"--set", "device=host", "--set", "transport=shm", "--set",
+  return {"--set", "device=" + device, "--set", "transport=shm", "--set",
           "rendezvous.port=" + std::to_string(free_port()), "--set", "timeout=" + timeout,
           "--set", "chunk_size=256KiB", "--set", "buffer_depth=2"};
 }
@@ -427,4 +429,39 @@ TEST_CASE("node ring: a shard rewritten in place during local reads fails every 
   CHECK(r.exit_status == 74);
   CHECK_THAT(r.out, Contains(last.filename().string()) && Contains("changed"));
   CHECK(count(r.out, "bit-exact") == 0);  // no verdict: the load failed
+}
+
+TEST_CASE("node ring: on cuda each rank copies its own boxes out of the pinned ring to its GPU "
+          "- bit-exact",
+          "[gpu][node_ring][multirank]") {
+  if (!gpu_available()) return;
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  const auto alone = one_rank_report(dir, checkpoint);
+  // One visible GPU is every local rank's ordinal 0: no NCCL here, so two ranks may share it.
+  for (const std::string placement : {"replicate", "fsdp"}) {
+    INFO("placement " << placement);
+    const std::string report = (dir / ("r{rank}-cuda-" + placement + ".json")).string();
+    const auto r = run_cli(cat({"launch", "-n", "2", "--set", "checkpoint=" + checkpoint.string(),
+                                "--set", "placement=" + placement, "--set", "verify=digest",
+                                "--report", report, "--json", "-q"},
+                               shm_sets("60s", "cuda")),
+                           {}, job_timeout_s);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    const auto by_rank = summaries(r.out);
+    REQUIRE(by_rank.size() == 2);
+    // Rank 0 hashed what each rank should have; each rank read back what landed on its GPU.
+    CHECK_THAT(by_rank.at(0).value("verdict", std::string()), Contains("bit-exact"));
+    for (const auto& [rank, summary] : by_rank) {
+      CHECK(summary.value("node_reads", std::string()) == "ring");  // never local on cuda
+    }
+    if (placement == "replicate") {
+      for (int rank = 0; rank < 2; ++rank) {
+        const auto got =
+            read_json(dir / ("r" + std::to_string(rank) + "-cuda-" + placement + ".json"));
+        CHECK(got["tensors"] == alone["tensors"]);
+      }
+    }
+  }
 }

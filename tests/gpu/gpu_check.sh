@@ -105,7 +105,7 @@ declare -A CAPS=(
   [nccl2]=14 [nccl2.digests]=2 [nccl2_fsdp]=14 [nccl2_fsdp.digests]=5 [nccl2_kill]=16
   [py_cuda]=35
   [warm]=10 [warm.digests]=2 [direct]=12 [direct.digests]=2
-  [tests]=20 [scatter]=15
+  [tests]=22 [scatter]=15
   [h2d]=6 [pieces]=7 [nccl_groups]=6 [readback]=5
 )
 caps_sum=0

@@ -31,6 +31,7 @@
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -41,11 +42,44 @@ struct RingCopy {
   std::uint64_t chunk_offset = 0;
   std::byte* to = nullptr;
   std::uint64_t bytes = 0;
+  /// @p to is device memory: the copy is the device's upload (a `cudaMemcpyAsync` on the
+  /// rank's own copy stream, over its own PCIe link), not a `memcpy`.
+  bool to_device = false;
+};
+
+/**
+ * @brief Copies @p copies out of the chunk at @p source: host destinations with `memcpy`
+ *        before returning, device ones queued as one `Device::upload_all`.
+ * @return null when every copy is done, else the device copies in flight (@p source must
+ *         stay valid until they complete).
+ * @throws Error as `Device::upload_all`.
+ */
+std::unique_ptr<Pending> copy_out(Device& device, const std::vector<RingCopy>& copies,
+                                  const std::byte* source);
+
+/**
+ * @brief This process's page-locking of the node ring's slots for a device that wants pinned
+ *        staging (`cuda`: `cudaHostRegister`, CUDA Programming Guide, "Page-Locked Host
+ *        Memory"), for one load; undone on destruction. Every process maps the ring at its own
+ *        address, so every rank registers its own mapping. Where the driver refuses, the
+ *        copies go from pageable memory (slower, still correct), and a warning says so.
+ */
+class RingPin {
+ public:
+  RingPin(Device& device, const NodeRing& ring);
+  ~RingPin();
+  RingPin(const RingPin&) = delete;
+  RingPin& operator=(const RingPin&) = delete;
+
+ private:
+  Device& _device;
+  std::byte* _pinned = nullptr;
 };
 
 /**
  * @brief A rank other than 0: completes once the slot holding chunk @p c is published and
- *        @p copies are done out of it, then releases the slot. Each `test()` sleeps at most
+ *        @p copies are done out of it (`copy_out`: device copies polled until they have
+ *        completed), then releases the slot. Each `test()` sleeps at most
  *        100 ms on the ring's futex (none once `load.options.stop` is requested), so the
  *        landing stage's loop, the watchdog and a stop run at least that often.
  * @throws Error `internal` from `test()` when the slot's chunk is not the plan's size.
@@ -112,8 +146,11 @@ class NodeRingDelivery final : public BroadcastDelivery {
   /// or sent from a mapping, since the other ranks copy out of the slot. With local reads,
   /// rank 0 copies its own bytes out of the page cache's mapping.
   [[nodiscard]] ReadPolicy read_policy() const override;
+  /// Pins the ring for a cuda device (`RingPin`), then as `BroadcastDelivery::start`.
+  void start() override;
   /// Rank 0: publishes @p slot (chunk @p c) to the other ranks, copies the chunk into its own
-  /// arena and keeps @p lease for `post`. @return nothing queued: the copy is done.
+  /// arena and keeps @p lease for `post`. @return the device copies still in flight (none
+  /// on the host: the copy is done).
   boost::asio::awaitable<Uploading> upload(std::size_t c, SlotLease lease,
                                            const Slot& slot) override;
   /// Rank 0 (@p root): the wait for every consumer's release of chunk @p c's slot, holding its
@@ -123,6 +160,7 @@ class NodeRingDelivery final : public BroadcastDelivery {
 
  private:
   NodeRing& _ring;
+  std::optional<RingPin> _pin;
   std::deque<SlotLease> _held;  // rank 0: published slots not yet posted, plan order
 };
 

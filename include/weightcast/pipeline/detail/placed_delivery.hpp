@@ -78,6 +78,8 @@ class PlacedDelivery final : public Delivery {
   // landing where `destination(want, local_offset, bytes)` says (a want's memory or a window).
   template <class Destination>
   std::vector<RingCopy> ring_copies(std::size_t c, Destination&& destination);
+  // My want @p w's bytes land in device memory (not a cast window, which is host memory).
+  [[nodiscard]] bool lands_on_device(std::uint32_t w) const;
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes);
   void land(std::uint32_t w, std::uint64_t bytes);
   void want_ready(std::uint32_t w);
@@ -88,6 +90,7 @@ class PlacedDelivery final : public Delivery {
   // `transport: shm`: the node ring every rank copies its own boxes out of (rank 0 publishes
   // each slot and holds it until every other rank has released it); null otherwise.
   NodeRing* _node_ring;
+  std::optional<RingPin> _pin;  // the node ring page-locked in this process (cuda)
   // Rank 0 over nccl: per slot, its chunk's sends on the device. Held here, and so freed
   // after the stages' exchanges in flight (the pipeline's) have been aborted and drained.
   std::shared_ptr<Arena> _device_sends;
