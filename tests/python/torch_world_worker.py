@@ -15,6 +15,7 @@ record the error they get.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -123,6 +124,7 @@ def rank_main(rank: int, world: int, store: str | None, checkpoint: Path, llama_
               out_dir: Path, case: str) -> None:
     import torch.distributed as dist
 
+    faulthandler.enable(all_threads=True)  # a fatal signal prints every thread's stack
     run_beside_checkpoint(checkpoint, out_dir, rank)
     if store is None:
         dist.init_process_group("gloo")
@@ -134,8 +136,11 @@ def rank_main(rank: int, world: int, store: str | None, checkpoint: Path, llama_
     else:
         report = cases(checkpoint, llama_dir, out_dir, rank, world)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    # Where a rank that dies (SIGABRT) got to: the test prints the ranks' stderr.
+    print(f"rank {rank}: report written", file=sys.stderr, flush=True)
     if case != "kill":
         dist.destroy_process_group()
+        print(f"rank {rank}: process group destroyed", file=sys.stderr, flush=True)
 
 
 def _spawned(rank: int, world: int, store: str, checkpoint: str, llama_dir: str, out_dir: str,
