@@ -154,6 +154,8 @@ std::string encode_report(const RankReport& report) {
   out.put(seconds_bits);
   out.put(static_cast<std::uint32_t>(report.digests.size()));
   for (const std::uint64_t digest : report.digests) out.put(digest);
+  out.put(static_cast<std::uint32_t>(report.expected.size()));
+  for (const std::uint64_t digest : report.expected) out.put(digest);
   return std::move(out.bytes());
 }
 
@@ -168,6 +170,10 @@ RankReport decode_report(std::string_view payload, std::string_view what) {
   in.need_items(count, sizeof(std::uint64_t), "digests");
   report.digests.resize(count);
   for (std::uint64_t& digest : report.digests) digest = in.get<std::uint64_t>("digest");
+  const auto expected = in.get<std::uint32_t>("expected digest count");
+  in.need_items(expected, sizeof(std::uint64_t), "expected digests");
+  report.expected.resize(expected);
+  for (std::uint64_t& digest : report.expected) digest = in.get<std::uint64_t>("expected digest");
   refuse_trailing(in);
   return report;
 }

@@ -563,7 +563,7 @@ class Job {
                                               detail::counted(tensors, "tensor"))};
     } else {
       RankReport report{rank(), result.load.stats.bytes, result.load.stats.seconds,
-                        result.digests};
+                        result.digests, result.load.self_expected_digests};
       Verdict verdict;
       if (rank() == 0) {
         verdict = _placement ? judge_placed(_control->gather(std::move(report)), *_placement,

@@ -55,7 +55,8 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 }
 
 // Rank 0, a placed load: every rank's digests of its local shards against what rank 0 hashed
-// of each rank's bytes as they passed through its staging ring.
+// of each rank's bytes as they passed through its staging ring, or, with local reads, what the
+// rank hashed of the files' bytes as it read them (its report's `expected`).
 Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
                      const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
   std::size_t wants = 0;
@@ -67,8 +68,17 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
   }
   std::vector<std::string> mismatches;
   std::size_t count = 0;
+  bool read_locally = false;
   for (const RankReport& report : reports) {
-    const auto& mine = expected.at(report.rank);
+    read_locally = read_locally || !report.expected.empty();
+    if (report.expected.empty() && static_cast<std::size_t>(report.rank) >= expected.size()) {
+      if (placement.all.at(report.rank).tensors.empty()) continue;  // nothing to compare
+      ++count;
+      mismatches.push_back(fmt::format("rank {} sent no digests of the bytes it read itself",
+                                       report.rank));
+      continue;
+    }
+    const auto& mine = report.expected.empty() ? expected.at(report.rank) : report.expected;
     if (report.digests.size() != mine.size()) {
       ++count;
       mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
@@ -78,22 +88,27 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
     for (std::size_t w = 0; w < mine.size(); ++w) {
       if (report.digests[w] == mine[w]) continue;
       if (++count <= 10) {
-        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, rank 0 "
-                                         "sent bytes of xxh3 {}",
+        mismatches.push_back(fmt::format("rank {}: tensor '{}' (local shard) xxh3 {}, {} "
+                                         "bytes of xxh3 {}",
                                          report.rank, placement.all[report.rank].tensors[w].tensor,
-                                         digest_hex(report.digests[w]), digest_hex(mine[w])));
+                                         digest_hex(report.digests[w]),
+                                         report.expected.empty() ? "rank 0 sent"
+                                                                 : "the files held",
+                                         digest_hex(mine[w])));
       }
     }
   }
+  const char* source = read_locally ? "the bytes it read from the files" : "the bytes rank 0 sent it";
   if (count == 0) {
     return Verdict{0, fmt::format("{}, {} bit-exact (XXH3-64 of every rank's "
-                                  "local shards matches the bytes rank 0 sent it)",
+                                  "local shards matches {})",
                                   counted(reports.size(), "rank"),
-                                  counted(wants, "local shard"))};
+                                  counted(wants, "local shard"), source)};
   }
-  std::string message = fmt::format("{} against the bytes rank 0 sent: ",
+  std::string message = fmt::format("{} against {}: ",
                                     counted(count, "local shard mismatch",
-                                                    "local shard mismatches"));
+                                                    "local shard mismatches"),
+                                    read_locally ? "the files' bytes" : "the bytes rank 0 sent");
   for (std::size_t i = 0; i < mismatches.size(); ++i) {
     message += (i ? "; " : "") + mismatches[i];
   }

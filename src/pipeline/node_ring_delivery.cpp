@@ -111,13 +111,16 @@ class Received final : public Pending {
 class LocalRead final : public Pending {
  public:
   LocalRead(const LoadContext& load, const LocalShards& files, std::size_t c,
-            std::vector<RingCopy> copies)
-      : _load(load), _files(files), _chunk(c), _copies(std::move(copies)) {}
+            std::vector<RingCopy> copies, ReadBytesHook seen)
+      : _load(load), _files(files), _chunk(c), _copies(std::move(copies)), _seen(std::move(seen)) {}
   bool test() override {
     const Chunk& chunk = _load.plan.chunks[_chunk];
-    for (const RingCopy& copy : _copies) {
-      _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
-                  [&] { return tensor_at(chunk, copy.chunk_offset); });
+    for (std::size_t i = 0; i < _copies.size(); ++i) {
+      const RingCopy& copy = _copies[i];
+      const std::byte* read =
+          _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
+                      [&] { return tensor_at(chunk, copy.chunk_offset); });
+      if (_seen) _seen(i, read);
     }
     _files.release(chunk.shard, chunk.file_offset, chunk.bytes);
     // Bytes read while the file was rewritten in place may mix old and new contents.
@@ -140,6 +143,7 @@ class LocalRead final : public Pending {
   const LocalShards& _files;
   std::size_t _chunk;
   std::vector<RingCopy> _copies;
+  ReadBytesHook _seen;
 };
 
 std::int64_t modified_ns(const struct stat& st) {
@@ -239,16 +243,17 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
   }
 }
 
-void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
-                       std::uint64_t bytes,
-                       const std::function<std::string_view()>& tensor) const {
+const std::byte* LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
+                                   std::uint64_t bytes,
+                                   const std::function<std::string_view()>& tensor) const {
   const ShardInfo& info = _catalogue.shards.at(shard);
   const Opened& opened = _files.at(shard);
   if (opened.map && offset + bytes <= opened.map->size()) {
     // A page past a new end reads as zeros: check_unchanged sees it (truncated()).
     std::memcpy(to, opened.map->data() + offset, bytes);
-    return;
+    return opened.map->data() + offset;
   }
+  std::byte* const read = to;
   const int fd = opened.fd.get();
   while (bytes > 0) {
     const ssize_t got = ::pread(fd, to, bytes, static_cast<off_t>(offset));
@@ -268,6 +273,7 @@ void LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
     offset += static_cast<std::uint64_t>(got);
     bytes -= static_cast<std::uint64_t>(got);
   }
+  return read;
 }
 
 void LocalShards::release(std::uint32_t shard, std::uint64_t offset,
@@ -300,8 +306,9 @@ void LocalShards::check_unchanged(std::uint32_t shard) const {
 }
 
 std::unique_ptr<Pending> local_read(const LoadContext& load, const LocalShards& files,
-                                    std::size_t c, std::vector<RingCopy> copies) {
-  return std::make_unique<LocalRead>(load, files, c, std::move(copies));
+                                    std::size_t c, std::vector<RingCopy> copies,
+                                    ReadBytesHook seen) {
+  return std::make_unique<LocalRead>(load, files, c, std::move(copies), std::move(seen));
 }
 
 std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot) {

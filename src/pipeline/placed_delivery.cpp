@@ -35,13 +35,16 @@ void PlacedDelivery::report(LoadResult& result) const {
   result.expected_digests = expected_digests();
   result.received_digests = received_digests();
   result.received_hashed = received_hashed();
+  if (_self_expected) result.self_expected_digests = _self_expected->digests();
 }
 
 std::vector<std::vector<std::uint64_t>> PlacedDelivery::expected_digests() const {
   std::vector<std::vector<std::uint64_t>> out;
   if (!_expected) return out;
   const auto& digests = _expected->digests();
-  for (std::size_t r = 0; r < _placement.all.size(); ++r) {
+  // Spread, rank 0 hashed only its own wants: the others' rows are theirs to give.
+  const std::size_t rows = _spread ? 1 : _placement.all.size();
+  for (std::size_t r = 0; r < rows; ++r) {
     out.emplace_back();
     for (std::size_t w = 0; w < _placement.all[r].tensors.size(); ++w) {
       out.back().push_back(digests[expected_index(r, w)]);
@@ -145,6 +148,11 @@ void PlacedDelivery::start() {
   }
   if (any_received) _received.emplace(mine.tensors.size());
   if (any_read_back) _hashing.emplace(1);
+  _spread = placement.expect_digests && _load.local_reads && ranks > 1;
+  if (_spread && _me != 0) {
+    _self_expected.emplace(mine.tensors.size());
+    _self_expected_left = _want_left;
+  }
   if (_me == 0 && placement.expect_digests) {
     // Index space: a digest per tensor (the whole tensor, shared by every whole want), then
     // one per (rank, want) for the slices.
@@ -152,6 +160,7 @@ void PlacedDelivery::start() {
     _expected_base.assign(ranks + 1, _load.catalogue.tensors.size());
     for (std::size_t r = 0; r < ranks; ++r) {
       _expected_base[r + 1] = _expected_base[r] + placement.all[r].tensors.size();
+      if (_spread && r != 0) continue;  // they hash their own
       for (std::size_t w = 0; w < _want_tensor[r].size(); ++w) {
         if (_whole[r][w]) _tensor_whole_wanted[_want_tensor[r][w]] = 1;
       }
@@ -311,7 +320,7 @@ awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, cons
     for (auto i = _load.plan.chunk_first_delivery[c]; i < _load.plan.chunk_first_delivery[c + 1];
          ++i) {
       const weightcast::Delivery& d = _load.plan.deliveries[i];
-      if (_expected && !_whole[d.rank][d.want]) {
+      if (_expected && !_whole[d.rank][d.want] && (!_spread || d.rank == 0)) {
         const Piece& piece = _load.plan.pieces[d.piece];
         _runs[d.rank][d.want].for_each_stretch(
             d.local_offset, d.local_offset + d.bytes,
@@ -380,7 +389,8 @@ awaitable<void> PlacedDelivery::upload_sends(std::size_t c, HeldSlot& held,
 // into their destinations (or cast windows, from @p destination), in the order an exchange
 // would land them; a strided slice is copied row by row straight to its place.
 template <class Destination>
-std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& destination) {
+std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& destination,
+                                                  std::vector<std::uint32_t>* wants) {
   std::vector<RingCopy> copies;
   const Chunk& chunk = _load.plan.chunks[c];
   if (_load.plan.chunk_broadcast[c]) {
@@ -389,6 +399,7 @@ std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& d
       const auto w = static_cast<std::uint32_t>(_want_of_tensor[piece.tensor]);
       copies.push_back({piece.chunk_offset, destination(w, piece.tensor_offset, piece.bytes),
                         piece.bytes, lands_on_device(w)});
+      if (wants != nullptr) wants->push_back(w);
     }
     return copies;
   }
@@ -402,6 +413,7 @@ std::vector<RingCopy> PlacedDelivery::ring_copies(std::size_t c, Destination&& d
         d.local_offset, d.local_offset + d.bytes,
         [&](std::uint64_t tb, std::uint64_t lb, std::uint64_t n) {
           copies.push_back({chunk_offset(piece, tb), to + (lb - d.local_offset), n, to_device});
+          if (wants != nullptr) wants->push_back(d.want);
         });
   }
   return copies;
@@ -434,6 +446,19 @@ InFlight PlacedDelivery::post(std::size_t c, bool root) {
       if (!_load.local_reads) {
         posted.pending = node_ring_released(*_node_ring, posted.lease.index());
       }
+    } else if (_load.local_reads && _self_expected) {
+      // The file's bytes of each copy stream into its want's expected digest as they are
+      // read, in local order (the copies are in each want's local order).
+      std::vector<std::uint32_t> wants;
+      std::vector<RingCopy> copies = ring_copies(c, destination, &wants);
+      std::vector<std::uint64_t> sizes;
+      for (const RingCopy& copy : copies) sizes.push_back(copy.bytes);
+      posted.pending = local_read(
+          _load, *_load.local_files, c, std::move(copies),
+          [this, wants = std::move(wants), sizes = std::move(sizes)](std::size_t i,
+                                                                     const std::byte* bytes) {
+            expect_mine(wants[i], bytes, sizes[i]);
+          });
     } else if (_load.local_reads) {
       posted.pending = local_read(_load, *_load.local_files, c, ring_copies(c, destination));
     } else {
@@ -557,6 +582,12 @@ void PlacedDelivery::hash_landed(std::uint32_t w, std::uint64_t local_offset, st
       _hashing_failure = std::current_exception();
     }
   });
+}
+
+void PlacedDelivery::expect_mine(std::uint32_t w, const std::byte* data, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  _self_expected->update(w, data, bytes);
+  if ((_self_expected_left[w] -= bytes) == 0) _self_expected->finish(w);
 }
 
 bool PlacedDelivery::lands_on_device(std::uint32_t w) const {

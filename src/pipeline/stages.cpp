@@ -48,9 +48,14 @@ awaitable<void> Pipeline::run() {
     };
     _stop_callback.emplace(options.stop, std::move(wake));
   }
+  // How this load reads is decided first: a placed delivery hashes differently with local
+  // reads (each rank its own expected bytes). A plan without chunks reads nothing: every
+  // rank has the same plan, so no rank waits for a decision.
+  if (NodeRing* ring = _load.transport.node_ring(); ring != nullptr && !_load.plan.chunks.empty()) {
+    decide_reads(*ring);
+  }
   _delivery->start();
   if (_load.plan.chunks.empty()) co_return;
-  if (NodeRing* ring = _load.transport.node_ring(); ring != nullptr) decide_reads(*ring);
   if (_load.transport.rank() == 0) {
     _read.emplace(_load, _delivery->read_policy());
     _delivery->staging_ready(_read->ring());

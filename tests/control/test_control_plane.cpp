@@ -626,11 +626,13 @@ TEST_CASE("control wire: messages round trip", "[control_plane]") {
   CHECK(wire::decode_progress(wire::encode_progress(139), "t") == 139);
   CHECK(wire::decode_progress(wire::encode_progress(~0ull), "t") == ~0ull);
   const RankReport report =
-      wire::decode_report(wire::encode_report({1, 4096, 0.25, {7, 8, 9}}), "t");
+      wire::decode_report(wire::encode_report({1, 4096, 0.25, {7, 8, 9}, {4, 5}}), "t");
   CHECK(report.rank == 1);
   CHECK(report.bytes == 4096);
   CHECK(report.seconds == 0.25);
   CHECK(report.digests == std::vector<std::uint64_t>{7, 8, 9});
+  CHECK(report.expected == std::vector<std::uint64_t>{4, 5});
+  CHECK(wire::decode_report(wire::encode_report({1, 8, 1.0, {1}}), "t").expected.empty());
 }
 
 TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
@@ -649,7 +651,7 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   auto report = [](const std::string& b) { return wire::decode_report(b, "report"); };
   const std::string good_hello = wire::encode_hello({1, 2, "token"});
   const std::string good_status = wire::encode_status(75, "stalled");
-  const std::string good_report = wire::encode_report({1, 8, 1.0, {1, 2}});
+  const std::string good_report = wire::encode_report({1, 8, 1.0, {1, 2}, {3, 4}});
   for (std::size_t n = 0; n < good_hello.size(); ++n) {
     CHECK_THAT(error_of(hello, good_hello.substr(0, n)), Contains("truncated"));
   }
@@ -667,8 +669,8 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   stranger[0] = 'G';
   CHECK_THAT(error_of(hello, stranger), Contains("hello: magic: not weightcast"));
   std::string newer = good_hello;
-  newer[4] = 5;
-  CHECK_THAT(error_of(hello, newer), Contains("protocol version 5, rank 0 speaks 4"));
+  newer[4] = 6;
+  CHECK_THAT(error_of(hello, newer), Contains("protocol version 6, rank 0 speaks 5"));
   auto progress = [](const std::string& b) { return wire::decode_progress(b, "progress"); };
   const std::string good_progress = wire::encode_progress(139);
   for (std::size_t n = 0; n < good_progress.size(); ++n) {
@@ -680,6 +682,9 @@ TEST_CASE("control wire: every decoder refuses truncated and padded payloads",
   std::string hostile = wire::encode_report({1, 8, 1.0, {}});
   std::memset(hostile.data() + 20, 0xff, 4);
   CHECK_THAT(error_of(report, hostile), Contains("digests: claims more entries"));
+  std::string hostile_expected = wire::encode_report({1, 8, 1.0, {}});
+  std::memset(hostile_expected.data() + 24, 0xff, 4);
+  CHECK_THAT(error_of(report, hostile_expected), Contains("expected digests: claims more entries"));
   // A token string claiming 4 GiB is refused from its length alone.
   std::string long_token = wire::encode_hello({1, 2, ""});
   std::memset(long_token.data() + 16, 0xff, 4);

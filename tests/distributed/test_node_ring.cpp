@@ -431,6 +431,40 @@ TEST_CASE("node ring: a shard rewritten in place during local reads fails every 
   CHECK(count(r.out, "bit-exact") == 0);  // no verdict: the load failed
 }
 
+TEST_CASE("node ring: with local reads each rank hashes the files' bytes it should have, and "
+          "rank 0 finds a rank's wrong bytes",
+          "[node_ring][multirank][local_reads]") {
+  TempDir dir;
+  const auto checkpoint = synth_sharded(dir.path());
+  REQUIRE(set_cached(checkpoint, true) > 0.95);
+  const auto job = [&](const std::string& direct_io, std::vector<std::string> env) {
+    return run_cli(cat({"launch", "-n", "3", "--set", "checkpoint=" + checkpoint.string(),
+                        "--set", "placement=fsdp", "--set", "verify=digest", "--set",
+                        "direct_io=" + direct_io, "--json", "-q"},
+                       shm_sets()),
+                   std::move(env), job_timeout_s);
+  };
+  // Warm: every rank read its own boxes and hashed them as it read; through the ring
+  // (direct_io on) rank 0 hashed every rank's.
+  for (const auto& [direct_io, source] :
+       {std::pair<std::string, std::string>{"auto", "the bytes it read from the files"},
+        {"on", "the bytes rank 0 sent it"}}) {
+    INFO("direct_io " << direct_io);
+    const auto r = job(direct_io, {});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_status == 0);
+    const auto verdict = summaries(r.out).at(0).value("verdict", std::string());
+    CHECK_THAT(verdict, Contains("bit-exact") && Contains(source));
+  }
+  // Rank 2 reports a wrong digest of its first local shard: rank 0 names it against the
+  // bytes rank 2 read from the files, and every rank ends with 70.
+  const auto bad = job("auto", {"WEIGHTCAST_TEST_CORRUPT_DIGEST_RANK=2"});
+  INFO(bad.out << bad.err);
+  CHECK(bad.exit_status == 70);
+  CHECK_THAT(bad.err, Contains("local shard mismatch against the files' bytes: rank 2: tensor '"));
+  CHECK_THAT(bad.err, Contains("the files held bytes of xxh3"));
+}
+
 TEST_CASE("node ring: on cuda each rank copies its own boxes out of the pinned ring to its GPU "
           "- bit-exact",
           "[gpu][node_ring][multirank]") {

@@ -97,6 +97,10 @@ struct RankReport {
   std::uint64_t bytes = 0;              ///< Tensor bytes delivered.
   double seconds = 0;                   ///< Load wall time.
   std::vector<std::uint64_t> digests;   ///< XXH3-64 per tensor, catalogue order.
+  /// A placed load's local reads: XXH3-64 per want of the bytes this rank read from the files
+  /// for it (`LoadResult::self_expected_digests`), which rank 0 compares `digests` with; empty
+  /// where rank 0 hashed them itself.
+  std::vector<std::uint64_t> expected;
 };
 
 /// An ABORT that came from another rank: its message already names the failing rank; pass

@@ -225,8 +225,15 @@ struct LoadResult {
   /// Per want: 1 where `received_digests` holds its digest.
   std::vector<std::uint8_t> received_hashed;
   /// Rank 0 with `LoadPlacement::expect_digests`: per rank, per want, XXH3-64 of the local
-  /// bytes it should have received (checkpoint dtype, row-major contiguous).
+  /// bytes it should have received (checkpoint dtype, row-major contiguous). With local reads
+  /// over the node ring (`LoadStats::node_reads` "local") only rank 0's own row: every other
+  /// rank hashed its own (`self_expected_digests`).
   std::vector<std::vector<std::uint64_t>> expected_digests;
+  /// A rank other than 0 with `LoadPlacement::expect_digests` and local reads: per want,
+  /// XXH3-64 of the bytes it should have (checkpoint dtype, row-major contiguous), hashed as
+  /// it read them from the files, for rank 0 to compare with `received_digests`. Empty
+  /// otherwise.
+  std::vector<std::uint64_t> self_expected_digests;
 
   /// @return tensor @p index (catalogue order). Not for a placed load (use `local`).
   /// @throws std::out_of_range.

@@ -64,8 +64,9 @@ inline constexpr std::uint32_t hello_magic = 0x4f4c4548;
 /// PROGRESS payload, bytes: chunks landed, u64.
 inline constexpr std::uint32_t progress_bytes = 8;
 /// Control-plane protocol version; rank 0 refuses a peer speaking another (2: PROGRESS, and
-/// the job id in HELLO; 3: SHARE_PART; 4: REPORT_PART).
-inline constexpr std::uint32_t protocol_version = 4;
+/// the job id in HELLO; 3: SHARE_PART; 4: REPORT_PART; 5: a REPORT carries the digests a
+/// rank hashed of its own expected bytes).
+inline constexpr std::uint32_t protocol_version = 5;
 
 /// Who reads a frame; decides the types accepted and each one's length limit.
 enum class FrameReader {
@@ -141,7 +142,8 @@ std::string encode_status(int status, std::string_view message);
  */
 StatusMessage decode_status(std::string_view payload, std::string_view what);
 
-/// @return the REPORT payload of @p report (rank, bytes, seconds as IEEE bits, digests).
+/// @return the REPORT payload of @p report (rank, bytes, seconds as IEEE bits, digests, then
+/// the expected digests a rank hashed itself: count and values).
 std::string encode_report(const RankReport& report);
 
 /**

@@ -100,12 +100,15 @@ class LocalShards {
   explicit LocalShards(const Catalogue& catalogue);
   /**
    * @brief Reads @p bytes at @p offset of shard @p shard into @p to, all of them.
+   * @return the file's bytes as read: the page cache's, through this rank's mapping, or @p to
+   *         where the shard is read with `pread` (valid until `release`).
    * @throws Error `io` (74) naming the shard, offset and the tensor @p tensor names (called
    *         only then: finding it costs a scan of the chunk's pieces): a failed read, or the
    *         end of the file before the bytes (the shard shrank after its header was read).
    */
-  void read(std::uint32_t shard, std::uint64_t offset, std::byte* to, std::uint64_t bytes,
-            const std::function<std::string_view()>& tensor) const;
+  const std::byte* read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
+                        std::uint64_t bytes,
+                        const std::function<std::string_view()>& tensor) const;
   /// Drops this process's mapping of [@p offset, + @p bytes) of shard @p shard once a chunk
   /// is read (its RSS falls back; the page cache keeps the pages).
   void release(std::uint32_t shard, std::uint64_t offset, std::uint64_t bytes) const;
@@ -128,13 +131,19 @@ class LocalShards {
   std::vector<Opened> _files;
 };
 
+/// Called with each copy's index in a local read's copies and the file's bytes it read
+/// (`LocalShards::read`'s return), in order, before the chunk's mapping is released.
+using ReadBytesHook = std::function<void(std::size_t copy, const std::byte* bytes)>;
+
 /**
  * @brief A rank's local read of chunk @p c: its @p copies `pread` from @p files (whose
- *        chunk offsets are the chunk's, as out of a slot) when tested; then the shard is
- *        `fstat`ed again. @throws what LocalShards throws, from `test()`.
+ *        chunk offsets are the chunk's, as out of a slot) when tested, each shown to @p seen
+ *        (when set); then the shard is `fstat`ed again.
+ * @throws what LocalShards throws, and what @p seen throws, from `test()`.
  */
 std::unique_ptr<Pending> local_read(const LoadContext& load, const LocalShards& files,
-                                    std::size_t c, std::vector<RingCopy> copies);
+                                    std::size_t c, std::vector<RingCopy> copies,
+                                    ReadBytesHook seen = {});
 /// Rank 0: completes once every consumer has released slot @p slot (polled, never waits).
 std::unique_ptr<Pending> node_ring_released(const NodeRing& ring, std::size_t slot);
 

@@ -75,9 +75,13 @@ class PlacedDelivery final : public Delivery {
                                            std::vector<std::unique_ptr<Pending>>& copies);
   [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const;
   // A rank other than 0 over the node ring: its boxes of chunk `c` as copies out of the slot,
-  // landing where `destination(want, local_offset, bytes)` says (a want's memory or a window).
+  // landing where `destination(want, local_offset, bytes)` says (a want's memory or a window);
+  // with @p wants, each copy's want too, in the same order.
   template <class Destination>
-  std::vector<RingCopy> ring_copies(std::size_t c, Destination&& destination);
+  std::vector<RingCopy> ring_copies(std::size_t c, Destination&& destination,
+                                    std::vector<std::uint32_t>* wants = nullptr);
+  // `_spread`: the file's bytes of my want @p w a local read just read, in local order.
+  void expect_mine(std::uint32_t w, const std::byte* data, std::uint64_t bytes);
   // My want @p w's bytes land in device memory (not a cast window, which is host memory).
   [[nodiscard]] bool lands_on_device(std::uint32_t w) const;
   void hash_landed(std::uint32_t w, std::uint64_t local_offset, std::uint64_t bytes);
@@ -112,6 +116,12 @@ class PlacedDelivery final : public Delivery {
   std::exception_ptr _hashing_failure;
   std::optional<boost::asio::thread_pool> _hashing;
   std::optional<StreamingDigests> _expected;                 // rank 0, expect_digests
+  // `verify: digest` over local reads: every rank hashes its own wants' expected bytes as it
+  // reads them from the files (not rank 0 every rank's), so the hashing is spread over the
+  // ranks; rank 0 hashes only its own. Rank 0 compares each rank's two digests.
+  bool _spread = false;
+  std::optional<StreamingDigests> _self_expected;            // a rank other than 0, _spread
+  std::vector<std::uint64_t> _self_expected_left;
   std::vector<std::uint8_t> _tensor_whole_wanted;
   std::vector<std::size_t> _expected_base;
   std::vector<std::uint64_t> _expected_left;
