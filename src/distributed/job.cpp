@@ -567,7 +567,8 @@ class Job {
       Verdict verdict;
       if (rank() == 0) {
         verdict = _placement ? judge_placed(_control->gather(std::move(report)), *_placement,
-                                            result.load.expected_digests, _options.verify)
+                                            result.load.expected_digests, _options.verify,
+                                            result.load.stats.node_reads == "local")
                              : judge(_control->gather(std::move(report)),
                                      result.load.catalogue, _options.verify,
                                      result.digest_seconds);

@@ -58,7 +58,8 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 // of each rank's bytes as they passed through its staging ring, or, with local reads, what the
 // rank hashed of the files' bytes as it read them (its report's `expected`).
 Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
-                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify) {
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify,
+                     bool read_locally) {
   std::size_t wants = 0;
   for (const RankWants& r : placement.all) wants += r.tensors.size();
   if (verify == Verify::none) {
@@ -68,9 +69,7 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
   }
   std::vector<std::string> mismatches;
   std::size_t count = 0;
-  bool read_locally = false;
   for (const RankReport& report : reports) {
-    read_locally = read_locally || !report.expected.empty();
     if (report.expected.empty() && static_cast<std::size_t>(report.rank) >= expected.size()) {
       if (placement.all.at(report.rank).tensors.empty()) continue;  // nothing to compare
       ++count;
@@ -79,10 +78,13 @@ Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement
       continue;
     }
     const auto& mine = report.expected.empty() ? expected.at(report.rank) : report.expected;
-    if (report.digests.size() != mine.size()) {
+    const std::size_t shards = placement.all.at(report.rank).tensors.size();
+    if (report.digests.size() != shards || mine.size() != shards) {
       ++count;
-      mismatches.push_back(fmt::format("rank {} reported {} digests for its {} local shards",
-                                       report.rank, report.digests.size(), mine.size()));
+      mismatches.push_back(fmt::format("rank {} reported {} digests (and {} of the bytes it "
+                                       "should have) for its {} local shards",
+                                       report.rank, report.digests.size(), mine.size(),
+                                       shards));
       continue;
     }
     for (std::size_t w = 0; w < mine.size(); ++w) {

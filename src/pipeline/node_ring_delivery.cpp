@@ -117,9 +117,12 @@ class LocalRead final : public Pending {
     const Chunk& chunk = _load.plan.chunks[_chunk];
     for (std::size_t i = 0; i < _copies.size(); ++i) {
       const RingCopy& copy = _copies[i];
+      // Shown to a hook (a digest of the file's bytes), a `pread` goes through a buffer of
+      // its own: a digest of the destination would be the received one again.
       const std::byte* read =
           _files.read(chunk.shard, chunk.file_offset + copy.chunk_offset, copy.to, copy.bytes,
-                      [&] { return tensor_at(chunk, copy.chunk_offset); });
+                      [&] { return tensor_at(chunk, copy.chunk_offset); },
+                      _seen ? &_bounce : nullptr);
       if (_seen) _seen(i, read);
     }
     _files.release(chunk.shard, chunk.file_offset, chunk.bytes);
@@ -144,6 +147,7 @@ class LocalRead final : public Pending {
   std::size_t _chunk;
   std::vector<RingCopy> _copies;
   ReadBytesHook _seen;
+  std::vector<std::byte> _bounce;  // `pread`s shown to `_seen`
 };
 
 std::int64_t modified_ns(const struct stat& st) {
@@ -245,13 +249,20 @@ LocalShards::LocalShards(const Catalogue& catalogue) : _catalogue(catalogue) {
 
 const std::byte* LocalShards::read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
                                    std::uint64_t bytes,
-                                   const std::function<std::string_view()>& tensor) const {
+                                   const std::function<std::string_view()>& tensor,
+                                   std::vector<std::byte>* bounce) const {
   const ShardInfo& info = _catalogue.shards.at(shard);
   const Opened& opened = _files.at(shard);
   if (opened.map && offset + bytes <= opened.map->size()) {
     // A page past a new end reads as zeros: check_unchanged sees it (truncated()).
     std::memcpy(to, opened.map->data() + offset, bytes);
     return opened.map->data() + offset;
+  }
+  std::byte* const destination = to;
+  const std::uint64_t length = bytes;
+  if (bounce != nullptr) {
+    bounce->resize(bytes);
+    to = bounce->data();
   }
   std::byte* const read = to;
   const int fd = opened.fd.get();
@@ -273,6 +284,7 @@ const std::byte* LocalShards::read(std::uint32_t shard, std::uint64_t offset, st
     offset += static_cast<std::uint64_t>(got);
     bytes -= static_cast<std::uint64_t>(got);
   }
+  if (bounce != nullptr) std::memcpy(destination, read, length);
   return read;
 }
 
@@ -338,13 +350,14 @@ awaitable<Uploading> NodeRingDelivery::upload(std::size_t c, SlotLease lease, co
     _ring.publish(lease.index(), c, static_cast<std::uint64_t>(slot.source - base),
                   chunk.bytes);
   }
+  // Held past the upload completion stage (which waits for the copies) until `post`'s
+  // wait for every consumer's release; held first, so that a copy that fails leaves the
+  // published slot held, never read into while the others may still copy out of it.
+  _held.push_back(std::move(lease));
   Uploading uploading;
   if (auto copying = copy_out(_load.device, arena_copies(_load, c), slot.source)) {
     uploading.copies.push_back(std::move(copying));
   }
-  // Held past the upload completion stage (which waits for the copies) until `post`'s
-  // wait for every consumer's release.
-  _held.push_back(std::move(lease));
   co_return uploading;
 }
 

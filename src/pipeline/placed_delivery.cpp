@@ -198,9 +198,13 @@ ReadPolicy PlacedDelivery::read_policy() const {
 }
 
 // A transport of device memory (nccl) sends from one device region per slot, taken once,
-// before the first read (upload_sends).
+// before the first read (upload_sends). Over the node ring nothing is sent: every rank copies
+// its own bytes out of the shared slot.
 void PlacedDelivery::staging_ready(const StagingRing& ring) {
-  if (_load.device.name() == "host" || _load.transport.world_size() <= 1) return;
+  if (_load.device.name() == "host" || _load.transport.world_size() <= 1 ||
+      _node_ring != nullptr) {
+    return;
+  }
   for (std::size_t c = 0; c < _load.plan.chunks.size(); ++c) {
     _device_send_slot_bytes = std::max(_device_send_slot_bytes, send_bytes(c));
   }
@@ -300,11 +304,25 @@ awaitable<Uploading> PlacedDelivery::upload(std::size_t c, SlotLease lease, cons
   // Over the node ring the other ranks copy their own boxes out of the slot while rank 0
   // copies its own and hashes what it expects; the slot stays held until they are done.
   // With local reads they read theirs from the files themselves.
-  if (_node_ring != nullptr && !_load.local_reads) {
+  const bool published = _node_ring != nullptr && !_load.local_reads;
+  if (published) {
     const std::byte* base = _node_ring->slot_data(lease.index());
     _node_ring->publish(lease.index(), c, static_cast<std::uint64_t>(source - base),
                         chunk.bytes);
   }
+  try {
+    co_return co_await upload_published(c, lease, source);
+  } catch (...) {
+    // A published slot stays held (the other ranks may still be copying out of it) until
+    // the delivery goes, after the pipeline has failed: never read into again meanwhile.
+    if (published && lease.holds()) _held.push(HeldSlot{c, std::move(lease), source});
+    throw;
+  }
+}
+
+awaitable<Uploading> PlacedDelivery::upload_published(std::size_t c, SlotLease& lease,
+                                                      const std::byte* source) {
+  const Chunk& chunk = _load.plan.chunks[c];
   std::vector<std::unique_ptr<Pending>> copies;
   for (std::uint32_t p = chunk.first_piece; p < chunk.first_piece + chunk.piece_count; ++p) {
     const Piece& piece = _load.plan.pieces[p];

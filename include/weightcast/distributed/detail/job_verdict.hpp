@@ -24,9 +24,11 @@ Verdict judge(const std::vector<RankReport>& reports, const Catalogue& catalogue
 
 /// Rank 0, a placed load: every rank's digests of its local shards against @p expected, what
 /// rank 0 hashed of each rank's bytes as they passed through its staging ring (indexed by
-/// rank, then by the rank's wants in @p placement).
+/// rank, then by the rank's wants in @p placement), or, for a rank whose report carries its
+/// own (`RankReport::expected`: @p read_locally, local reads over the node ring), those.
 /// @return as `judge` does, by local shard.
 Verdict judge_placed(const std::vector<RankReport>& reports, const LoadPlacement& placement,
-                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify);
+                     const std::vector<std::vector<std::uint64_t>>& expected, Verify verify,
+                     bool read_locally = false);
 
 }  // namespace weightcast::detail

@@ -47,6 +47,8 @@ class SlotLease {
 
   /// @return the slot's index in the ring, 0 ≤ index < `StagingRing::slots()`.
   [[nodiscard]] std::size_t index() const noexcept { return _index; }
+  /// @return whether this lease holds a slot (not default-constructed, moved from or released).
+  [[nodiscard]] bool holds() const noexcept { return _ring != nullptr; }
   /// @return the slot's first byte (page-aligned). Only for a lease that holds a slot (not
   ///         a default-constructed, moved-from or released one).
   [[nodiscard]] std::byte* data() const noexcept;

@@ -100,15 +100,20 @@ class LocalShards {
   explicit LocalShards(const Catalogue& catalogue);
   /**
    * @brief Reads @p bytes at @p offset of shard @p shard into @p to, all of them.
-   * @return the file's bytes as read: the page cache's, through this rank's mapping, or @p to
-   *         where the shard is read with `pread` (valid until `release`).
+   * @param bounce where the shard is read with `pread` (it could not be mapped): null to read
+   *        into @p to, else a buffer the bytes are read into first and copied from, so that
+   *        what is returned is not @p to (a digest of it is then independent of @p to's).
+   * @return the file's bytes as read: the page cache's, through this rank's mapping, or
+   *         @p to or @p bounce's data where the shard is read with `pread` (valid until
+   *         `release`, and the next read into @p bounce).
    * @throws Error `io` (74) naming the shard, offset and the tensor @p tensor names (called
    *         only then: finding it costs a scan of the chunk's pieces): a failed read, or the
    *         end of the file before the bytes (the shard shrank after its header was read).
    */
   const std::byte* read(std::uint32_t shard, std::uint64_t offset, std::byte* to,
                         std::uint64_t bytes,
-                        const std::function<std::string_view()>& tensor) const;
+                        const std::function<std::string_view()>& tensor,
+                        std::vector<std::byte>* bounce = nullptr) const;
   /// Drops this process's mapping of [@p offset, + @p bytes) of shard @p shard once a chunk
   /// is read (its RSS falls back; the page cache keeps the pages).
   void release(std::uint32_t shard, std::uint64_t offset, std::uint64_t bytes) const;

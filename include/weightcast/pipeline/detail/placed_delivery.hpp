@@ -71,6 +71,10 @@ class PlacedDelivery final : public Delivery {
   std::unique_ptr<Pending> copy_to_mine(std::uint32_t w, const std::byte* data,
                                         std::uint64_t local_offset, std::uint64_t bytes);
   [[nodiscard]] std::uint64_t send_bytes(std::size_t c) const;
+  // `upload` after the slot is published: rank 0's own copies and the expected digests; the
+  // lease passes into `_held` at the end.
+  boost::asio::awaitable<Uploading> upload_published(std::size_t c, SlotLease& lease,
+                                                     const std::byte* source);
   boost::asio::awaitable<void> upload_sends(std::size_t c, HeldSlot& held,
                                            std::vector<std::unique_ptr<Pending>>& copies);
   [[nodiscard]] std::uint64_t cast_bytes(std::size_t c) const;
