@@ -119,11 +119,24 @@ if [ -e "$work/trainer/distributed_trainer" ]; then
   mpirun=$(command -v mpirun) || fail "weightcast has MPI but mpirun is not on PATH"
   mpirun_options=(--oversubscribe)
   [ "$(id -u)" -ne 0 ] || mpirun_options+=(--allow-run-as-root)
-  # A rendezvous port of its own, picked by the kernel (bind to port 0): a random one in
-  # 30000-49999 lies in Linux's ephemeral range, and rank 0 once found it taken ("Address
-  # already in use") while the other ranks waited out their 300 s rendezvous timeout.
+  # A rendezvous port of its own, free on every address, at random below Linux's ephemeral
+  # range (ip_local_port_range): a port in that range, free a moment ago, may be another
+  # process's connection by the time rank 0 binds it ("Address already in use"), as a random
+  # one in 30000-49999 once was (tests/support/ports.cpp).
   free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 -c '
+import random, socket
+highest = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) - 1
+for _ in range(1000):
+    port = random.randint(10000, highest)
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+    print(port)
+    break
+'
   }
   for comm in world dup reversed; do
     digests=$work/digests-$comm

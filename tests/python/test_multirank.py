@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -27,16 +28,29 @@ HERE = Path(__file__).resolve().parent
 
 
 def free_ports(n: int) -> list[int]:
-    socks = []
+    """n distinct TCP ports free on every address now, at random below the kernel's ephemeral
+    range: a port from that range, free a moment ago, may be another process's connection by
+    the time a rank binds it ("Address already in use"), one below it only if that process
+    asks for it (tests/support/ports.cpp)."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            highest = int(f.read().split()[0]) - 1
+    except (OSError, ValueError, IndexError):
+        highest = 32767
+    ports: list[int] = []
+    for _ in range(1000):
+        port = random.randint(10000, highest)
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"free_ports: found {len(ports)} of {n} free ports below {highest + 1}")
 
 
 def mpirun_argv(ranks: int) -> list[str]:

@@ -6,9 +6,10 @@
 
 namespace weightcast::test {
 
-/// @return a TCP port on 127.0.0.1 that nothing listened on a moment ago: the kernel's
-///         choice for a socket bound to port 0, then closed (the test's rank 0 binds it
-///         next). Never the same port twice in one test process. REQUIREs a socket.
+/// @return a TCP port free on every IPv4 address a moment ago, at random below the kernel's
+///         ephemeral range (where no connection's local port can take it before the test's
+///         rank 0 binds it). Never the same port twice in one test process. REQUIREs a
+///         socket, and an ephemeral range that starts above 11000.
 std::uint16_t free_port();
 
 }  // namespace weightcast::test
